@@ -1,0 +1,72 @@
+"""Chat prompts: the GGUF's own Jinja template, a named llama.cpp template, or ChatML as fallback."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from .errors import InvalidRequest
+
+Message = dict[str, str]
+
+
+def messages(prompt: str, system: str | None = None, history: list[Message] | None = None) -> list[Message]:
+    msgs: list[Message] = []
+    if system:
+        msgs.append({"role": "system", "content": system})
+    msgs.extend(history or [])
+    msgs.append({"role": "user", "content": prompt})
+    return msgs
+
+
+def _check(msgs: list[Message]) -> None:
+    if not msgs:
+        raise InvalidRequest("No chat messages given.")
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InvalidRequest(f"A chat message needs string 'role' and 'content': {m!r}")
+
+
+def render_jinja(template: str, msgs: list[Message], bos: str, eos: str) -> str:
+    """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+    return fmt(messages=msgs).prompt
+
+
+def render_named(name: str, msgs: list[Message]) -> str:
+    """Render with one of llama.cpp's built-in templates ("chatml", "llama3", "gemma", "phi3", ...)."""
+    from .llama_engine import llama
+
+    L = llama()
+    arr = (L.llama_chat_message * len(msgs))()
+    keep: list[Any] = []
+    for i, m in enumerate(msgs):
+        r, c = m["role"].encode(), m["content"].encode()
+        keep += [r, c]
+        arr[i].role, arr[i].content = r, c
+    size = 4096 + sum(len(m["content"]) for m in msgs) * 2
+    buf = ctypes.create_string_buffer(size)
+    n = L.llama_chat_apply_template(name.encode(), arr, len(msgs), True, buf, size)
+    if n < 0:
+        raise InvalidRequest(f"llama.cpp does not know the chat template {name!r}; try 'chatml' or "
+                             "leave it empty to use the model's own template.")
+    if n > size:
+        buf = ctypes.create_string_buffer(n + 1)
+        n = L.llama_chat_apply_template(name.encode(), arr, len(msgs), True, buf, n + 1)
+    return buf.raw[:n].decode("utf-8", "replace")
+
+
+def render(msgs: list[Message], *, gguf_template: str | None, template: str | None, bos: str, eos: str,
+           tokenizer_adds_bos: bool = False) -> str:
+    """`template`: None/"" = the model's own (GGUF metadata), else a llama.cpp template name."""
+    _check(msgs)
+    if template:
+        return render_named(template, msgs)
+    if gguf_template:
+        out = render_jinja(gguf_template, msgs, bos=bos, eos=eos)
+        # When the tokenizer adds BOS itself, a template that also writes it would double it.
+        if tokenizer_adds_bos and bos and out.startswith(bos):
+            out = out[len(bos):]
+        return out
+    return render_named("chatml", msgs)

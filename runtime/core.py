@@ -1,0 +1,151 @@
+"""The Runtime: the one object nodes, the language server and the CLI talk to.
+
+It resolves model references, owns the model store, renders chat prompts, and hands requests to
+the engine of the loaded model. Callers never touch llama.cpp.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from . import chat as chatmod
+from .errors import InvalidRequest
+from .generation import (ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
+                         PRIORITY_BATCH, SamplingParams, TokenEvent)
+from .llama_engine import LoadedModel
+from .locate import resolve_model
+from .store import LoadSpec, ModelStore
+
+log = logging.getLogger("a3b")
+
+
+class Runtime:
+    def __init__(self, budget_bytes: int | None = None):
+        self.store = ModelStore(budget_bytes)
+        self.created = time.time()
+        self.pid = os.getpid()
+        #: Extra status providers (the in-process language server registers one).
+        self.status_providers: dict[str, Callable[[], Any]] = {}
+        self._latency_lock = threading.Lock()
+
+    # -- models --------------------------------------------------------------------------------
+    def spec(self, model: str | os.PathLike | LoadSpec | None = None, *, restrict: bool = False,
+             **options: Any) -> LoadSpec:
+        """A LoadSpec for a model reference (path, name in a model folder, or None = default)."""
+        if isinstance(model, LoadSpec):
+            return replace(model, **options) if options else model
+        path = resolve_model(model, restrict=restrict)
+        options = {k: v for k, v in options.items() if v is not None}
+        spec = LoadSpec(path=str(path), **options)
+        spec.validate()
+        return spec
+
+    def load(self, model: str | os.PathLike | LoadSpec | None = None, **options: Any) -> LoadedModel:
+        return self.store.get(self.spec(model, **options))
+
+    def unload(self, model: LoadSpec | None = None) -> int:
+        return self.store.unload(model)
+
+    # -- generation ----------------------------------------------------------------------------
+    def render_chat(self, model: LoadedModel, msgs: list[dict[str, str]], template: str | None = None) -> str:
+        w = model.weights
+        entry_tmpl = w.meta("tokenizer.chat_template")
+        return chatmod.render(msgs, gguf_template=entry_tmpl, template=template,
+                              bos=w.token_text(w.bos) if w.bos >= 0 else "",
+                              eos=w.token_text(w.eos) if w.eos >= 0 else "", tokenizer_adds_bos=w.add_bos)
+
+    def submit(self, prompt: str = "", *, model: str | LoadSpec | None = None, system: str | None = None,
+               messages: list[dict[str, str]] | None = None, chat: bool = True, template: str | None = None,
+               max_tokens: int = 512, sampling: SamplingParams | None = None, stop: Sequence[str] = (),
+               priority: int = PRIORITY_BATCH, confidence: ConfidenceConfig | None = None,
+               prompt_tokens: list[int] | None = None,
+               on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
+        """Start a generation and return its stream (iterate it, or call .result())."""
+        m = self.load(model)
+        if prompt_tokens is None:
+            if chat:
+                if messages is None:
+                    if not prompt or not prompt.strip():
+                        raise InvalidRequest("The prompt is empty; give some text to answer.")
+                    messages = chatmod.messages(prompt, system)
+                text = self.render_chat(m, messages, template)
+            else:
+                if system:
+                    raise InvalidRequest("A system prompt needs chat mode (chat=True).")
+                text = prompt
+        else:
+            text = ""
+        req = GenerationRequest(prompt=text, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
+                                stop=tuple(stop), priority=priority,
+                                confidence=confidence or ConfidenceConfig(), prompt_tokens=prompt_tokens)
+        return m.submit(req, on_token=on_token)
+
+    def generate(self, prompt: str = "", **kwargs: Any) -> GenerationResult:
+        """Blocking generation; see `submit` for the arguments."""
+        return self.submit(prompt, **kwargs).result()
+
+    # -- embeddings ----------------------------------------------------------------------------
+    def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = "mean",
+              normalize: bool = True, priority: int = PRIORITY_BATCH) -> np.ndarray:
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text.")
+        if not texts:
+            raise InvalidRequest("Nothing to embed: give at least one text.")
+        m = self.load(model)
+        toks = [m.tokenize(t, add_bos=m.weights.add_bos, special=False) for t in texts]
+        return m.embed_tokens(toks, pooling=pooling, normalize=normalize, priority=priority)
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        from .llama_engine import llama_cpp_version
+
+        try:
+            import psutil
+
+            rss = psutil.Process().memory_info().rss
+        except Exception:
+            rss = None
+        models = []
+        for e in self.store.loaded():
+            m = e.model
+            models.append({
+                "name": m.name, "path": e.spec.path, "architecture": e.info.architecture,
+                "file_type": e.info.file_type, "spec": e.spec.as_dict(),
+                "weights_bytes": m.weights.size_bytes, "kv_bytes": e.est_bytes,
+                "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
+                "loaded_at": e.loaded_at,
+            })
+        out = {
+            "pid": self.pid, "llama_cpp_python": llama_cpp_version(), "rss_bytes": rss,
+            "memory_bytes": self.store.memory_bytes(), "budget_bytes": self.store.budget_bytes,
+            "weight_loads": self.store.weight_loads, "cache_hits": self.store.hits,
+            "evictions": self.store.evictions, "models": models,
+        }
+        for name, fn in list(self.status_providers.items()):
+            try:
+                out[name] = fn()
+            except Exception as e:  # status must never fail
+                out[name] = {"error": str(e)}
+        return out
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The process's one Runtime (created on first use)."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime

