@@ -1,0 +1,1 @@
+"""A3B gated-FFN pruning (needs the `prune` extra: torch)."""
