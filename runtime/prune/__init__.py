@@ -1,1 +1,41 @@
-"""A3B gated-FFN pruning (needs the `prune` extra: torch)."""
+"""A3B gated-FFN pruning (needs the `prune` extra: torch).
+
+    a3b prune MODEL --keep 0.63 --method a3b --recover-steps 200 --out pruned.gguf
+
+Importing this package does not import torch; the steps that need it (reference forward,
+calibration, distillation, dynamic gate) raise `TorchMissing` naming
+`pip install 'comfyui-a3b[prune]'` when it is not installed. Reading GGUFs, writing and quantising
+pruned files, and llama.cpp evaluation work without torch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import CorpusTooSmall, OutputExists, PruneInterrupted, TorchMissing, require_torch
+from .methods import METHODS
+from .source import SUPPORTED_ARCHITECTURES
+
+__all__ = ["METHODS", "SUPPORTED_ARCHITECTURES", "CorpusTooSmall", "OutputExists", "PruneInterrupted",
+           "TorchMissing", "cached_variant", "cli_main", "prune", "require_torch"]
+
+
+def prune(source, out, config=None, **kwargs: Any):
+    """Prune `source` into `out` (see pipeline.prune)."""
+    from .pipeline import prune as _prune
+
+    return _prune(source, out, config, **kwargs)
+
+
+def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int = 200,
+                   **settings: Any) -> Path:
+    """Path of a pruned variant of `source_path`, made once and cached on disk (see cache.py)."""
+    from .cache import cached_variant as _cv
+
+    return _cv(source_path, keep=keep, method=method, recover_steps=recover_steps, **settings)
+
+
+def cli_main(args) -> int:
+    from .cli import main
+
+    return main(args)

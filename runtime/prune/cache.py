@@ -1,0 +1,75 @@
+"""Pruned variants made once and cached on disk, keyed by the source's SHA-256 and the settings.
+
+The A3BLoader node (and anything else) calls `cached_variant(source, keep=..., method=...)`: the
+first call prunes (minutes on a CPU), later calls return the cached path at once. Files are written
+atomically (temporary name, then rename), so an interrupted run leaves no file that a later call
+would mistake for a finished one; a lock file serialises concurrent makers of the same variant.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..gguf_info import sha256_file
+from .errors import InvalidRequest
+from .pipeline import PruneConfig, default_cache_dir
+
+_sha_memo: dict[tuple[str, int, int], str] = {}
+
+
+def _source_sha(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _sha_memo:
+        _sha_memo[key] = sha256_file(path)
+    return _sha_memo[key]
+
+
+def variant_path(source_path: str | os.PathLike, cfg: PruneConfig, cache_dir: str | os.PathLike | None = None) -> Path:
+    src = Path(source_path).resolve()
+    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    stem = src.name[:-5] if src.name.endswith(".gguf") else src.name
+    name = f"{stem}.a3b-{cfg.method}-keep{cfg.keep:g}-r{cfg.recover_steps}-{_source_sha(src)[:12]}-{cfg.key()}.gguf"
+    return base / "variants" / name
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cached_variant(source_path: str | os.PathLike, keep: float = 0.63, method: str = "a3b",
+                   recover_steps: int = 200, *, cache_dir: str | os.PathLike | None = None,
+                   progress: bool = False, **settings: Any) -> Path:
+    """Return the path of the pruned variant, making it first if it is not cached yet."""
+    known = {f.name for f in fields(PruneConfig)}
+    unknown = set(settings) - known
+    if unknown:
+        raise InvalidRequest(f"unknown pruning settings: {', '.join(sorted(unknown))}")
+    cfg = PruneConfig(keep=keep, method=method, recover_steps=recover_steps, **settings)
+    cfg.validate()
+    from .source import SourceModel
+
+    SourceModel(source_path)  # typed errors (missing file, unsupported architecture) before any work
+    out = variant_path(source_path, cfg, cache_dir)
+    if out.is_file():
+        return out
+    with _lock(out.with_name(out.name + ".lock")):
+        if out.is_file():  # made by another process while we waited
+            return out
+        from .pipeline import prune
+
+        prune(source_path, out, cfg, force=False, progress=progress,
+              cache_dir=Path(cache_dir) if cache_dir is not None else None)
+    return out

@@ -1,0 +1,123 @@
+"""What llama.cpp computes for a GGUF: all-position logits, perplexity, decode speed (no torch).
+
+Each `LlamaEval` owns one llama_model and one context with logits for every position, so perplexity
+here is the served file's own (quantised weights, llama.cpp kernels).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelLoadFailed
+from ..llama_engine import Weights, llama
+
+
+class LlamaEval:
+    def __init__(self, path: str | os.PathLike, n_ctx: int = 512, n_threads: int = 0):
+        L = llama()
+        self.weights = Weights(Path(path))
+        self.n_vocab = self.weights.n_vocab
+        p = L.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = p.n_ubatch = n_ctx
+        p.n_seq_max = 1
+        p.n_threads = p.n_threads_batch = n_threads or os.cpu_count() or 1
+        p.no_perf = True
+        self.ctx = L.llama_init_from_model(self.weights.ptr, p)
+        if not self.ctx:
+            self.weights.free()
+            raise ModelLoadFailed(f"llama.cpp could not create an evaluation context for {path}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_ctx = n_ctx
+        self.batch = L.llama_batch_init(n_ctx, 0, 1)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.weights.tokenize(text, add_bos=False, special=False)
+
+    @property
+    def bos(self) -> int | None:
+        return self.weights.bos if self.weights.add_bos and self.weights.bos >= 0 else None
+
+    def _decode(self, tokens: list[int], start: int, all_logits: bool) -> None:
+        L = llama()
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = bool(all_logits or i == len(tokens) - 1)
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise ModelLoadFailed(f"llama_decode failed with status {rc}")
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """(len(tokens), n_vocab) float32 logits of one sequence, from an empty cache."""
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"{len(tokens)} tokens exceed the evaluation context of {self.n_ctx}")
+        L = llama()
+        L.llama_memory_clear(self.mem, True)
+        self._decode(tokens, 0, True)
+        ptr = L.llama_get_logits(self.ctx)
+        arr = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                    shape=(len(tokens), self.n_vocab))
+        return arr.copy()
+
+    def nll(self, seqs: list[list[int]]) -> tuple[float, int]:
+        total, n = 0.0, 0
+        for s in seqs:
+            lg = self.logits(s)[:-1].astype(np.float64)
+            m = lg.max(-1, keepdims=True)
+            lse = (m[:, 0] + np.log(np.exp(lg - m).sum(-1)))
+            total += float((lse - lg[np.arange(len(s) - 1), s[1:]]).sum())
+            n += len(s) - 1
+        return total, n
+
+    def perplexity(self, seqs: list[list[int]]) -> float:
+        total, n = self.nll(seqs)
+        return math.exp(total / max(n, 1))
+
+    def decode_speed(self, prompt: list[int], n_tokens: int) -> float:
+        """Tokens/s of one-token-at-a-time decoding after `prompt` (greedy, the model's own tokens)."""
+        L = llama()
+        L.llama_memory_clear(self.mem, True)
+        self._decode(prompt, 0, False)
+        tok = int(np.argmax(self._last_logits()))
+        pos = len(prompt)
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            self._decode([tok], pos, True)
+            pos += 1
+            tok = int(np.argmax(self._last_logits()))
+        return n_tokens / (time.perf_counter() - t0)
+
+    def _last_logits(self) -> np.ndarray:
+        L = llama()
+        ptr = L.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def close(self) -> None:
+        L = llama()
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+            self.weights.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

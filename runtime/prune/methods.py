@@ -1,0 +1,112 @@
+"""FFN-neuron importance and selection: random, magnitude, wanda, flap and a3b.
+
+Every method keeps the same number `k` of neurons in every layer (llama.cpp builds the layers of
+llama/qwen2/qwen3 from one FFN width). Notation per layer: gate, up (n_ff, n_embd), down
+(n_embd, n_ff), h = silu(gate x) * up x the intermediate activation, from calibration statistics.
+
+- random:    a seeded random subset (the floor any method must beat).
+- magnitude: ||gate_i|| * ||up_i|| * ||down_:,i||, weights only, no data.
+- wanda:     ||down_:,i|| * ||h_i||_2 over calibration tokens (Wanda's |W| * ||x|| at neuron level).
+- flap:      Var(h_i) * ||down_:,i||^2 (FLAP's fluctuation), plus its bias compensation: the pruned
+             neurons' mean output goes into ffn_down.bias (llama only: qwen2/qwen3 files cannot carry
+             that bias, so there it is selection only).
+- a3b:       structured optimal-brain-surgeon on the FFN output. With G = H^T H from calibration,
+             removing neuron i and re-fitting the remaining down columns by least squares costs
+             ||down_:,i||^2 / [G^-1]_ii; the cheapest neuron is removed and the remaining columns
+             updated, one neuron at a time. For llama a constant input (the bias) is part of the
+             fit, which generalises FLAP's compensation to the re-fitted least-squares optimum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .calibrate import LayerStats
+
+METHODS = ("random", "magnitude", "wanda", "flap", "a3b")
+DATA_FREE = ("random", "magnitude")
+
+
+@dataclass
+class LayerPlan:
+    keep: np.ndarray                 # sorted indices of kept neurons
+    down: np.ndarray | None          # new (n_embd, k) down weights, None = original columns
+    bias: np.ndarray | None          # new ffn_down.bias (n_embd,), None = none
+
+
+def scores(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, st: LayerStats | None,
+           rng: np.random.Generator) -> np.ndarray:
+    dn = np.linalg.norm(down, axis=0)
+    if method == "random":
+        return rng.random(gate.shape[0])
+    if method == "magnitude":
+        return np.linalg.norm(gate, axis=1) * np.linalg.norm(up, axis=1) * dn
+    if st is None:
+        raise ValueError(f"method {method!r} needs calibration statistics")
+    if method == "wanda":
+        return dn * np.sqrt(st.sumsq)
+    if method == "flap":
+        return st.var * dn ** 2
+    raise ValueError(f"no plain score for method {method!r}")
+
+
+def _top(score: np.ndarray, k: int) -> np.ndarray:
+    return np.sort(np.argsort(-score, kind="stable")[:k])
+
+
+def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None, fit_bias: bool,
+               damp: float = 0.01) -> LayerPlan:
+    """Greedy structured OBS (see module doc). Returns kept indices and re-fitted down (and bias)."""
+    import torch
+
+    n = down.shape[1]
+    G = torch.from_numpy(st.gram).double()
+    W = torch.from_numpy(down).double().clone()
+    if fit_bias:  # constant feature 1: its Gram row is sum h, its diagonal the token count
+        s = torch.from_numpy(st.sum).double()
+        G = torch.cat([torch.cat([G, s[:, None]], 1), torch.cat([s, torch.tensor([float(st.count)])])[None]], 0)
+        b0 = torch.zeros(down.shape[0], dtype=torch.float64) if bias is None else torch.from_numpy(bias).double()
+        W = torch.cat([W, b0[:, None]], 1)
+    m = G.shape[0]
+    G = G + damp * float(G.diagonal().mean()) * torch.eye(m, dtype=torch.float64)
+    Hinv = torch.linalg.inv(G)
+    alive = torch.ones(m, dtype=torch.bool)
+    protected = torch.zeros(m, dtype=torch.bool)
+    if fit_bias:
+        protected[n] = True
+    for _ in range(n - k):
+        sal = (W * W).sum(0) / Hinv.diagonal()
+        sal[~alive | protected] = float("inf")
+        i = int(torch.argmin(sal))
+        hi = Hinv[i].clone()
+        W -= torch.outer(W[:, i], hi) / hi[i]
+        Hinv -= torch.outer(hi, hi) / hi[i]
+        W[:, i] = 0.0
+        alive[i] = False
+    keep = torch.nonzero(alive[:n]).flatten().numpy()
+    return LayerPlan(np.sort(keep), W[:, :n][:, keep].float().numpy(),
+                     W[:, n].float().numpy() if fit_bias else None)
+
+
+def plan_layer(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
+               st: LayerStats | None, k: int, rng: np.random.Generator, bias_ok: bool) -> LayerPlan:
+    n = gate.shape[0]
+    if k >= n:
+        return LayerPlan(np.arange(n), None, None)
+    if method == "a3b":
+        return obs_select(down, st, k, bias, fit_bias=bias_ok)
+    keep = _top(scores(method, gate, up, down, st, rng), k)
+    if method == "flap" and bias_ok:
+        pruned = np.setdiff1d(np.arange(n), keep)
+        comp = down[:, pruned].astype(np.float64) @ st.mean[pruned]
+        new_bias = (bias if bias is not None else 0.0) + comp
+        return LayerPlan(keep, None, np.asarray(new_bias, dtype=np.float32))
+    return LayerPlan(keep, None, None)
+
+
+def width_for(keep: float, n_ff: int, align: int) -> int:
+    """FFN width for a keep ratio, rounded to a multiple of `align` (the quantisation block)."""
+    align = max(1, int(align))
+    k = int(round(keep * n_ff / align)) * align
+    return int(min(n_ff, max(align, k)))

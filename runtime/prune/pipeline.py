@@ -1,0 +1,243 @@
+"""`prune()`: calibrate, select, compensate, recover, gate, write, quantise.
+
+Safe to interrupt: the output appears under its final name only once complete (writer.atomic_path),
+and the calibration pass, the expensive part, is cached on disk so a second run resumes after it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import corpus as corpusmod
+from .errors import CorpusTooSmall, InvalidRequest
+from .methods import DATA_FREE, METHODS, width_for
+from .source import SourceModel
+from .writer import RawTensor, atomic_path, quantize, write_gguf
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("A3B_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "comfyui-a3b")
+    return Path(base) / "prune"
+
+
+@dataclass
+class PruneConfig:
+    keep: float = 0.63
+    method: str = "a3b"
+    recover_steps: int = 200
+    calib_windows: int = 64
+    seq_len: int = 256
+    recover_seq_len: int = 128
+    recover_batch: int = 4
+    lr: float = 3e-4
+    seed: int = 0
+    gate_sparsity: float = 0.5
+    gate_windows: int = 8
+    align: int | None = None
+    calib_files: tuple[str, ...] = ()
+    threads: int = 0
+
+    def validate(self) -> None:
+        if not isinstance(self.keep, (int, float)) or not 0.0 < float(self.keep) <= 1.0:
+            raise InvalidRequest(f"keep ratio must be in (0, 1], got {self.keep!r}: it is the fraction of FFN "
+                                 "neurons kept in every layer (e.g. 0.63).")
+        if self.method not in METHODS:
+            raise InvalidRequest(f"unknown pruning method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.recover_steps < 0:
+            raise InvalidRequest(f"recover steps must be >= 0, got {self.recover_steps}")
+        if self.calib_windows < 1 or self.seq_len < 8:
+            raise InvalidRequest("calibration needs at least 1 window of at least 8 tokens")
+        if not 0.0 <= self.gate_sparsity < 1.0:
+            raise InvalidRequest(f"gate sparsity must be in [0, 1), got {self.gate_sparsity}")
+        for f in self.calib_files:
+            if not Path(f).is_file():
+                raise InvalidRequest(f"calibration file not found: {f}")
+
+    def key(self) -> str:
+        d = asdict(self)
+        d.pop("threads")
+        d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class PruneResult:
+    path: Path
+    n_ff_source: int
+    n_ff: int
+    metadata: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+    distill_losses: list[float] = field(default_factory=list)
+
+
+def _tokenizer(src: SourceModel):
+    from ..llama_engine import Weights
+
+    w = Weights(src.path)
+    bos = w.bos if w.add_bos and w.bos >= 0 else None
+    return w, (lambda text: w.tokenize(text, add_bos=False, special=False)), bos
+
+
+def calibration_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[list[int]], dict[str, Any]]:
+    """The calibration windows and a description of the text they came from (for the metadata)."""
+    if cfg.calib_files:
+        c = corpusmod.Corpus("files", "calibration",
+                             [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
+                              for f in cfg.calib_files])
+        wins = corpusmod.windows(tokenize, c, cfg.seq_len, cfg.calib_windows, bos)
+        info = {"calib.corpus": "files", "calib.files": c.names, "calib.digest": c.digest()}
+    else:
+        cs = corpusmod.corpora("calibration")
+        half = (cfg.calib_windows + 1) // 2
+        code = corpusmod.windows(tokenize, cs["code"], cfg.seq_len, half, bos)
+        prose = corpusmod.windows(tokenize, cs["prose"], cfg.seq_len, cfg.calib_windows - len(code), bos)
+        wins = corpusmod.interleave(code, prose)
+        held = corpusmod.corpora("heldout")
+        info = {"calib.corpus": "python-stdlib-source+pydoc-topics",
+                "calib.python": platform.python_version(),
+                "calib.code_modules": cs["code"].names, "calib.prose_topics": cs["prose"].names,
+                "heldout.code_modules": held["code"].names, "heldout.prose_topics": held["prose"].names,
+                "calib.digest": corpusmod.calibration_digest()}
+    if len(wins) < cfg.calib_windows:
+        raise CorpusTooSmall(f"the calibration text gives {len(wins)} windows of {cfg.seq_len} tokens, "
+                             f"{cfg.calib_windows} were requested: give more text, or lower --calib-windows "
+                             "or --seq-len.")
+    info.update({"calib.windows": len(wins), "calib.seq_len": cfg.seq_len})
+    return wins, info
+
+
+def _check_statistics(cfg: PruneConfig, n_ff: int) -> None:
+    n_tokens = cfg.calib_windows * cfg.seq_len
+    if cfg.method not in DATA_FREE and cfg.method == "a3b" and n_tokens < 2 * n_ff:
+        raise CorpusTooSmall(f"method a3b fits a {n_ff}x{n_ff} activation covariance per layer and needs at "
+                             f"least {2 * n_ff} calibration tokens; {cfg.calib_windows} windows x {cfg.seq_len} "
+                             f"tokens = {n_tokens}. Raise --calib-windows.")
+    if cfg.method not in DATA_FREE and n_tokens < 64:
+        raise CorpusTooSmall(f"method {cfg.method} needs activation statistics over at least 64 tokens; "
+                             f"got {n_tokens}. Raise --calib-windows.")
+
+
+def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | None = None, *,
+          force: bool = False, progress: bool = True, cache_dir: str | os.PathLike | None = None,
+          should_stop=None) -> PruneResult:
+    cfg = cfg or PruneConfig()
+    cfg.validate()
+    out = Path(out)
+    if out.exists() and not force:
+        from .errors import OutputExists
+
+        raise OutputExists(f"{out} already exists; choose another --out or pass --force to replace it.")
+    src = SourceModel(source)
+    hp = src.hp
+    _check_statistics(cfg, hp.n_ff)
+    from .errors import require_torch
+
+    torch = require_torch()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    from . import calibrate, distill, gate, methods
+    from .reference import RefModel
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    weights_ll, tokenize, bos = _tokenizer(src)
+    try:
+        seq_len = min(cfg.seq_len, hp.n_ctx_train)
+        if seq_len != cfg.seq_len:
+            cfg = PruneConfig(**{**asdict(cfg), "seq_len": seq_len})
+        wins, corpus_info = calibration_windows(tokenize, bos, cfg)
+    finally:
+        weights_ll.free()
+    all_w = {name: src.weight(name) for name in src.tensors}
+    teacher = RefModel(hp, all_w)
+    timings["load"] = time.perf_counter() - t
+
+    k = width_for(cfg.keep, hp.n_ff, cfg.align if cfg.align is not None else _default_align(src))
+    t = time.perf_counter()
+    stats = calibrate.collect(teacher, wins, src.sha256, cache_dir=cache, progress=progress)
+    timings["calibrate"] = time.perf_counter() - t
+
+    # -- selection and compensation -------------------------------------------------------------
+    t = time.perf_counter()
+    rng = np.random.default_rng(cfg.seed)
+    bias_ok = hp.arch == "llama"
+    changed: dict[str, Any] = {}
+    student_w = dict(all_w)
+    from tqdm import tqdm
+
+    for i in tqdm(range(hp.n_layer), desc=f"pruning ({cfg.method})", unit="layer", disable=not progress):
+        p = f"blk.{i}."
+        gate_w, up_w, down_w = all_w[p + "ffn_gate.weight"], all_w[p + "ffn_up.weight"], all_w[p + "ffn_down.weight"]
+        bias = all_w.get(p + "ffn_down.bias")
+        plan = methods.plan_layer(cfg.method, gate_w, up_w, down_w, bias, stats.layers[i], k, rng, bias_ok)
+        if len(plan.keep) == hp.n_ff and plan.down is None and plan.bias is None:
+            continue
+        student_w[p + "ffn_gate.weight"] = gate_w[plan.keep]
+        student_w[p + "ffn_up.weight"] = up_w[plan.keep]
+        student_w[p + "ffn_down.weight"] = plan.down if plan.down is not None else down_w[:, plan.keep]
+        for part in ("ffn_gate", "ffn_up"):  # rows are quantised independently: slice the stored bytes
+            changed[p + part + ".weight"] = RawTensor.rows(src.raw(p + part + ".weight"), plan.keep)
+        changed[p + "ffn_down.weight"] = student_w[p + "ffn_down.weight"]
+        if plan.bias is not None:
+            student_w[p + "ffn_down.bias"] = changed[p + "ffn_down.bias"] = plan.bias
+    timings["select"] = time.perf_counter() - t
+    del teacher
+
+    student = RefModel(hp, student_w)
+    losses: list[float] = []
+    steps = cfg.recover_steps if k < hp.n_ff else 0  # nothing to recover at keep 1.0
+    if steps:
+        t = time.perf_counter()
+        rep = distill.distill(student, stats.tokens, stats.teacher_hidden, steps, lr=cfg.lr,
+                              batch=cfg.recover_batch, seq_len=cfg.recover_seq_len, seed=cfg.seed,
+                              progress=progress, should_stop=should_stop)
+        losses = rep.losses
+        changed.update(student.export())
+        timings["recover"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    gate_windows = stats.tokens[: max(1, min(cfg.gate_windows, len(stats.tokens)))]
+    thresholds = gate.calibrate_thresholds(student, gate_windows, cfg.gate_sparsity, seed=cfg.seed)
+    timings["gate"] = time.perf_counter() - t
+
+    meta: dict[str, Any] = {
+        "method": cfg.method, "keep": float(cfg.keep), "keep_actual": k / hp.n_ff,
+        "n_ff_source": hp.n_ff, "n_ff": k, "align": int(cfg.align if cfg.align is not None else _default_align(src)),
+        "source.sha256": src.sha256, "source.name": src.path.name,
+        "source.file_type": int(hp.file_type) if hp.file_type is not None else 0,
+        "recover.steps": len(losses), "recover.kind": "logit-kd-ffn" if losses else "none",
+        "recover.seq_len": cfg.recover_seq_len, "recover.lr": float(cfg.lr),
+        "recover.final_kl": float(np.mean(losses[-10:])) if losses else 0.0,
+        "bias_compensation": bool(any(n.endswith("ffn_down.bias") for n in changed)),
+        "gate.kind": "cats-silu-threshold", "gate.sparsity": float(cfg.gate_sparsity),
+        "gate.thresholds": thresholds, "seed": int(cfg.seed), "config": cfg.key(),
+        **corpus_info,
+    }
+    t = time.perf_counter()
+    with atomic_path(out, force=True) as tmp_out:
+        staging = tmp_out.with_name(tmp_out.name + ".f32")
+        try:
+            write_gguf(src, staging, changed, n_ff=k, a3b=meta)
+            quantize(staging, tmp_out, hp.file_type, n_threads=cfg.threads)
+        finally:
+            if staging.exists():
+                staging.unlink()
+    timings["write"] = time.perf_counter() - t
+    return PruneResult(out, hp.n_ff, k, meta, timings, losses)
+
+
+def _default_align(src: SourceModel) -> int:
+    """Quantised sources keep widths that fill whole 32-value blocks (all of llama.cpp's block sizes
+    for FFN rows divide 32 or fall back); float sources need no alignment."""
+    t = src.tensors["blk.0.ffn_down.weight"].tensor_type.name
+    return 1 if t in ("F32", "F16", "BF16") else 32

@@ -1,0 +1,166 @@
+"""A PyTorch reference forward for llama / qwen2 / qwen3 GGUFs (dequantised weights, float32).
+
+It computes what llama.cpp computes for the same file (checked by `evaluate.agreement`), and gives
+the pruning pipeline what llama.cpp cannot: per-neuron FFN statistics, gradients for distillation,
+and a token-level FFN gate. FFN widths may differ per layer here (llama.cpp needs them equal).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .errors import require_torch
+from .source import HParams, SourceModel
+
+torch = require_torch()
+nn = torch.nn
+F = torch.nn.functional
+
+#: Called as hook(layer_index, h, a) with a = silu(gate(x)) and h = a * up(x), shapes (B, T, n_ff);
+#: it may return a replacement for h (the dynamic gate) or None (statistics only).
+FFNHook = Callable[[int, "torch.Tensor"], "torch.Tensor | None"]
+
+
+def _rms(x, w, eps: float):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Layer(nn.Module):
+    def __init__(self, hp: HParams, w: dict[str, torch.Tensor]):
+        super().__init__()
+        self.hp = hp
+        P = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
+        self.attn_norm = P(w["attn_norm.weight"])
+        self.wq, self.wk, self.wv = P(w["attn_q.weight"]), P(w["attn_k.weight"]), P(w["attn_v.weight"])
+        self.wo = P(w["attn_output.weight"])
+        self.bq = P(w["attn_q.bias"]) if "attn_q.bias" in w else None
+        self.bk = P(w["attn_k.bias"]) if "attn_k.bias" in w else None
+        self.bv = P(w["attn_v.bias"]) if "attn_v.bias" in w else None
+        self.q_norm = P(w["attn_q_norm.weight"]) if "attn_q_norm.weight" in w else None
+        self.k_norm = P(w["attn_k_norm.weight"]) if "attn_k_norm.weight" in w else None
+        self.ffn_norm = P(w["ffn_norm.weight"])
+        self.gate, self.up, self.down = P(w["ffn_gate.weight"]), P(w["ffn_up.weight"]), P(w["ffn_down.weight"])
+        self.down_bias = P(w["ffn_down.bias"]) if "ffn_down.bias" in w else None
+
+    def attention(self, x, cos, sin):
+        hp = self.hp
+        B, T, _ = x.shape
+        q = F.linear(x, self.wq, self.bq).view(B, T, hp.n_head, hp.head_dim)
+        k = F.linear(x, self.wk, self.bk).view(B, T, hp.n_head_kv, hp.head_dim)
+        v = F.linear(x, self.wv, self.bv).view(B, T, hp.n_head_kv, hp.head_dim)
+        if self.q_norm is not None:
+            q = _rms(q, self.q_norm, hp.eps)
+            k = _rms(k, self.k_norm, hp.eps)
+        q, k = _rope(q, cos, sin, hp.rope_type), _rope(k, cos, sin, hp.rope_type)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        rep = hp.n_head // hp.n_head_kv
+        if rep > 1:  # llama.cpp broadcasts kv head j to q heads j*rep .. j*rep+rep-1
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(o.transpose(1, 2).reshape(B, T, hp.n_head * hp.head_dim), self.wo)
+
+    def ffn(self, x, il: int, hook: FFNHook | None):
+        a = F.silu(F.linear(x, self.gate))
+        h = a * F.linear(x, self.up)
+        if hook is not None:
+            r = hook(il, h, a)
+            if r is not None:
+                h = r
+        return F.linear(h, self.down, self.down_bias)
+
+    def forward(self, x, cos, sin, il: int, hook: FFNHook | None = None):
+        x = x + self.attention(_rms(x, self.attn_norm, self.hp.eps), cos, sin)
+        return x + self.ffn(_rms(x, self.ffn_norm, self.hp.eps), il, hook)
+
+
+def _rope_tables(hp: HParams, T: int, offset: int = 0, freq_factors=None):
+    half = hp.head_dim // 2
+    inv = hp.rope_base ** (-torch.arange(0, half, dtype=torch.float64) * 2.0 / hp.head_dim)
+    if freq_factors is not None:
+        inv = inv / freq_factors.double()
+    pos = (torch.arange(offset, offset + T, dtype=torch.float64) * hp.rope_scale)
+    ang = torch.outer(pos, inv)
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def _rope(x, cos, sin, kind: str):
+    # x: (B, T, H, D); cos/sin: (T, D/2)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if kind == "neox":
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+class RefModel(nn.Module):
+    def __init__(self, hp: HParams, weights: dict[str, np.ndarray | torch.Tensor]):
+        super().__init__()
+        self.hp = hp
+        t = {k: torch.as_tensor(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+             for k, v in weights.items()}
+        self.embd = nn.Parameter(t["token_embd.weight"], requires_grad=False)
+        self.out_norm = nn.Parameter(t["output_norm.weight"], requires_grad=False)
+        self.output = None if hp.tied_output else nn.Parameter(t["output.weight"], requires_grad=False)
+        self.freq_factors = t.get("rope_freqs.weight")
+        self.layers = nn.ModuleList(
+            Layer(hp, {k.split(".", 2)[2]: v for k, v in t.items() if k.startswith(f"blk.{i}.")})
+            for i in range(hp.n_layer))
+
+    @classmethod
+    def from_source(cls, src: SourceModel) -> "RefModel":
+        return cls(src.hp, {name: src.weight(name) for name in src.tensors})
+
+    @property
+    def ffn_widths(self) -> list[int]:
+        return [int(layer.gate.shape[0]) for layer in self.layers]
+
+    def hidden(self, tokens, hook: FFNHook | None = None):
+        """Final normed hidden states (B, T, n_embd)."""
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        x = F.embedding(tokens, self.embd)
+        cos, sin = _rope_tables(self.hp, tokens.shape[1], freq_factors=self.freq_factors)
+        for il, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, il, hook)
+        return _rms(x, self.out_norm, self.hp.eps)
+
+    def head(self, h):
+        return F.linear(h, self.embd if self.output is None else self.output)
+
+    def forward(self, tokens, hook: FFNHook | None = None):
+        return self.head(self.hidden(tokens, hook))
+
+    def ffn_parameters(self) -> list[nn.Parameter]:
+        return [p for layer in self.layers for p in (layer.gate, layer.up, layer.down)]
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Current FFN weights (the part pruning and distillation change), by GGUF tensor name."""
+        out: dict[str, np.ndarray] = {}
+        for i, layer in enumerate(self.layers):
+            out[f"blk.{i}.ffn_gate.weight"] = layer.gate.detach().numpy()
+            out[f"blk.{i}.ffn_up.weight"] = layer.up.detach().numpy()
+            out[f"blk.{i}.ffn_down.weight"] = layer.down.detach().numpy()
+            if layer.down_bias is not None:
+                out[f"blk.{i}.ffn_down.bias"] = layer.down_bias.detach().numpy()
+        return out
+
+
+@torch.no_grad()
+def nll(model: RefModel, seqs: list[list[int]], hook: FFNHook | None = None) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood and token count over sequences (each scored alone)."""
+    total, n = 0.0, 0
+    for s in seqs:
+        x = torch.tensor(s, dtype=torch.long)
+        logits = model(x, hook)[0, :-1]
+        total += float(F.cross_entropy(logits, x[1:], reduction="sum"))
+        n += len(s) - 1
+    return total, n
+
+
+def perplexity(model: RefModel, seqs: list[list[int]], hook: FFNHook | None = None) -> float:
+    total, n = nll(model, seqs, hook)
+    return math.exp(total / max(n, 1))

@@ -1,0 +1,130 @@
+"""Read a source GGUF for pruning: hyperparameters, raw tensors and dequantised weights (no torch).
+
+Only architectures whose layers are plain pre-norm attention + SwiGLU FFN blocks are supported:
+llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k RMS norms). llama.cpp applies rotary
+embeddings to adjacent pairs for llama (GGUF conversion permutes q/k accordingly) and to halves
+(NeoX style) for qwen2/qwen3; the reference forward follows the same convention.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..gguf_info import inspect_gguf, sha256_file
+from .errors import UnsupportedArchitecture
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    eps: float
+    rope_base: float
+    rope_type: str
+    rope_scale: float
+    n_ctx_train: int
+    file_type: int | None
+    tied_output: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _scalar(v: Any, what: str, path: Path) -> Any:
+    """Per-layer array keys: accept a uniform array, refuse a varying one."""
+    if isinstance(v, list):
+        if len(set(v)) != 1:
+            raise UnsupportedArchitecture(f"{path} has per-layer {what} values {sorted(set(v))}; "
+                                          "A3B pruning needs the same value in every layer.")
+        return v[0]
+    return v
+
+
+class SourceModel:
+    """A GGUF opened for reading. `raw(name)` gives the stored bytes, `weight(name)` float32 values."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).resolve()
+        info = inspect_gguf(self.path)  # typed errors for missing / foreign / truncated files
+        self.info = info
+        if info.architecture not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitecture(
+                f"A3B pruning supports the {', '.join(SUPPORTED_ARCHITECTURES)} architectures; "
+                f"{self.path.name} is {info.architecture!r}. Pick a model of a supported architecture.")
+        from gguf import GGUFReader
+
+        self.reader = GGUFReader(str(self.path), "r")
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.fields = {k: f for k, f in self.reader.fields.items()}
+        arch = info.architecture
+
+        def key(suffix: str, default: Any = None) -> Any:
+            f = self.fields.get(f"{arch}.{suffix}")
+            if f is None:
+                return default
+            v = f.contents()
+            return _scalar(v, suffix, self.path)
+
+        n_embd = int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        scaling = key("rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise UnsupportedArchitecture(f"{self.path.name} uses RoPE scaling {scaling!r}; the reference "
+                                          "forward supports none and linear.")
+        emb = self.tensors["token_embd.weight"]
+        self.hp = HParams(
+            arch=arch, n_layer=int(key("block_count")), n_embd=n_embd, n_ff=int(key("feed_forward_length")),
+            n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)), head_dim=head_dim,
+            n_vocab=int(emb.shape[1]), eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_base=float(key("rope.freq_base", 10000.0)), rope_type=ROPE_TYPE[arch],
+            rope_scale=1.0 / float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            n_ctx_train=int(key("context_length", 2048)),
+            file_type=self.fields["general.file_type"].contents() if "general.file_type" in self.fields else None,
+            tied_output="output.weight" not in self.tensors)
+        for i in range(self.hp.n_layer):
+            for part in ("ffn_gate", "ffn_up", "ffn_down"):
+                if f"blk.{i}.{part}.weight" not in self.tensors:
+                    raise UnsupportedArchitecture(f"{self.path.name} has no blk.{i}.{part}.weight: A3B pruning "
+                                                  "needs gated (SwiGLU) FFN blocks in every layer.")
+
+    @cached_property
+    def sha256(self) -> str:
+        return sha256_file(self.path)
+
+    def raw(self, name: str):
+        return self.tensors[name]
+
+    def weight(self, name: str) -> np.ndarray:
+        """Dequantised float32 values, numpy row-major: (rows, cols) = (out, in) for matrices."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        t = self.tensors[name]
+        if t.tensor_type == GGMLQuantizationType.F32:
+            a = np.array(t.data, dtype=np.float32)
+        else:
+            a = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+        shape = tuple(int(x) for x in reversed(t.shape))
+        return a.reshape(shape)
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def meta(self, name: str, default: Any = None) -> Any:
+        f = self.fields.get(name)
+        return default if f is None else f.contents()

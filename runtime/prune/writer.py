@@ -1,0 +1,130 @@
+"""Write a pruned GGUF and quantise it with llama.cpp's own quantiser (no torch).
+
+Tensors the pipeline did not change are copied byte for byte in their stored quantisation, changed
+ones are written as float32; `llama_model_quantize` then quantises exactly those (llama.cpp copies a
+tensor that already has the type it would choose). Every file appears under its final name only
+when complete: it is written under a temporary name in the same folder and renamed.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import ModelLoadFailed
+from .errors import OutputExists
+from .source import SourceModel
+
+A3B_VERSION = 1
+
+
+class RawTensor:
+    """Stored (possibly quantised) bytes of a tensor, written as they are."""
+
+    def __init__(self, data: np.ndarray, qtype):
+        self.data = np.ascontiguousarray(data)
+        self.qtype = qtype
+
+    @classmethod
+    def rows(cls, tensor, rows: np.ndarray) -> "RawTensor":
+        """A row subset of a GGUF tensor: each row of a matrix is quantised on its own."""
+        return cls(np.asarray(tensor.data)[np.asarray(rows)], tensor.tensor_type)
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `final`; rename it to `final` only if the block completes."""
+    final = Path(final)
+    if final.exists() and not force:
+        raise OutputExists(f"{final} already exists; choose another --out or pass --force to replace it.")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.part-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _copy_kv(w, src: SourceModel, skip: set[str]) -> None:
+    from gguf import GGUFValueType
+
+    for name, f in src.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in skip:
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), vtype, sub_type=sub)
+
+
+def _add_a3b(w, a3b: dict[str, Any]) -> None:
+    from gguf import GGUFValueType
+
+    for k, v in a3b.items():
+        key = k if k.startswith("a3b.") else f"a3b.{k}"
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v) if v >= 0 else w.add_int32(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        elif isinstance(v, (list, tuple, np.ndarray)):
+            vals = list(v)
+            if vals and all(isinstance(x, str) for x in vals):
+                w.add_array(key, vals)
+            else:
+                w.add_key_value(key, [float(x) for x in vals], GGUFValueType.ARRAY, sub_type=GGUFValueType.FLOAT32)
+        else:
+            raise TypeError(f"cannot store {key}={v!r} in GGUF metadata")
+
+
+def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.ndarray | RawTensor], *,
+               n_ff: int, a3b: dict[str, Any]) -> None:
+    """Write `src` with the `changed` tensors (float32, numpy (out, in) layout) and new FFN width."""
+    import gguf
+
+    arch = src.hp.arch
+    w = gguf.GGUFWriter(str(path), arch)
+    skip = {f"{arch}.feed_forward_length", "general.file_type"}
+    skip |= {k for k in src.fields if k.startswith("a3b.")}
+    _copy_kv(w, src, skip)
+    w.add_feed_forward_length(int(n_ff))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)  # the quantiser sets the real type afterwards
+    _add_a3b(w, {"version": A3B_VERSION, **a3b})
+    names = list(src.tensors) + [n for n in changed if n not in src.tensors]
+    for name in names:
+        if name in changed and isinstance(changed[name], RawTensor):
+            r = changed[name]
+            w.add_tensor(name, r.data, raw_shape=r.data.shape, raw_dtype=r.qtype)
+        elif name in changed:
+            w.add_tensor(name, np.ascontiguousarray(changed[name], dtype=np.float32))
+        else:
+            t = src.tensors[name]
+            w.add_tensor(name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def quantize(src_path: str | os.PathLike, dst_path: str | os.PathLike, ftype: int | None,
+             n_threads: int = 0) -> None:
+    """llama.cpp's `llama_model_quantize` to `ftype` (a LLAMA_FTYPE, e.g. 3 = Q4_1); None/0 = float32 copy."""
+    from ..llama_engine import llama
+
+    L = llama()
+    params = L.llama_model_quantize_default_params()
+    params.nthread = n_threads or os.cpu_count() or 1
+    params.ftype = int(ftype or 0)
+    params.allow_requantize = False  # unchanged tensors keep their bytes; nothing is quantised twice
+    rc = L.llama_model_quantize(str(src_path).encode("utf-8"), str(dst_path).encode("utf-8"),
+                                ctypes.byref(params))
+    if rc != 0:
+        raise ModelLoadFailed(f"llama_model_quantize failed ({rc}) for {src_path} -> ftype {ftype}")
