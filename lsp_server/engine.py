@@ -1,0 +1,483 @@
+"""Completion engine: one per process (shared by every editor connection), one Session per connection.
+
+A request goes through these steps, cheapest first:
+
+1. the cache (exact or typed-ahead hit) answers without the model;
+2. a generation still running for the same spot, whose text so far agrees with what the user has
+   typed since, is joined instead of started again;
+3. otherwise the previous generation of this connection is cancelled ("latest request wins": it
+   stops between two tokens), the request waits `debounce_ms`, gives up if a newer request or an
+   edit arrived meanwhile, and runs the model at interactive priority.
+
+Edits cancel a running generation unless they type exactly what it is generating; $/cancelRequest
+cancels it unless such an edit keeps it useful. A closed connection cancels everything it started.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, get_runtime, preset
+from ..runtime.errors import Cancelled
+from . import config as cfg
+from .cache import CompletionCache, bucket_key
+from .context import ContextIndex, VectorCache, render_block
+from .documents import Cursor, Document, DocumentError
+from .postprocess import block_end, finish
+from .prompt import PromptBuilder, is_multiline
+
+log = logging.getLogger("a3b.lsp")
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Stats:
+    """Counters and recent latencies, for the status command and the benchmark."""
+
+    def __init__(self):
+        self.c = collections.Counter()
+        self.latencies: collections.deque[tuple[float, str, bool]] = collections.deque(maxlen=4096)
+        self.lock = threading.Lock()
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.c[key] += n
+
+    def answered(self, seconds: float, source: str, multiline: bool) -> None:
+        with self.lock:
+            self.latencies.append((seconds * 1000.0, source, multiline))
+            self.c[f"answered_{source}"] += 1
+
+    def summary(self) -> dict[str, Any]:
+        with self.lock:
+            lat = list(self.latencies)
+            c = dict(self.c)
+        single = [ms for ms, _, ml in lat if not ml]
+        out = {"counters": c, "answered": len(lat)}
+        for name, xs in (("all", [ms for ms, *_ in lat]), ("single_line", single),
+                         ("multi_line", [ms for ms, _, ml in lat if ml])):
+            out[f"latency_ms_{name}"] = {"p50": _percentile(xs, 0.5), "p95": _percentile(xs, 0.95),
+                                          "p99": _percentile(xs, 0.99), "n": len(xs)}
+        return out
+
+
+class Engine:
+    """What all connections of a process share: the runtime, the cache, vectors and statistics."""
+
+    def __init__(self, runtime=None, default_model: str | None = None, address: str | None = None):
+        self.rt = runtime or get_runtime()
+        #: The model named on the command line: trusted, so any path is fine. Models named over the
+        #: protocol are restricted to the model folders (`resolve_model(restrict=True)`).
+        self.default_model = default_model
+        self.address = address
+        self.cache = CompletionCache()
+        self.vectors = VectorCache()
+        self.stats = Stats()
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="a3b-lsp")
+        self.sessions: set[Session] = set()
+        self._builders: dict[int, PromptBuilder] = {}
+        self.started = time.time()
+
+    def spec_for(self, settings: cfg.Settings):
+        if settings.model is None:
+            return self.rt.spec(self.default_model, n_ctx=settings.n_ctx)
+        return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx)
+
+    def builder(self, model) -> PromptBuilder:
+        b = self._builders.get(id(model.weights))
+        if b is None or b.w is not model.weights:
+            b = self._builders[id(model.weights)] = PromptBuilder(model.weights)
+        return b
+
+    def status(self) -> dict[str, Any]:
+        st = self.stats.summary()
+        st["cache"] = self.cache.stats()
+        st["clients"] = len(self.sessions)
+        st["address"] = self.address
+        st["embedded_chunks"] = self.vectors.embedded
+        st["uptime_s"] = round(time.time() - self.started, 1)
+        return st
+
+    def close(self) -> None:
+        for s in list(self.sessions):
+            s.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class Answer:
+    text: str                       # "" = nothing to suggest
+    cursor: Cursor
+    source: str                     # cache_exact, cache_typed, join, model, superseded, stale, empty
+    multiline: bool
+    spans: list = field(default_factory=list)   # low-confidence spans inside `text`
+    latency: float = 0.0
+
+
+class Gen:
+    """One running generation and what is needed to decide whether a new request can join it."""
+
+    def __init__(self, session: "Session", cur: Cursor, key: str, multiline: bool, doc_len: int):
+        self.session = session
+        self.cur = cur
+        self.key = key
+        self.multiline = multiline
+        self.doc_len = doc_len
+        self.text = ""
+        self.stream = None
+        self.waiters = 0
+        self.keep_alive = False
+        self.done = asyncio.get_running_loop().create_future()
+        self.suggestion = ""
+        self.spans: list = []
+        self.cancel_reason: str | None = None
+
+    def on_token(self, ev) -> None:  # scheduler thread
+        self.text += ev.text
+        if self.multiline and "\n" in ev.text and block_end(self.text, self.cur) is not None:
+            self.stream.cancel("block end")  # the rest would be cut anyway: stop decoding it
+
+    def cancel(self, reason: str) -> None:
+        if self.stream is not None and not self.done.done():
+            self.cancel_reason = reason
+            self.stream.cancel(reason)
+
+    def agrees(self, typed: str) -> bool:
+        return self.text.startswith(typed) or (not self.done.done() and typed.startswith(self.text))
+
+    def joinable(self, key: str, cur: Cursor) -> bool:
+        if key != self.key or self.done.done() and not self.suggestion:
+            return False
+        n = cur.offset - self.cur.offset
+        if n < 0 or cur.uri != self.cur.uri:
+            return False
+        typed = cur.prefix[len(cur.prefix) - n:] if n else ""
+        tail = self.cur.prefix[-400:]
+        return cur.prefix.endswith(tail, 0, len(cur.prefix) - n) and self.agrees(typed)
+
+
+class Session:
+    """One editor connection: its documents, settings, and at most one running completion."""
+
+    def __init__(self, engine: Engine, notify: Callable[[str, str], None] | None = None):
+        self.engine = engine
+        self.settings = cfg.Settings()
+        self.docs: dict[str, Document] = {}
+        self.encoding = "utf-16"
+        self.index = ContextIndex(engine.vectors)
+        self.gen: Gen | None = None
+        self.latest = 0
+        self.anchors: dict[str, int] = {}
+        self.context: dict[str, tuple[str, list[str]]] = {}     # uri -> (prompt head, files)
+        self._selecting: set[str] = set()
+        self._spec = None
+        self._tasks: set[asyncio.Future] = set()
+        self.notify = notify or (lambda level, msg: None)
+        self.closed = False
+        engine.sessions.add(self)
+
+    # -- settings and model ------------------------------------------------------------------
+    def configure(self, raw: Any) -> list[str]:
+        new, errors = cfg.apply(self.settings, raw)
+        if new.model != self.settings.model or new.n_ctx != self.settings.n_ctx:
+            self._spec = None
+            self.anchors.clear()
+        self.settings = new
+        return errors
+
+    def spec(self):
+        if self._spec is None:
+            self._spec = self.engine.spec_for(self.settings)
+        return self._spec
+
+    def model_if_loaded(self):
+        e = self.engine.rt.store.entry(self.spec())
+        if e is not None and not e.model.closed.is_set() and not e.model._closing:
+            return e.model
+        return None
+
+    async def model(self, progress: Callable[[str], Any] | None = None):
+        m = self.model_if_loaded()
+        if m is not None:
+            return m
+        spec = self.spec()
+        done = progress(os.path.basename(spec.path)) if progress else None
+        try:
+            t0 = time.perf_counter()
+            m = await asyncio.get_running_loop().run_in_executor(self.engine.executor, self.engine.rt.load, spec)
+            self.engine.stats.count("model_loads")
+            log.info("loaded %s in %.0f ms", spec.path, (time.perf_counter() - t0) * 1000)
+            return m
+        finally:
+            if done:
+                done()
+
+    # -- documents -----------------------------------------------------------------------------
+    def doc(self, uri: str) -> Document:
+        d = self.docs.get(uri)
+        if d is None:
+            raise DocumentError(f"{uri} is not open; send textDocument/didOpen first.")
+        return d
+
+    def open(self, uri: str, text: str, version: int, language_id: str) -> None:
+        self.docs[uri] = Document(uri, text, version, language_id)
+        self.index.set_document(uri, text, self.settings.chunk_tokens)
+
+    def change(self, uri: str, version: int, changes: list) -> None:
+        d = self.doc(uri)
+        for ch in changes:
+            d.apply(ch, self.encoding)
+        d.version = version
+        self.index.set_document(uri, d.text, self.settings.chunk_tokens)
+        g = self.gen
+        if g is not None and not g.done.done() and g.cur.uri == uri:
+            if self._typed_ahead(g, d):
+                g.keep_alive = True
+            else:
+                g.cancel("document changed")
+                self.engine.stats.count("cancelled_by_edit")
+
+    def close_doc(self, uri: str) -> None:
+        self.docs.pop(uri, None)
+        self.anchors.pop(uri, None)
+        self.context.pop(uri, None)
+        self.index.set_document(uri, None, 0)
+
+    @staticmethod
+    def _typed_ahead(g: Gen, d: Document) -> bool:
+        """Did the edits only insert, at the generation's cursor, text it agrees with?"""
+        dx = len(d.text) - g.doc_len
+        off = g.cur.offset
+        if dx < 0:
+            return False
+        head = g.cur.suffix[:200]
+        if not d.text.startswith(head, off + dx) or not d.text.endswith(g.cur.prefix[-400:], 0, off):
+            return False
+        return g.agrees(d.text[off:off + dx])
+
+    # -- completion ----------------------------------------------------------------------------
+    def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
+        return bucket_key(m.weights.path.as_posix(), str(id(m.weights)), cur.uri, "fim" if use_fim else "pre",
+                          "ml" if multiline else "sl", cur.line_suffix, cur.suffix[:240])
+
+    def use_fim(self, builder: PromptBuilder) -> bool:
+        return self.settings.fim != "off" and builder.fim is not None
+
+    async def complete(self, uri: str, position, progress=None) -> Answer:
+        t0 = time.perf_counter()
+        st = self.engine.stats
+        st.count("requests")
+        d = self.doc(uri)
+        d.check_usable(self.settings.max_document_bytes)
+        cur = d.cursor(position, self.encoding)
+        m = await self.model(progress)
+        builder = self.engine.builder(m)
+        use_fim = self.use_fim(builder)
+        multiline = is_multiline(cur)
+        key = self.cache_key(m, cur, multiline, use_fim)
+
+        def answer(text: str, source: str, spans=None) -> Answer:
+            a = Answer(text, cur, source, multiline, spans or [], time.perf_counter() - t0)
+            if source in ("superseded", "stale"):
+                st.count(f"dropped_{source}")
+            else:
+                st.answered(a.latency, source, multiline)
+            return a
+
+        hit = self.engine.cache.get(key, cur.prefix)
+        if hit is not None:
+            return answer(hit[1], "cache_" + hit[0])
+        self.latest += 1
+        me = self.latest
+        g = self.gen
+        if g is not None and not g.done.done():
+            if g.joinable(key, cur):
+                st.count("joined")
+                res = await self._wait(g)
+                if res is not None:
+                    hit = self.engine.cache.get(key, cur.prefix, count=False)
+                    return answer(hit[1] if hit else "", "join")
+            else:
+                g.cancel("superseded")
+                st.count("cancelled_superseded")
+        if self.settings.debounce_ms:
+            await asyncio.sleep(self.settings.debounce_ms / 1000.0)
+        if self.latest != me:
+            return answer("", "superseded")
+        if d.version != cur.version or self.docs.get(uri) is not d:
+            return answer("", "stale")
+        hit = self.engine.cache.get(key, cur.prefix, count=False)
+        if hit is not None:
+            return answer(hit[1], "cache_" + hit[0])
+        g = self._start(m, builder, cur, key, multiline, use_fim, len(d.text))
+        res = await self._wait(g)
+        if res is None:
+            return answer("", "superseded")
+        hit = self.engine.cache.get(key, cur.prefix, count=False)
+        text = hit[1] if hit else ""
+        spans = g.spans if text == g.suggestion else []
+        return answer(text, "model" if text else "empty", spans)
+
+    async def _wait(self, g: Gen):
+        """Wait for `g`; None if it was cancelled. A cancelled request ($/cancelRequest, closed
+        connection) stops the generation unless another request or a typed-ahead edit needs it."""
+        g.waiters += 1
+        try:
+            return await asyncio.shield(g.done)
+        except asyncio.CancelledError:
+            if g.waiters <= 1 and not g.keep_alive:
+                g.cancel("request cancelled")
+                self.engine.stats.count("cancelled_by_client")
+            raise
+        finally:
+            g.waiters -= 1
+
+    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, use_fim: bool,
+               doc_len: int) -> Gen:
+        s = self.settings
+        head, files = self.context.get(cur.uri, ("", []))
+        prev = self.anchors.get(cur.uri)
+        prompt = builder.build(cur, anchor=prev, context_block=head, budget=s.context_tokens,
+                               suffix_tokens=s.suffix_tokens, use_fim=use_fim, context_files=files)
+        if prompt.anchor != prev:
+            self.anchors[cur.uri] = prompt.anchor
+            self._select_context(cur, prompt.anchor)
+        g = Gen(self, cur, key, multiline, doc_len)
+        loop = asyncio.get_running_loop()
+        max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
+        stop = ["\n\n\n"] if multiline else ["\n"]
+        g.stream = self.engine.rt.submit(
+            model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=max_tokens,
+            sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE,
+            confidence=ConfidenceConfig(enabled=True, threshold=s.confidence_threshold),
+            on_token=g.on_token)
+        self.gen = g
+        self.engine.stats.count("generations")
+        fut = loop.run_in_executor(self.engine.executor, _wait_stream, g.stream)
+        fut.add_done_callback(lambda f: self._finished(g, f, prompt))
+        return g
+
+    def _finished(self, g: Gen, fut: asyncio.Future, prompt) -> None:
+        st = self.engine.stats
+        res, err = fut.result() if not fut.cancelled() else (None, Cancelled("executor stopped"))
+        if err is not None and g.cancel_reason is None and getattr(g.stream, "cancel_reason", "") == "block end":
+            res, err = getattr(err, "partial", None), None
+        if res is not None:
+            st.count("prompt_tokens", res.n_prompt_tokens)
+            st.count("cached_prompt_tokens", res.n_cached_prompt_tokens)
+            st.count("generated_tokens", res.n_tokens)
+        if err is not None or res is None:
+            partial = getattr(err, "partial", None)
+            if partial is not None:
+                st.count("wasted_generated_tokens", partial.n_tokens)
+                if partial.n_tokens:
+                    st.count("wasted_prompt_tokens", partial.n_prompt_tokens - partial.n_cached_prompt_tokens)
+            st.count("generations_cancelled" if isinstance(err, Cancelled) else "generations_failed")
+            if not isinstance(err, Cancelled):
+                log.warning("completion failed: %s", err)
+                self.notify("error", f"A3B completion failed: {err}")
+            if not g.done.done():
+                g.done.set_result(None)
+            return
+        st.count("prefill_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens)
+        g.suggestion = finish(res.text, g.cur, g.multiline)
+        g.spans = _spans_in(res.spans, g.suggestion)
+        self.engine.cache.put(g.key, g.cur.prefix, g.suggestion)
+        if g.waiters == 0:
+            st.count("wasted_generated_tokens", res.n_tokens)   # nobody waits for it any more
+            st.count("unused_generations")
+        if not g.done.done():
+            g.done.set_result(res)
+
+    # -- context from other files --------------------------------------------------------------
+    def _select_context(self, cur: Cursor, anchor: int) -> None:
+        """Choose chunks of other open files for `cur.uri` in the background; once chosen, prefill
+        the new prompt at batch priority and only then switch to it, so no request pays for it."""
+        s = self.settings
+        if s.context_chunks <= 0 or cur.uri in self._selecting or len(self.docs) < 2:
+            return
+        self._selecting.add(cur.uri)
+        spec = self.spec()
+        rt = self.engine.rt
+
+        def embed(texts):
+            return rt.embed(texts, model=spec, priority=PRIORITY_BATCH)
+
+        embed.model_key = spec.path
+
+        def work():
+            picked = self.index.select(embed, cur.uri, cur.prefix[-2000:], s.context_chunks,
+                                       s.max_chunk_similarity, s.chunk_tokens)
+            block = render_block(picked, cur.language_id)
+            files = sorted({c.uri for c, _ in picked})
+            if block and block != self.context.get(cur.uri, ("",))[0]:
+                m = rt.load(spec)
+                b = self.engine.builder(m)
+                p = b.build(cur, anchor=anchor, context_block=block, budget=s.context_tokens,
+                            suffix_tokens=s.suffix_tokens, use_fim=self.use_fim(b))
+                stream = rt.submit(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=1,
+                                   sampling=preset("greedy"), priority=PRIORITY_BATCH,
+                                   confidence=ConfidenceConfig(enabled=False))
+                res, _ = _wait_stream(stream)
+                if res is not None:
+                    self.engine.stats.count("prewarm_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens)
+            return block, files
+
+        def done(f):
+            self._selecting.discard(cur.uri)
+            if f.cancelled() or f.exception() is not None or self.closed:
+                if not f.cancelled() and f.exception() is not None:
+                    log.info("context selection failed: %s", f.exception())
+                return
+            block, files = f.result()
+            if block and cur.uri in self.docs:
+                self.context[cur.uri] = (block, files)
+                self.engine.stats.count("context_selections")
+
+        fut = asyncio.get_running_loop().run_in_executor(self.engine.executor, work)
+        self._tasks.add(fut)
+        fut.add_done_callback(lambda f: (self._tasks.discard(f), done(f)))
+
+    # -- teardown ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """The connection is gone: stop its generation and forget its documents."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.gen is not None:
+            self.gen.cancel("client disconnected")
+        self.latest += 1
+        self.docs.clear()
+        self.engine.sessions.discard(self)
+
+
+def _wait_stream(stream):
+    try:
+        return stream.result(), None
+    except Exception as e:  # Cancelled carries .partial
+        return None, e
+
+
+def _spans_in(spans, text: str) -> list[tuple[int, int, float]]:
+    """Low-confidence spans of the raw text, located in the final suggestion (start, end, entropy)."""
+    out = []
+    for sp in spans:
+        t = sp.text.strip()
+        i = text.find(t) if t else -1
+        if i >= 0:
+            out.append((i, i + len(t), sp.mean_entropy))
+    return out

@@ -1,0 +1,452 @@
+"""Transports: stdio, TCP and WebSocket, each connection with its own server over one shared Engine.
+
+What this adds to pygls' own loops:
+
+* every connection gets its own protocol and workspace, so several editors can share one process
+  (and one loaded model) over TCP or WebSocket; `exit` closes only that connection;
+* JSON-RPC errors that pygls leaves unanswered: a body that is not JSON gets a Parse error (-32700),
+  a message that is not a JSON-RPC 2.0 object an Invalid request (-32600), a request whose params do
+  not match the LSP types an Invalid params (-32602) naming the field; all with the request's id when
+  there is one, so a client never waits for an answer that will not come;
+* strict framing: only Content-Length / Content-Type headers, bounded sizes;
+* security for TCP/WS: listening on loopback addresses only, refusing peers that are not loopback,
+  refusing WebSocket handshakes that carry a browser Origin (a web page could otherwise reach a
+  loopback port), and an optional token (initializationOptions.token, or for WebSocket also
+  `?token=` or `Authorization: Bearer`) checked before anything else is served.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlparse
+
+from pygls.exceptions import JsonRpcException
+
+from .engine import Engine
+from .server import A3BServer
+
+log = logging.getLogger("a3b.lsp")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # a 10 MB document, JSON-escaped, fits with room to spare
+MAX_HEADER_BYTES = 8192
+UNAUTHORIZED = -32001
+
+
+class FramingError(Exception):
+    pass
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (or [v6]:PORT) that must name a loopback address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"Expected HOST:PORT, like 127.0.0.1:7011, got {text!r}.")
+    host = host.strip("[]")
+    if not is_loopback(host):
+        raise ValueError(f"Refusing to listen on {host}: the language server only binds to loopback addresses "
+                         "(127.0.0.1, ::1, localhost), so other machines cannot drive the model.")
+    if int(port) > 65535:
+        raise ValueError(f"Port {port} is out of range (0-65535).")
+    return ("127.0.0.1" if host == "localhost" else host), int(port)
+
+
+def token_ok(expected: str | None, given: Any) -> bool:
+    if expected is None:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+class Connection:
+    """One editor: a server object, its writer, and the JSON-RPC checks in front of pygls."""
+
+    def __init__(self, engine: Engine, label: str, writer, *, include_headers: bool = True,
+                 token: str | None = None, authorized: bool = False, on_close: Callable[[], None] | None = None):
+        self.engine = engine
+        self.label = label
+        self.token = token
+        self.authorized = authorized or token is None
+        self.server = A3BServer(engine, self)
+        self.server.protocol.set_writer(writer, include_headers)
+        self.writer = writer
+        self.done = False
+        self.exit_code: int | None = None
+        self._on_close = on_close
+        log.info("%s connected", label)
+
+    # -- incoming ------------------------------------------------------------------------------
+    def send_error(self, msg_id, code: int, message: str) -> None:
+        self.server.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+
+    def feed(self, body: bytes | str) -> None:
+        if self.done:
+            return
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            self.send_error(None, -32700, f"Parse error: the message is not valid JSON ({e}).")
+            return
+        if isinstance(data, list):
+            self.send_error(None, -32600, "Invalid request: JSON-RPC batches are not supported by LSP.")
+            return
+        if not isinstance(data, dict):
+            self.send_error(None, -32600, f"Invalid request: expected a JSON object, got {type(data).__name__}.")
+            return
+        msg_id = data.get("id")
+        if isinstance(msg_id, bool) or (msg_id is not None and not isinstance(msg_id, (int, str))):
+            self.send_error(None, -32600, "Invalid request: 'id' must be a number or a string.")
+            return
+        method = data.get("method")
+        if data.get("jsonrpc") != "2.0" or ("method" in data and not isinstance(method, str)) \
+                or ("method" not in data and "result" not in data and "error" not in data):
+            self.send_error(msg_id, -32600, "Invalid request: a JSON-RPC 2.0 message needs \"jsonrpc\": \"2.0\" "
+                                            "and a string \"method\" (or a result or error).")
+            return
+        if not self.authorized and not self._authorize(data, msg_id, method):
+            return
+        proto = self.server.protocol
+        try:
+            message = proto.structure_message(data)
+        except JsonRpcException as e:
+            detail = _describe(e.__cause__) if e.__cause__ is not None else e.message
+            if msg_id is not None and method is not None:
+                self.send_error(msg_id, e.code, f"Invalid params for {method}: {detail}")
+            else:
+                log.warning("dropped malformed %s: %s", method or "message", detail)
+                if method and not method.startswith("$/"):
+                    from lsprotocol.types import MessageType
+
+                    self.server.show(MessageType.Warning, f"A3B ignored a malformed {method} notification: {detail}")
+            return
+        proto.handle_message(message)
+
+    def _authorize(self, data: dict, msg_id, method) -> bool:
+        if method == "initialize":
+            opts = (data.get("params") or {}).get("initializationOptions")
+            given = opts.get("token") if isinstance(opts, dict) else None
+            if token_ok(self.token, given):
+                self.authorized = True
+                return True
+            self.send_error(msg_id, UNAUTHORIZED, "Unauthorized: this A3B server needs its token in "
+                                                  "initializationOptions.token (see --token / A3B_LSP_TOKEN).")
+        elif msg_id is not None:
+            self.send_error(msg_id, UNAUTHORIZED, "Unauthorized: send initialize with the server's token first.")
+        log.warning("%s: refused an unauthenticated %s", self.label, method)
+        self.close(1)
+        return False
+
+    # -- teardown ------------------------------------------------------------------------------
+    def close(self, code: int | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.exit_code = code
+        self.server.session.close()
+        for fut in list(self.server.protocol._request_futures.values()):
+            fut.cancel()
+        log.info("%s closed", self.label)
+        if self._on_close:
+            self._on_close()
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        import cattrs
+
+        return "; ".join(cattrs.transform_error(exc)) or str(exc)
+    except Exception:
+        return str(exc)
+
+
+# -- framing ------------------------------------------------------------------------------------
+def _headers_done(headers: dict[str, str]) -> int:
+    if "content-length" not in headers:
+        raise FramingError("A message header without Content-Length.")
+    try:
+        n = int(headers["content-length"])
+    except ValueError:
+        raise FramingError(f"Content-Length is not a number: {headers['content-length']!r}.") from None
+    if not 0 <= n <= MAX_MESSAGE_BYTES:
+        raise FramingError(f"A message of {n} bytes is larger than the limit of {MAX_MESSAGE_BYTES} bytes.")
+    return n
+
+
+def _header(line: bytes, headers: dict[str, str]) -> None:
+    if len(line) > MAX_HEADER_BYTES:
+        raise FramingError("A header line is too long.")
+    name, sep, value = line.decode("ascii", "replace").partition(":")
+    name = name.strip().lower()
+    if not sep or name not in ("content-length", "content-type"):
+        raise FramingError(f"Not an LSP header: {line[:60]!r} (expected Content-Length).")
+    headers[name] = value.strip()
+
+
+async def read_frames(reader: asyncio.StreamReader):
+    while True:
+        headers: dict[str, str] = {}
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:
+                raise FramingError("A header line is too long.") from None
+            if not line:
+                return
+            if line in (b"\r\n", b"\n"):
+                if headers:
+                    break
+                continue
+            _header(line, headers)
+        n = _headers_done(headers)
+        try:
+            yield await reader.readexactly(n)
+        except asyncio.IncompleteReadError:
+            return
+
+
+def read_frames_sync(stream):
+    while True:
+        headers: dict[str, str] = {}
+        while True:
+            line = stream.readline(MAX_HEADER_BYTES + 1)
+            if not line:
+                return
+            if line in (b"\r\n", b"\n"):
+                if headers:
+                    break
+                continue
+            _header(line, headers)
+        n = _headers_done(headers)
+        body = stream.read(n)
+        if len(body) < n:
+            return
+        yield body
+
+
+# -- stdio --------------------------------------------------------------------------------------
+class FdReader:
+    """readline/read over a raw file descriptor with its own buffer.
+
+    Python's buffered stdin holds a lock while it blocks; a daemon thread blocked there makes the
+    interpreter abort at exit. os.read holds nothing, so the reading thread can simply be abandoned.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = bytearray()
+        self.eof = False
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        return True
+
+    def readline(self, limit: int = -1) -> bytes:
+        while True:
+            i = self.buf.find(b"\n")
+            if i >= 0 or (0 < limit <= len(self.buf)):
+                n = i + 1 if i >= 0 else limit
+                n = min(n, limit) if limit > 0 else n
+                out = bytes(self.buf[:n])
+                del self.buf[:n]
+                return out
+            if not self._fill():
+                out = bytes(self.buf)
+                self.buf.clear()
+                return out
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n and self._fill():
+            pass
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+class _StdoutWriter:
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+
+    def close(self) -> None:
+        pass
+
+
+async def serve_stdio(engine: Engine, stdin, stdout) -> int:
+    """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stopped = asyncio.Event()
+    conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
+
+    def pump():  # a daemon thread: a blocked read never keeps the process alive
+        try:
+            for body in read_frames_sync(stdin):
+                loop.call_soon_threadsafe(queue.put_nowait, body)
+        except FramingError as e:
+            loop.call_soon_threadsafe(queue.put_nowait, e)
+        except Exception as e:  # closed pipe
+            log.info("stdin: %s", e)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=pump, name="a3b-lsp-stdin", daemon=True).start()
+    while not conn.done:
+        item = await queue.get()
+        if item is None:
+            break
+        if isinstance(item, FramingError):
+            conn.send_error(None, -32700, f"Parse error: {item} The stream cannot continue.")
+            break
+        conn.feed(item)
+    conn.close(conn.exit_code if conn.exit_code is not None else 1)
+    await asyncio.sleep(0)  # let the last responses go out
+    return conn.exit_code or 0
+
+
+# -- TCP ------------------------------------------------------------------------------------------
+class Listener:
+    """A running TCP or WebSocket listener (for the CLI and the in-process server)."""
+
+    def __init__(self, kind: str, host: str, port: int):
+        self.kind, self.host, self.port = kind, host, port
+        self.server = None
+        self.connections: set[Connection] = set()
+        self.refused = 0
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.kind}://{host}:{self.port}"
+
+    def close(self) -> None:
+        for c in list(self.connections):
+            c.close()
+        if self.server is not None:
+            self.server.close()
+
+
+async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> Listener:
+    lst = Listener("tcp", host, port)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        peer = writer.get_extra_info("peername") or ("?",)
+        if not is_loopback(str(peer[0])):
+            lst.refused += 1
+            log.warning("refused a TCP connection from %s: only loopback clients are served", peer[0])
+            writer.close()
+            return
+        conn = Connection(engine, f"tcp {peer[0]}:{peer[1]}", writer, token=token,
+                          on_close=lambda: writer.close())
+        lst.connections.add(conn)
+        try:
+            async for body in read_frames(reader):
+                conn.feed(body)
+                if conn.done:
+                    break
+        except FramingError as e:
+            conn.send_error(None, -32700, f"Parse error: {e} Closing the connection.")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            conn.close()
+            lst.connections.discard(conn)
+
+    lst.server = await asyncio.start_server(handle, host, port, limit=MAX_HEADER_BYTES * 2)
+    lst.port = lst.server.sockets[0].getsockname()[1]
+    return lst
+
+
+# -- WebSocket ------------------------------------------------------------------------------------
+class _WSWriter:
+    def __init__(self, ws):
+        self.ws = ws
+
+    def write(self, data: bytes):
+        return self.ws.send(data.decode("utf-8"))
+
+    def close(self):
+        return self.ws.close()
+
+
+async def start_ws(engine: Engine, host: str, port: int, token: str | None) -> Listener:
+    from websockets.asyncio.server import serve
+    from websockets.exceptions import ConnectionClosed
+
+    lst = Listener("ws", host, port)
+
+    def check(connection, request):
+        peer = (connection.remote_address or ("?",))[0]
+        if not is_loopback(str(peer)):
+            lst.refused += 1
+            return connection.respond(403, "Only loopback clients are served.\n")
+        if request.headers.get("Origin"):
+            lst.refused += 1
+            return connection.respond(403, "Browser origins are refused: a web page must not drive the model.\n")
+        given = parse_qs(urlparse(request.path).query).get("token", [None])[0]
+        auth = request.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if given is not None:
+            if not token_ok(token, given):
+                lst.refused += 1
+                return connection.respond(401, "Wrong token.\n")
+            connection.a3b_authorized = True
+        return None
+
+    async def handler(ws):
+        peer = (ws.remote_address or ("?", "?"))
+        loop = asyncio.get_running_loop()
+        conn = Connection(engine, f"ws {peer[0]}:{peer[1]}", _WSWriter(ws), include_headers=False, token=token,
+                          authorized=getattr(ws, "a3b_authorized", False),
+                          on_close=lambda: loop.create_task(ws.close()))
+        lst.connections.add(conn)
+        try:
+            async for message in ws:
+                conn.feed(message)
+                if conn.done:
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            conn.close()
+            lst.connections.discard(conn)
+
+    lst.server = await serve(handler, host, port, process_request=check, max_size=MAX_MESSAGE_BYTES,
+                             ping_interval=None)
+    lst.port = next(iter(lst.server.sockets)).getsockname()[1]
+    return lst
+
+
+async def serve_forever(engine: Engine, kind: str, host: str, port: int, token: str | None,
+                        ready: Callable[[Listener], None] | None = None) -> None:
+    lst = await (start_tcp if kind == "tcp" else start_ws)(engine, host, port, token)
+    if ready:
+        ready(lst)
+    try:
+        await lst.server.serve_forever()
+    finally:
+        lst.close()
