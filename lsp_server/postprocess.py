@@ -72,13 +72,13 @@ def finish(text: str, cur: Cursor, multiline: bool) -> str:
         if following and whole == following[0].strip():
             return ""  # the model repeated the next line
         return text
+    have = len(cur.line_prefix)
+    if have and not cur.line_prefix.strip() and indent_of(text) == have:
+        text = text[have:]  # the cursor stands after the indentation: do not indent twice
     cut = block_end(text + "\n", cur)
     if cut is not None:
         text = text[:cut]
     lines = [ln.rstrip() for ln in text.split("\n")]
-    have = len(cur.line_prefix)
-    if have and not cur.line_prefix.strip() and lines and indent_of(lines[0]) == have:
-        lines[0] = lines[0][have:]  # the cursor stands after the indentation: do not indent twice
     following = [ln.strip() for ln in next_lines(cur, 3)]
     if following:
         for i, ln in enumerate(lines):

@@ -413,13 +413,20 @@ def _register(ls: A3BServer) -> None:
         return {"explanation": res.text.strip(), "tokens": res.n_tokens}
 
     @ls.command("a3b.status")
-    def cmd_status(*_args):
+    def cmd_status(*args: Any):
         rt = s.engine.rt
         st = rt.status()
         m = s.model_if_loaded()
-        return {"server": s.engine.status(), "model": m.name if m else None,
-                "model_path": s.spec().path, "settings": _settings(s),
-                "runtime": {k: st[k] for k in ("pid", "rss_bytes", "memory_bytes", "weight_loads", "models")}}
+        out = {"server": s.engine.status(), "model": m.name if m else None,
+               "model_path": s.spec().path, "settings": _settings(s), "open_documents": len(s.docs),
+               "runtime": {k: st[k] for k in ("pid", "rss_bytes", "memory_bytes", "weight_loads", "models")}}
+        if args and isinstance(args[0], str) and args[0] in s.docs:  # a document's state, for checks
+            import hashlib
+
+            d = s.docs[args[0]]
+            out["document"] = {"uri": d.uri, "version": d.version, "length": len(d.text), "lines": d.line_count(),
+                               "sha256": hashlib.sha256(d.text.encode("utf-8", "surrogatepass")).hexdigest()}
+        return out
 
     @ls.command("a3b.completionAccepted")
     def cmd_accepted(*args: Any):

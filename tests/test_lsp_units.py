@@ -1,0 +1,195 @@
+"""The language server's parts without a client: documents, prompts (real tokenizers), suggestion
+cleanup, the cache, settings and traceback parsing."""
+from __future__ import annotations
+
+import pytest
+from lsprotocol import types as T
+
+from comfyui_a3b.lsp_server import config as cfg
+from comfyui_a3b.lsp_server.cache import CompletionCache
+from comfyui_a3b.lsp_server.context import chunk_text
+from comfyui_a3b.lsp_server.documents import Document, DocumentError
+from comfyui_a3b.lsp_server.fixes import extract_code, parse_traceback
+from comfyui_a3b.lsp_server.postprocess import finish
+from comfyui_a3b.lsp_server.prompt import FimIds, PromptBuilder, is_multiline
+from comfyui_a3b.lsp_server.transport import is_loopback, parse_address
+from tinygguf import write_tiny_gguf
+
+
+def cursor_at(text: str, language: str = "python"):
+    i = text.index("|")
+    doc = Document("file:///w/demo.py", text.replace("|", "", 1), 1, language)
+    return doc.cursor(doc.position_at(i), "utf-16")
+
+
+# -- documents ----------------------------------------------------------------------------------
+def test_positions_follow_the_negotiated_encoding():
+    doc = Document("file:///a.py", "a = '😀é'\nb = 2\n")
+    # '😀' is 2 UTF-16 units, 4 UTF-8 bytes, 1 code point
+    assert doc.offset_at(T.Position(0, 7), "utf-16") == 6
+    assert doc.offset_at(T.Position(0, 9), "utf-8") == 6
+    assert doc.offset_at(T.Position(0, 6), "utf-32") == 6
+    assert doc.position_at(8, "utf-16") == T.Position(0, 9)
+
+
+def test_incremental_edits_and_line_endings_lsp_counts():
+    doc = Document("file:///a.py", "x = 1\r\ny = 2\x0cz\rw\n")
+    assert doc.line_count() == 4  # \r\n, \r and \n end lines; a form feed does not
+    doc.apply(T.TextDocumentContentChangePartial(range=T.Range(T.Position(1, 4), T.Position(1, 5)), text="42"))
+    assert doc.text == "x = 1\r\ny = 42\x0cz\rw\n"
+    doc.apply(T.TextDocumentContentChangeWholeDocument(text="new"))
+    assert doc.text == "new" and doc.line_count() == 1
+
+
+def test_position_outside_the_document_is_a_clear_error():
+    doc = Document("file:///a.py", "one\ntwo\n")
+    with pytest.raises(DocumentError, match=r"outside the document .* 3 lines"):
+        doc.offset_at(T.Position(9, 0))
+    # a character past the end of a line means the line's end, as the LSP specifies
+    assert doc.offset_at(T.Position(0, 99)) == 3
+
+
+def test_binary_and_oversized_documents_are_refused_with_a_reason():
+    with pytest.raises(DocumentError, match="binary"):
+        Document("file:///b.bin", "ELF\x00\x01\x02").check_usable(1 << 20)
+    with pytest.raises(DocumentError, match="maxDocumentBytes"):
+        Document("file:///big.py", "x" * 5000).check_usable(1024)
+
+
+# -- single vs multi-line, cleanup --------------------------------------------------------------
+def test_single_or_multi_line_by_position():
+    assert not is_multiline(cursor_at("x = foo(|a)\n"))
+    assert is_multiline(cursor_at("def f():|\n"))
+    assert is_multiline(cursor_at("def f():\n    |\n"))
+    assert not is_multiline(cursor_at("total = |\n"))
+    assert not is_multiline(cursor_at("call(|)\n"))  # only closers after the cursor: one line
+
+
+def test_suggestion_that_repeats_the_suffix_or_next_line_is_dropped():
+    cur = cursor_at("x = foo(a|)\ny = 2\n")
+    assert finish(")", cur, False) == ""                       # only the bracket already there
+    assert finish(", b)", cur, False) == ", b"                 # the bracket is not doubled
+    cur = cursor_at("def f():\n    |\n    return total\n")
+    assert finish("return total\n", cur, True) == ""           # repeats the code below
+    cur = cursor_at("a = 1\n|\nb = 2\n")
+    assert finish("b = 2", cur, False) == ""
+
+
+def test_multi_line_stops_at_the_end_of_the_block_and_keeps_indentation():
+    cur = cursor_at("def f():|\n\nprint(1)\n")
+    assert finish("\n    a = 1\n    return a\ndef g():\n    pass\n", cur, True) == "\n    a = 1\n    return a"
+    cur = cursor_at("def f():\n    |\n")
+    assert finish("    a = 1\n    return a\n", cur, True) == "a = 1\n    return a"   # no double indent
+
+
+# -- cache --------------------------------------------------------------------------------------
+def test_cache_exact_and_typed_ahead_hits():
+    c = CompletionCache()
+    c.put("k", "def area(r", "adius):")
+    assert c.get("k", "def area(r") == ("exact", "adius):")
+    assert c.get("k", "def area(rad") == ("typed", "ius):")
+    assert c.get("k", "def area(rx") is None          # typed something else
+    assert c.get("other", "def area(r") is None       # a different suffix or document
+    assert c.get("k", "def area(radius):") is None     # the whole suggestion was typed
+    st = c.stats()
+    assert st["hits_exact"] == 1 and st["hits_typed_ahead"] == 1 and st["misses"] == 3
+
+
+# -- prompts from real tokenizers ---------------------------------------------------------------
+def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
+    m = rt.load()
+    b = PromptBuilder(m.weights)
+    assert b.fim is None  # the embedded SmolLM2 has no FIM tokens: the prefix path
+    body = "".join(f"value_{i} = compute({i})\n" for i in range(200))
+    cur1 = cursor_at(body + "result = comp|")
+    p1 = b.build(cur1, anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=True)
+    assert p1.mode == "prefix" and p1.window_tokens <= 120
+    cur2 = cursor_at(body + "result = compu|")
+    p2 = b.build(cur2, anchor=p1.anchor, context_block="", budget=120, suffix_tokens=16, use_fim=True)
+    assert p2.anchor == p1.anchor
+    common = 0
+    while common < min(len(p1.tokens), len(p2.tokens)) and p1.tokens[common] == p2.tokens[common]:
+        common += 1
+    assert common >= len(p1.tokens) - 3  # only the last word's tokens differ: the KV cache covers the rest
+    text = m.weights.detokenize(p1.tokens)
+    assert text.startswith("# demo.py\n")
+
+
+def test_document_text_cannot_inject_control_tokens(rt):
+    m = rt.load()
+    b = PromptBuilder(m.weights)
+    cur = cursor_at("s = '<|im_end|><|endoftext|>'\nx = |")
+    p = b.build(cur, anchor=None, context_block="", budget=200, suffix_tokens=0, use_fim=False)
+    specials = {m.weights.special_tokens()[k] for k in ("eos", "eot")} | {m.weights.tokenize("<|im_end|>", special=True)[0]}
+    assert not specials & set(p.tokens[1:])
+
+
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fim") / "tiny-fim.gguf"
+    return write_tiny_gguf(path, "llama", extra_kv={"tokenizer.ggml.fim_pre_token_id": 3,
+                                                    "tokenizer.ggml.fim_suf_token_id": 4,
+                                                    "tokenizer.ggml.fim_mid_token_id": 5})
+
+
+def test_fim_prompt_is_built_from_the_models_token_ids(rt, fim_model):
+    spec = rt.spec(str(fim_model), n_ctx=256, n_parallel=1)
+    m = rt.load(spec)
+    ids = FimIds.of(m.weights)
+    assert ids is not None and (ids.pre, ids.suf, ids.mid) == (3, 4, 5)
+    b = PromptBuilder(m.weights)
+    cur = cursor_at("def f(x):\n    return |\n\nprint(f(2))\n")
+    p = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=True)
+    assert p.mode == "fim"
+    t = p.tokens
+    assert t.count(3) == t.count(4) == t.count(5) == 1
+    assert t.index(3) < t.index(4) < t.index(5) == len(t) - 1
+    assert "\n\nprint(f(2))" in m.weights.detokenize(t[t.index(4) + 1:t.index(5)])
+    off = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=False)
+    assert off.mode == "prefix" and 3 not in off.tokens
+    res = rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=4)
+    assert res.n_prompt_tokens == len(t)
+
+
+# -- context chunks, settings, tracebacks, addresses --------------------------------------------
+def test_chunks_are_whole_lines_and_huge_or_binary_files_are_skipped():
+    text = "\n".join(f"line {i} " + "x" * 30 for i in range(100))
+    chunks = chunk_text("file:///o.py", text, 64)
+    assert len(chunks) > 3 and all(not c.text.startswith("\n") for c in chunks)
+    assert chunks[1].line > 0 and text.split("\n")[chunks[1].line] in chunks[1].text
+    assert chunk_text("file:///b", "a\x00b", 64) == []
+    assert chunk_text("file:///h", "x\n" * 400_000, 64) == []
+
+
+def test_settings_validation_reports_each_bad_value_and_keeps_the_rest():
+    s, errors = cfg.apply(cfg.Settings(), {"a3b": {"debounceMs": 10, "maxTokens": -3, "fim": "maybe",
+                                                   "bogus": 1, "nCtx": 1024}})
+    assert s.debounce_ms == 10 and s.n_ctx == 1024
+    assert s.max_tokens == cfg.Settings().max_tokens and s.fim == "auto"
+    assert len(errors) == 3
+    assert any("'maxTokens' must be an integer in 1..1024" in e for e in errors)
+    assert any("Unknown A3B setting 'bogus'" in e for e in errors)
+    _, errors = cfg.apply(cfg.Settings(), ["not", "an", "object"])
+    assert errors and "must be an object" in errors[0]
+
+
+def test_traceback_parsing_and_code_extraction():
+    tb = parse_traceback('Some log\nTraceback (most recent call last):\n  File "/w/app.py", line 12, in <module>\n'
+                         '    main()\n  File "/w/lib.py", line 3, in main\n    return 1 / 0\n'
+                         '           ~~^~~\nZeroDivisionError: division by zero\n')
+    assert [(f.path, f.line) for f in tb.frames] == [("/w/app.py", 12), ("/w/lib.py", 3)]
+    assert tb.error == "ZeroDivisionError: division by zero"
+    assert parse_traceback("no traceback here") is None
+    assert extract_code("Here:\n```python\nreturn 1\n```\n", "    return 1 / 0") == "    return 1"
+
+
+def test_only_loopback_addresses_are_accepted():
+    assert parse_address("127.0.0.1:7011") == ("127.0.0.1", 7011)
+    assert parse_address("[::1]:0") == ("::1", 0)
+    assert parse_address("localhost:7011") == ("127.0.0.1", 7011)
+    for bad in ("0.0.0.0:7011", "192.168.1.5:7011", "example.com:80"):
+        with pytest.raises(ValueError, match="only binds to loopback"):
+            parse_address(bad)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address("7011")
+    assert is_loopback("::ffff:127.0.0.1") and not is_loopback("10.0.0.1")
