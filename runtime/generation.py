@@ -304,7 +304,8 @@ class TextAssembler:
         if self.entropies and self.entropies[-1] <= self.conf.threshold:
             b -= 1
         self._run_start = None
-        if b - a >= self.conf.min_run and b <= len(self._tok_offsets):
+        b = min(b, len(self._tok_offsets))  # the end-of-generation token has an entropy but no text
+        if b - a >= self.conf.min_run:
             s, e = self._tok_offsets[a][0], self._tok_offsets[b - 1][1]
             s, e = min(s, len(self.text)), min(e, len(self.text))
             ents = self.entropies[a:b]
