@@ -138,7 +138,10 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         raise OutputExists(f"{out} already exists; choose another --out or pass --force to replace it.")
     src = SourceModel(source)
     hp = src.hp
-    _check_statistics(cfg, hp.n_ff)
+    align = cfg.align if cfg.align is not None else _default_align(src)
+    k = width_for(cfg.keep, hp.n_ff, align)
+    if k < hp.n_ff:  # keep 1.0 selects nothing and needs no statistics
+        _check_statistics(cfg, hp.n_ff)
     from .errors import require_torch
 
     torch = require_torch()
@@ -162,9 +165,8 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     teacher = RefModel(hp, all_w)
     timings["load"] = time.perf_counter() - t
 
-    k = width_for(cfg.keep, hp.n_ff, cfg.align if cfg.align is not None else _default_align(src))
     t = time.perf_counter()
-    stats = calibrate.collect(teacher, wins, src.sha256, cache_dir=cache, progress=progress)
+    stats = calibrate.collect(teacher, wins, src.sha256, cache_dir=cache, progress=progress) if k < hp.n_ff else None
     timings["calibrate"] = time.perf_counter() - t
 
     # -- selection and compensation -------------------------------------------------------------
@@ -175,7 +177,8 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     student_w = dict(all_w)
     from tqdm import tqdm
 
-    for i in tqdm(range(hp.n_layer), desc=f"pruning ({cfg.method})", unit="layer", disable=not progress):
+    for i in tqdm(range(hp.n_layer if stats is not None else 0), desc=f"pruning ({cfg.method})", unit="layer",
+                  disable=not progress):
         p = f"blk.{i}."
         gate_w, up_w, down_w = all_w[p + "ffn_gate.weight"], all_w[p + "ffn_up.weight"], all_w[p + "ffn_down.weight"]
         bias = all_w.get(p + "ffn_down.bias")
@@ -206,13 +209,13 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         timings["recover"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    gate_windows = stats.tokens[: max(1, min(cfg.gate_windows, len(stats.tokens)))]
+    gate_windows = np.array(wins[: max(1, min(cfg.gate_windows, len(wins)))])
     thresholds = gate.calibrate_thresholds(student, gate_windows, cfg.gate_sparsity, seed=cfg.seed)
     timings["gate"] = time.perf_counter() - t
 
     meta: dict[str, Any] = {
         "method": cfg.method, "keep": float(cfg.keep), "keep_actual": k / hp.n_ff,
-        "n_ff_source": hp.n_ff, "n_ff": k, "align": int(cfg.align if cfg.align is not None else _default_align(src)),
+        "n_ff_source": hp.n_ff, "n_ff": k, "align": int(align),
         "source.sha256": src.sha256, "source.name": src.path.name,
         "source.file_type": int(hp.file_type) if hp.file_type is not None else 0,
         "recover.steps": len(losses), "recover.kind": "logit-kd-ffn" if losses else "none",

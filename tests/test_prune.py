@@ -1,0 +1,291 @@
+"""A3B pruning on tiny random GGUFs of each architecture (written by the tests), plus the real
+embedded model where it is cheap. Everything runs through real llama.cpp and real torch."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the prune extra (torch) is not installed")
+
+from tinygguf import write_tiny_gguf  # noqa: E402
+
+from comfyui_a3b.runtime import UnsupportedArchitecture, inspect_gguf, sha256_file  # noqa: E402
+from comfyui_a3b.runtime.errors import InvalidRequest  # noqa: E402
+from comfyui_a3b.runtime.prune import (METHODS, CorpusTooSmall, OutputExists, cached_variant,  # noqa: E402
+                                       prune)
+from comfyui_a3b.runtime.prune.llama_eval import LlamaEval  # noqa: E402
+from comfyui_a3b.runtime.prune.pipeline import PruneConfig  # noqa: E402
+from comfyui_a3b.runtime.prune.reference import RefModel  # noqa: E402
+from comfyui_a3b.runtime.prune.source import SourceModel  # noqa: E402
+
+ARCHS = ("llama", "qwen2", "qwen3")
+FAST = dict(calib_windows=8, seq_len=64, recover_seq_len=32, recover_batch=2, gate_windows=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prune-tiny")
+    return {a: write_tiny_gguf(d / f"tiny-{a}.gguf", a, n_ctx=512, n_ff=128, seed=3) for a in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("prune-cache")
+
+
+def _rand_seq(n_vocab: int, n: int, seed: int = 0) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(3, n_vocab, n)]
+
+
+def _agreement(path: Path, seq: list[int]) -> tuple[float, float]:
+    src = SourceModel(path)
+    model = RefModel.from_source(src)
+    with LlamaEval(path, n_ctx=256) as ev:
+        a = ev.logits(seq)
+    b = model(torch.tensor(seq))[0].detach().numpy()
+    return float((a.argmax(-1) == b.argmax(-1)).mean()), float(np.abs(a - b).max() / np.abs(a).max())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reference_forward_matches_llama_cpp(tiny, arch):
+    top1, rel = _agreement(tiny[arch], _rand_seq(271, 120))
+    assert top1 >= 0.99, f"{arch}: top-1 agreement {top1:.3f}"
+    assert rel < 5e-3, f"{arch}: max logit difference {rel:.2e} of the logit range"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pruned_file_loads_with_promised_width_and_metadata(tiny, tmp_path, cache, arch):
+    out = tmp_path / f"{arch}-pruned.gguf"
+    res = prune(tiny[arch], out, PruneConfig(keep=0.5, method="a3b", recover_steps=3, **FAST),
+                progress=False, cache_dir=cache)
+    assert res.path == out and out.is_file()
+    info = inspect_gguf(out)
+    assert info.architecture == arch
+    assert info.feed_forward_length == 64 == res.n_ff
+    src = SourceModel(out)
+    for i in range(src.hp.n_layer):
+        assert src.weight(f"blk.{i}.ffn_gate.weight").shape == (64, 64)
+        assert src.weight(f"blk.{i}.ffn_up.weight").shape == (64, 64)
+        assert src.weight(f"blk.{i}.ffn_down.weight").shape == (64, 64)
+    a = info.a3b
+    assert a["a3b.version"] == 1 and a["a3b.method"] == "a3b"
+    assert a["a3b.keep"] == pytest.approx(0.5) and a["a3b.n_ff"] == 64 and a["a3b.n_ff_source"] == 128
+    assert a["a3b.source.sha256"] == sha256_file(tiny[arch])
+    assert len(a["a3b.calib.digest"]) == 64
+    assert "argparse" in a["a3b.calib.code_modules"] and "pickle" in a["a3b.heldout.code_modules"]
+    assert not set(a["a3b.calib.prose_topics"]) & set(a["a3b.heldout.prose_topics"])
+    assert a["a3b.recover.steps"] == 3
+    assert len(a["a3b.gate.thresholds"]) == src.hp.n_layer
+    # bias compensation only where llama.cpp reads an ffn_down bias
+    assert a["a3b.bias_compensation"] is (arch == "llama")
+    # llama.cpp loads it and computes what the reference forward computes for the pruned weights
+    top1, rel = _agreement(out, _rand_seq(271, 100, seed=1))
+    assert top1 >= 0.99 and rel < 5e-3
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_keep_one_reproduces_source_outputs(tiny, tmp_path, cache, arch):
+    out = tmp_path / "same.gguf"
+    prune(tiny[arch], out, PruneConfig(keep=1.0, method="a3b", recover_steps=50, **FAST), progress=False,
+          cache_dir=cache)
+    seq = _rand_seq(271, 80, seed=2)
+    with LlamaEval(tiny[arch], n_ctx=128) as a, LlamaEval(out, n_ctx=128) as b:
+        np.testing.assert_array_equal(a.logits(seq), b.logits(seq))
+    assert inspect_gguf(out).feed_forward_length == 128
+
+
+def test_keep_one_reproduces_the_embedded_model(default_path, tmp_path, cache):
+    out = tmp_path / "smol-keep1.gguf"
+    prune(default_path, out, PruneConfig(keep=1.0, recover_steps=0, calib_windows=8, seq_len=128, gate_windows=1),
+          progress=False, cache_dir=cache)
+    with LlamaEval(default_path, n_ctx=128) as a, LlamaEval(out, n_ctx=128) as b:
+        seq = a.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+        np.testing.assert_array_equal(a.logits(seq), b.logits(seq))
+    assert inspect_gguf(out).file_type == "Q4_1"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_gives_a_loadable_file(tiny, tmp_path, cache, method):
+    out = tmp_path / f"{method}.gguf"
+    res = prune(tiny["llama"], out, PruneConfig(keep=0.63, method=method, recover_steps=0, align=8, **FAST),
+                progress=False, cache_dir=cache)
+    assert res.n_ff == 80  # round(0.63 * 128 / 8) * 8
+    with LlamaEval(out, n_ctx=128) as ev:
+        assert np.isfinite(ev.logits(_rand_seq(271, 40))).all()
+    assert inspect_gguf(out).a3b["a3b.method"] == method
+
+
+def test_a3b_reconstructs_the_ffn_output_better_than_plain_scores(tiny, cache):
+    """The least-squares re-fit: a3b's FFN output error on calibration activations is below wanda's."""
+    from comfyui_a3b.runtime.prune import calibrate, methods
+    from comfyui_a3b.runtime.prune.corpus import code_corpus, windows
+
+    src = SourceModel(tiny["llama"])
+    model = RefModel.from_source(src)
+    with LlamaEval(tiny["llama"], n_ctx=128) as ev:
+        wins = windows(ev.tokenize, code_corpus("calibration"), 64, 16)
+    st = calibrate.collect(model, wins, src.sha256, cache_dir=None, progress=False).layers[0]
+    down = src.weight("blk.0.ffn_down.weight").astype(np.float64)
+    rng = np.random.default_rng(0)
+    G = st.gram
+
+    def err(keep, new_down, bias=None):
+        D = np.zeros_like(down)
+        D[:, keep] = new_down
+        E = down - D
+        e = np.trace(E @ G @ E.T)
+        if bias is not None:  # the bias adds b to every token's output
+            e += -2 * bias @ (E @ st.sum) + st.count * bias @ bias
+        return e
+
+    wa = methods.plan_layer("wanda", src.weight("blk.0.ffn_gate.weight"), src.weight("blk.0.ffn_up.weight"),
+                            down, None, st, 64, rng, bias_ok=False)
+    a3 = methods.plan_layer("a3b", src.weight("blk.0.ffn_gate.weight"), src.weight("blk.0.ffn_up.weight"),
+                            down, None, st, 64, rng, bias_ok=False)
+    assert err(a3.keep, a3.down) < 0.8 * err(wa.keep, down[:, wa.keep])
+
+
+def test_distillation_lowers_the_kl(tiny, tmp_path, cache):
+    res = prune(tiny["qwen3"], tmp_path / "d.gguf", PruneConfig(keep=0.5, method="wanda", recover_steps=40, lr=3e-3,
+                                                                **FAST), progress=False, cache_dir=cache)
+    ls = res.distill_losses
+    assert len(ls) == 40
+    assert np.mean(ls[-5:]) < 0.7 * np.mean(ls[:3])
+
+
+def test_dynamic_gate_hits_its_sparsity_and_is_exact_at_zero(tiny):
+    from comfyui_a3b.runtime.prune import gate
+    from comfyui_a3b.runtime.prune.reference import perplexity
+
+    src = SourceModel(tiny["llama"])
+    model = RefModel.from_source(src)
+    seqs = [_rand_seq(271, 64, seed=s) for s in range(4)]
+    th = gate.calibrate_thresholds(model, np.array(seqs), 0.6)
+    counter: dict = {}
+    p_gated = perplexity(model, seqs, gate.gate_hook(th, counter))
+    assert counter["off"] / counter["all"] == pytest.approx(0.6, abs=0.03)
+    assert perplexity(model, seqs, gate.gate_hook([0.0] * len(th))) == pytest.approx(perplexity(model, seqs))
+    assert p_gated != pytest.approx(perplexity(model, seqs), rel=1e-6)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def test_unsupported_architecture_is_named(tmp_path):
+    p = write_tiny_gguf(tmp_path / "gpt2.gguf", "gpt2")
+    with pytest.raises(UnsupportedArchitecture, match="'gpt2'"):
+        prune(p, tmp_path / "out.gguf", PruneConfig(**FAST), progress=False)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("keep", [0.0, -0.2, 1.01, 5, float("nan")])
+def test_keep_ratio_outside_unit_interval(tiny, tmp_path, keep):
+    with pytest.raises(InvalidRequest, match=r"keep ratio must be in \(0, 1\]"):
+        prune(tiny["llama"], tmp_path / "o.gguf", PruneConfig(keep=keep, **FAST), progress=False)
+
+
+def test_existing_output_is_refused_unless_forced(tiny, tmp_path, cache):
+    out = tmp_path / "exists.gguf"
+    out.write_bytes(b"precious")
+    with pytest.raises(OutputExists, match="--force"):
+        prune(tiny["llama"], out, PruneConfig(keep=0.5, recover_steps=0, **FAST), progress=False, cache_dir=cache)
+    assert out.read_bytes() == b"precious"
+    prune(tiny["llama"], out, PruneConfig(keep=0.5, recover_steps=0, **FAST), force=True, progress=False,
+          cache_dir=cache)
+    assert inspect_gguf(out).feed_forward_length == 64
+
+
+def test_calibration_corpus_too_small(tiny, tmp_path):
+    f = tmp_path / "small.txt"
+    f.write_text("def f(x):\n    return x + 1\n")
+    with pytest.raises(CorpusTooSmall, match="windows"):
+        prune(tiny["llama"], tmp_path / "o.gguf", PruneConfig(calib_files=(str(f),), **FAST), progress=False)
+    # enough windows but too few tokens for a3b's covariance of 128 neurons
+    with pytest.raises(CorpusTooSmall, match="covariance"):
+        prune(tiny["llama"], tmp_path / "o.gguf", PruneConfig(method="a3b", calib_windows=2, seq_len=64),
+              progress=False)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_interrupt_inside_the_run_leaves_no_output(tiny, tmp_path, cache):
+    out = tmp_path / "interrupted.gguf"
+    calls = {"n": 0}
+
+    def stop():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        prune(tiny["llama"], out, PruneConfig(keep=0.5, recover_steps=20, **FAST), progress=False, cache_dir=cache,
+              should_stop=stop)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_sigint_exits_130_and_leaves_no_output(tiny, tmp_path):
+    out = tmp_path / "cli.gguf"
+    env = dict(os.environ, A3B_CACHE=str(tmp_path / "cache"))
+    p = subprocess.Popen([sys.executable, "-m", "comfyui_a3b.cli", "prune", str(tiny["llama"]), "--keep", "0.5",
+                          "--recover-steps", "100000", "--calib-windows", "8", "--seq-len", "64", "--out", str(out)],
+                         stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    deadline = time.time() + 120
+    while "distilling" not in seen and time.time() < deadline:
+        seen += p.stderr.read(1)
+    p.send_signal(signal.SIGINT)
+    rest = p.communicate(timeout=60)[1]
+    assert p.returncode == 130, seen + rest
+    assert "interrupted" in rest
+    assert not out.exists() and not [x for x in tmp_path.iterdir() if x.name.startswith(".cli.gguf")]
+
+
+def test_cli_reports_bad_input_in_one_line(tiny, tmp_path):
+    from comfyui_a3b import cli
+
+    assert cli.main(["prune", str(tiny["llama"]), "--keep", "0", "--out", str(tmp_path / "x.gguf")]) == 2
+    assert cli.main(["prune", str(tmp_path / "missing.gguf")]) == 2
+
+
+def test_cli_writes_a_pruned_file(tiny, tmp_path, capsys):
+    from comfyui_a3b import cli
+
+    out = tmp_path / "cli-ok.gguf"
+    rc = cli.main(["prune", str(tiny["qwen2"]), "--keep", "0.75", "--method", "flap", "--recover-steps", "2",
+                   "--calib-windows", "8", "--seq-len", "64", "--out", str(out), "--quiet",
+                   "--cache-dir", str(tmp_path / "c")])
+    assert rc == 0 and "FFN width 96/128" in capsys.readouterr().out
+    assert inspect_gguf(out).a3b["a3b.method"] == "flap"
+
+
+def test_cached_variant_is_made_once(tiny, tmp_path):
+    kw = dict(cache_dir=tmp_path, recover_steps=2, **FAST)
+    p1 = cached_variant(tiny["qwen3"], keep=0.5, method="wanda", **kw)
+    assert p1.is_file() and p1.parent == tmp_path / "variants"
+    mtime = p1.stat().st_mtime_ns
+    t0 = time.perf_counter()
+    p2 = cached_variant(tiny["qwen3"], keep=0.5, method="wanda", **kw)
+    assert p2 == p1 and p2.stat().st_mtime_ns == mtime and time.perf_counter() - t0 < 1.0
+    p3 = cached_variant(tiny["qwen3"], keep=0.75, method="wanda", **kw)
+    assert p3 != p1 and inspect_gguf(p3).feed_forward_length == 96
+    assert sha256_file(tiny["qwen3"])[:12] in p1.name
+    assert not [x for x in (tmp_path / "variants").iterdir() if ".part" in x.name]
+    with pytest.raises(InvalidRequest, match="unknown pruning settings"):
+        cached_variant(tiny["qwen3"], keep=0.5, cache_dir=tmp_path, bogus=1)
+
+
+def test_package_imports_without_torch_and_names_the_extra(tiny, tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import comfyui_a3b.runtime.prune as p\n"
+            "from comfyui_a3b import cli\n"
+            f"sys.exit(cli.main(['prune', {str(tiny['llama'])!r}, '--out', {str(tmp_path / 'x.gguf')!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "pip install 'comfyui-a3b[prune]'" in r.stderr
