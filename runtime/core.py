@@ -117,8 +117,8 @@ class Runtime:
         for e in self.store.loaded():
             m = e.model
             models.append({
-                "name": m.name, "path": e.spec.path, "architecture": e.info.architecture,
-                "file_type": e.info.file_type, "spec": e.spec.as_dict(),
+                "name": m.name, "path": e.spec.path, "architecture": m.weights.architecture,
+                "file_type": m.weights.file_type, "n_ctx_train": m.weights.n_ctx_train, "spec": e.spec.as_dict(),
                 "weights_bytes": m.weights.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
                 "loaded_at": e.loaded_at,

@@ -56,7 +56,7 @@ class GGUFInfo:
 
 
 # llama.cpp's LLAMA_FTYPE numbering (general.file_type), for display.
-_FILE_TYPES = {
+FILE_TYPES = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
     11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
     17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
@@ -148,7 +148,7 @@ def inspect_gguf(path: str | os.PathLike) -> GGUFInfo:
         head_count=k("attention.head_count"),
         head_count_kv=k("attention.head_count_kv"),
         rope_freq_base=k("rope.freq_base"),
-        file_type=_FILE_TYPES.get(ftype, str(ftype)) if ftype is not None else None,
+        file_type=FILE_TYPES.get(ftype, str(ftype)) if ftype is not None else None,
         tensor_types=tensor_types,
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),

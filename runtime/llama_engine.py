@@ -28,8 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import (Cancelled, EmbeddingsUnsupported, InvalidRequest, LlamaCppUnavailable,
-                     ModelLoadFailed, ModelUnloaded, PromptTooLong, UnsupportedArchitecture)
+from .errors import (Cancelled, EmbeddingsUnsupported, InvalidRequest, LlamaCppUnavailable, ModelLoadFailed,
+                     ModelUnloaded, PromptTooLong, TruncatedGGUF, UnsupportedArchitecture)
+from .gguf_info import FILE_TYPES
 from .generation import (GenerationRequest, GenerationResult, GenerationStream, TextAssembler,
                          TokenEvent)
 
@@ -37,7 +38,8 @@ log = logging.getLogger("a3b.llama")
 
 _lib = None
 _lib_lock = threading.Lock()
-_recent_log: collections.deque[tuple[int, str]] = collections.deque(maxlen=400)
+_recent_log: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=400)  # (seq, level, text)
+_log_seq = 0
 _log_cb = None  # keep a reference: llama.cpp holds the pointer
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -62,10 +64,11 @@ def llama():
 
         @llama_cpp.llama_log_callback
         def _cb(level: int, text: bytes, user_data):  # called from C, with the GIL
+            global _log_seq
             s = text.decode("utf-8", "replace")
-            _recent_log.append((level, s))
-            if level in (2, 3):  # GGML_LOG_LEVEL_WARN, _ERROR
-                log.debug("llama.cpp: %s", s.rstrip())
+            _log_seq += 1
+            _recent_log.append((_log_seq, level, s))
+            log.debug("llama.cpp: %s", s.rstrip())
 
         _log_cb = _cb
         llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
@@ -95,13 +98,12 @@ def system_info() -> dict[str, Any]:
 
 
 def _log_mark() -> int:
-    return len(_recent_log)
+    return _log_seq
 
 
 def _log_since(mark: int) -> str:
-    items = list(_recent_log)
-    # the deque may have rotated; good enough for error messages
-    return "".join(s for _, s in items[max(0, mark - (len(_recent_log) - len(items))):])
+    """llama.cpp's log lines since `mark`: its load errors arrive there, not as return values."""
+    return "".join(s for seq, _, s in list(_recent_log) if seq > mark)
 
 
 def _unknown_arch_from_log(text: str) -> str | None:
@@ -133,6 +135,20 @@ def probe_architecture(path: str | os.PathLike, architecture: str | None = None)
     return False, (text.strip().splitlines() or ["load failed"])[-1]
 
 
+def _load_error(path: Path, log_text: str) -> Exception:
+    """Turn llama.cpp's load failure (a NULL and some log lines) into a typed error."""
+    unknown = _unknown_arch_from_log(log_text)
+    if unknown:
+        return unsupported_error(unknown)
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "fail" in ln.lower()]
+    detail = " | ".join((errors or lines)[-2:]) or "no detail"
+    if ("not within the file bounds" in log_text or "failed to read" in log_text
+            or "corrupted or incomplete" in log_text):
+        return TruncatedGGUF(f"{path} is truncated or damaged ({detail}). Copy or download the file again.")
+    return ModelLoadFailed(f"llama.cpp could not load {path}: {detail}")
+
+
 def unsupported_error(arch: str) -> UnsupportedArchitecture:
     return UnsupportedArchitecture(
         f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) does not know the "
@@ -143,7 +159,7 @@ def unsupported_error(arch: str) -> UnsupportedArchitecture:
 class Weights:
     """One loaded llama_model (the weights), shared by every context and spec that uses the file."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, architecture: str = "?"):
+    def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True):
         L = llama()
         self.path = path
         params = L.llama_model_default_params()
@@ -154,18 +170,18 @@ class Weights:
         ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
         self.load_seconds = time.perf_counter() - t0
         if not ptr:
-            text = _log_since(mark)
-            unknown = _unknown_arch_from_log(text)
-            if unknown:
-                raise unsupported_error(unknown)
-            detail = " | ".join(line.strip() for line in text.strip().splitlines()[-3:]) or "no detail"
-            raise ModelLoadFailed(f"llama.cpp could not load {path} ({architecture}): {detail}")
+            raise _load_error(path, _log_since(mark))
         self.ptr = ptr
         self.vocab = L.llama_model_get_vocab(ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(ptr)
         self.n_embd = L.llama_model_n_embd(ptr)
         self.n_layer = L.llama_model_n_layer(ptr)
+        self.n_head = L.llama_model_n_head(ptr)
+        self.n_head_kv = L.llama_model_n_head_kv(ptr)
+        self.architecture = self.meta("general.architecture") or "unknown"
+        ftype = self.meta("general.file_type")
+        self.file_type = FILE_TYPES.get(int(ftype), ftype) if ftype and ftype.isdigit() else ftype
         self.size_bytes = int(L.llama_model_size(ptr))
         self.has_encoder = bool(L.llama_model_has_encoder(ptr))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -354,11 +370,13 @@ class LoadedModel:
         L = llama()
         if opts.kv_cache_type not in GGML_TYPES:
             raise InvalidRequest(f"Unknown KV cache type {opts.kv_cache_type!r}; choose one of {', '.join(GGML_TYPES)}")
+        mark = _log_mark()
         self.ctx = L.llama_init_from_model(weights.ptr, _ctx_params(opts, embeddings=False))
         if not self.ctx:
+            detail = [ln.strip() for ln in _log_since(mark).splitlines() if "error" in ln.lower() or "fail" in ln.lower()]
             raise ModelLoadFailed(f"llama.cpp could not create a context (n_ctx={opts.n_ctx} x "
-                                  f"{opts.n_parallel}, kv={opts.kv_cache_type}, flash_attn={opts.flash_attn}). "
-                                  "Try a smaller n_ctx, or kv_cache_type f16.")
+                                  f"{opts.n_parallel}, kv={opts.kv_cache_type}, flash_attn={opts.flash_attn}): "
+                                  f"{' | '.join(detail[-2:]) or 'no detail'}. Try a smaller n_ctx, or kv_cache_type f16.")
         self.mem = L.llama_get_memory(self.ctx)
         if opts.lora_path:
             adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(opts.lora_path))
@@ -371,6 +389,7 @@ class LoadedModel:
         self.ebatch = None
         self._lock = threading.Condition()
         self._pending: list[_Job] = []
+        self._live: set[_Job] = set()  # every submitted, unfinished job: none is ever left hanging
         self._embed_jobs: collections.deque[_EmbedJob] = collections.deque()
         self._closing: str | None = None
         self.closed = threading.Event()
@@ -408,6 +427,7 @@ class LoadedModel:
                 self._free_sampler(job)
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
             self._pending.append(job)
+            self._live.add(job)
             self.stats["submitted"] += 1
             self._lock.notify()
         return stream
@@ -674,6 +694,8 @@ class LoadedModel:
         job.slot = None
 
     def _finish(self, job: _Job, reason: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._live.discard(job)
         tail = job.asm.flush()
         if tail:
             job.stream._emit(TokenEvent(tail, -1, None))
@@ -763,7 +785,7 @@ class LoadedModel:
         L = llama()
         reason = self._closing or "unloaded"
         with self._lock:
-            jobs = [s.job for s in self.slots if s.job] + list(self._pending)
+            jobs = list(self._live)
             self._pending.clear()
             for s in self.slots:
                 s.job = None
@@ -771,7 +793,10 @@ class LoadedModel:
             self._embed_jobs.clear()
         for job in jobs:
             job.stream.cancel(f"unloaded: {reason}")
-            self._finish(job, "cancelled")
+            try:
+                self._finish(job, "cancelled")
+            except Exception as e:  # the stream must end even if building its result fails
+                job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
         for ej in ejobs:
             ej.error = ModelUnloaded(f"{self.name} was unloaded ({reason}) before the embedding ran.")
             ej.done.set()

@@ -105,3 +105,25 @@ def truncated_copy(src: str | Path, dst: str | Path, keep_fraction: float = 0.6)
     data = Path(src).read_bytes()
     Path(dst).write_bytes(data[: int(len(data) * keep_fraction)])
     return Path(dst)
+
+
+def write_tiny_lora(path: str | Path, *, n_embd: int = 64, n_head: int = 4, rank: int = 4,
+                    scale: float = 0.5, seed: int = 1, arch: str = "llama") -> Path:
+    """A LoRA adapter GGUF for write_tiny_gguf's model: low-rank deltas on every layer's attn_q/attn_v."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    for i in range(2):
+        for name in ("attn_q", "attn_v"):
+            n_out = n_embd if name == "attn_q" else (n_embd // n_head) * 2
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_a", (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32))
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_b", (rng.standard_normal((n_out, rank)) * scale).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

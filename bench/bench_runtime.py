@@ -1,0 +1,200 @@
+"""Runtime benchmark: decode speed vs raw llama-cpp-python, load times, memory, concurrency.
+
+    python -m bench.bench_runtime            # about 3 minutes on 2 cores
+
+Every figure is compared with a baseline measured in the same run:
+- decode tokens/s through the runtime vs llama-cpp-python's own `Llama` on the same file (ratio);
+- cold load (a fresh process) vs cache-hit load (the store's lookup);
+- peak RSS of a process serving generation plus embeddings vs one serving generation only (ratio);
+- aggregate tokens/s and per-request latency with 1, 2, 4 concurrent requests (vs 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from .common import median, plot, print_table, write_results
+
+PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
+
+
+def decode_raw(path: str, n_tokens: int) -> float:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_ctx=2048, verbose=False, n_batch=256)
+    msgs = [{"role": "user", "content": PROMPT}]
+    best = []
+    for _ in range(3):
+        t_first = None
+        count = 0
+        for chunk in llm.create_chat_completion(msgs, max_tokens=n_tokens, temperature=0.0, stream=True):
+            if chunk["choices"][0]["delta"].get("content"):
+                count += 1
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first = now
+                t_last = now
+        best.append((count - 1) / (t_last - t_first))
+    llm.close()
+    return median(best)
+
+
+def decode_runtime(rt, n_tokens: int, confidence: bool) -> float:
+    from comfyui_a3b.runtime import ConfidenceConfig, preset
+
+    vals = []
+    for _ in range(3):
+        res = rt.generate(PROMPT, max_tokens=n_tokens, sampling=preset("greedy"),
+                          confidence=ConfidenceConfig(enabled=confidence))
+        vals.append(res.tokens_per_second)
+    return median(vals)
+
+
+def _subprocess(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cold_load() -> dict:
+    return _subprocess("""
+        import json, time
+        t0 = time.perf_counter()
+        from comfyui_a3b.runtime import get_runtime
+        t1 = time.perf_counter()
+        rt = get_runtime(); rt.load()
+        t2 = time.perf_counter()
+        hits = []
+        for _ in range(1000):
+            a = time.perf_counter(); rt.load(); hits.append(time.perf_counter() - a)
+        hits.sort()
+        print(json.dumps({"import_s": t1 - t0, "cold_load_s": t2 - t1, "hit_median_s": hits[500], "hit_p99_s": hits[990]}))
+    """)
+
+
+def peak_rss(with_embeddings: bool) -> dict:
+    return _subprocess(f"""
+        import json, resource
+        from comfyui_a3b.runtime import get_runtime, preset
+        rt = get_runtime()
+        rt.generate({PROMPT!r}, max_tokens=64, sampling=preset("greedy"))
+        if {with_embeddings}:
+            rt.embed(["document %d about a topic of its own, a few words long" % i for i in range(64)])
+        rt.generate({PROMPT!r}, max_tokens=64, sampling=preset("greedy"))
+        print(json.dumps({{"peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                           "weight_loads": rt.store.weight_loads}}))
+    """)
+
+
+def concurrency(rt, n_tokens: int) -> list[dict]:
+    from comfyui_a3b.runtime import preset
+
+    spec = rt.spec(None, n_parallel=4)
+    rt.generate("warm up", model=spec, max_tokens=4)
+    rows = []
+    for n in (1, 2, 4):
+        lat: list[float] = []
+        toks: list[int] = []
+
+        def one(i: int) -> None:
+            r = rt.generate(f"{PROMPT} Variation {i}.", model=spec, max_tokens=n_tokens,
+                            sampling=preset("default", seed=i))
+            lat.append(r.total_time)
+            toks.append(r.n_tokens)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        rows.append({"concurrent": n, "aggregate_tps": sum(toks) / wall, "mean_latency_s": sum(lat) / n,
+                     "max_latency_s": max(lat), "tokens": sum(toks)})
+    base = rows[0]["aggregate_tps"]
+    for r in rows:
+        r["throughput_ratio"] = r["aggregate_tps"] / base
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args(argv)
+    from comfyui_a3b.runtime import default_model_path, get_runtime
+
+    path = str(default_model_path())
+    rt = get_runtime()
+    rt.load()
+
+    # interleave so a noisy neighbour hits both sides alike
+    raw, ours, ours_conf = [], [], []
+    for _ in range(2):
+        raw.append(decode_raw(path, args.tokens))
+        ours.append(decode_runtime(rt, args.tokens, confidence=False))
+        ours_conf.append(decode_runtime(rt, args.tokens, confidence=True))
+    decode = {"raw_llama_cpp_tps": median(raw), "runtime_tps": median(ours), "runtime_entropy_tps": median(ours_conf)}
+    decode["ratio"] = decode["runtime_tps"] / decode["raw_llama_cpp_tps"]
+    decode["ratio_with_entropy"] = decode["runtime_entropy_tps"] / decode["raw_llama_cpp_tps"]
+    print_table("Decode speed (SmolLM2-135M Q4_1, greedy, %d tokens)" % args.tokens,
+                ["path", "tokens/s", "ratio vs raw"],
+                [["raw llama-cpp-python Llama", decode["raw_llama_cpp_tps"], 1.0],
+                 ["runtime (entropy off)", decode["runtime_tps"], decode["ratio"]],
+                 ["runtime (entropy monitoring on)", decode["runtime_entropy_tps"], decode["ratio_with_entropy"]]])
+
+    loads = [cold_load() for _ in range(3)]
+    load = {k: median([x[k] for x in loads]) for k in loads[0]}
+    print_table("Load time", ["what", "seconds"],
+                [["import package", load["import_s"]], ["cold load (new process)", load["cold_load_s"]],
+                 ["cache hit (median)", load["hit_median_s"]], ["cache hit (p99)", load["hit_p99_s"]]])
+
+    gen_only = peak_rss(False)
+    gen_embed = peak_rss(True)
+    mem = {"gen_only_peak_rss_mb": gen_only["peak_rss_kb"] / 1024, "gen_embed_peak_rss_mb": gen_embed["peak_rss_kb"] / 1024,
+           "weight_loads_gen_embed": gen_embed["weight_loads"]}
+    mem["ratio"] = mem["gen_embed_peak_rss_mb"] / mem["gen_only_peak_rss_mb"]
+    print_table("Peak RSS", ["process", "MB", "ratio"],
+                [["generation only", mem["gen_only_peak_rss_mb"], 1.0],
+                 ["generation + embeddings", mem["gen_embed_peak_rss_mb"], mem["ratio"]]])
+
+    conc = concurrency(rt, 64)
+    print_table("Concurrent generation through the scheduler (64 tokens each)",
+                ["requests", "aggregate tok/s", "x vs 1", "mean latency s", "max latency s"],
+                [[r["concurrent"], r["aggregate_tps"], r["throughput_ratio"], r["mean_latency_s"], r["max_latency_s"]]
+                 for r in conc])
+
+    write_results("runtime", {"decode": decode, "load": load, "memory": mem, "concurrency": conc})
+
+    def draw(ax):
+        import numpy as np
+
+        fig = ax.figure
+        fig.clear()
+        a1, a2 = fig.subplots(1, 2)
+        a1.bar(["raw Llama", "runtime", "runtime+entropy"],
+               [decode["raw_llama_cpp_tps"], decode["runtime_tps"], decode["runtime_entropy_tps"]],
+               color=["#888", "#2a7", "#27a"])
+        a1.set_ylabel("decode tokens/s")
+        a1.set_title("decode speed")
+        xs = np.array([r["concurrent"] for r in conc])
+        a2.plot(xs, [r["aggregate_tps"] for r in conc], "o-", label="aggregate tok/s")
+        a2.set_xlabel("concurrent requests")
+        a2.set_xticks(xs)
+        a2.set_ylabel("tokens/s")
+        a2b = a2.twinx()
+        a2b.plot(xs, [r["mean_latency_s"] for r in conc], "s--", color="#c52", label="mean latency")
+        a2b.set_ylabel("mean latency (s)")
+        a2.set_title("scheduler batching")
+
+    plot("runtime", draw, size=(10, 4))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
