@@ -23,36 +23,49 @@ from .common import median, plot, print_table, write_results
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 
 
-def decode_raw(path: str, n_tokens: int) -> float:
+def _raw_llama(path: str):
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=2048, verbose=False, n_batch=256)
+    from comfyui_a3b.runtime.llama_engine import thread_counts
+
+    dec, batch = thread_counts()  # the same threads as the runtime uses, so the ratio compares code paths
+    return Llama(model_path=path, n_ctx=2048, verbose=False, n_batch=256, n_threads=dec, n_threads_batch=batch)
+
+
+def decode_raw(llm, n_tokens: int) -> float:
+    t_first = t_last = None
+    count = 0
     msgs = [{"role": "user", "content": PROMPT}]
-    best = []
-    for _ in range(3):
-        t_first = None
-        count = 0
-        for chunk in llm.create_chat_completion(msgs, max_tokens=n_tokens, temperature=0.0, stream=True):
-            if chunk["choices"][0]["delta"].get("content"):
-                count += 1
-                now = time.perf_counter()
-                if t_first is None:
-                    t_first = now
-                t_last = now
-        best.append((count - 1) / (t_last - t_first))
-    llm.close()
-    return median(best)
+    for chunk in llm.create_chat_completion(msgs, max_tokens=n_tokens, temperature=0.0, stream=True):
+        if chunk["choices"][0]["delta"].get("content"):
+            count += 1
+            t_last = time.perf_counter()
+            t_first = t_first or t_last
+    return (count - 1) / (t_last - t_first)
 
 
 def decode_runtime(rt, n_tokens: int, confidence: bool) -> float:
     from comfyui_a3b.runtime import ConfidenceConfig, preset
 
-    vals = []
-    for _ in range(3):
-        res = rt.generate(PROMPT, max_tokens=n_tokens, sampling=preset("greedy"),
-                          confidence=ConfidenceConfig(enabled=confidence))
-        vals.append(res.tokens_per_second)
-    return median(vals)
+    res = rt.generate(PROMPT, max_tokens=n_tokens, sampling=preset("greedy"),
+                      confidence=ConfidenceConfig(enabled=confidence))
+    return res.tokens_per_second
+
+
+def decode_rounds(rt, path: str, n_tokens: int, rounds: int) -> dict:
+    """Alternate raw / runtime / runtime+entropy in each round; ratios are taken within a round."""
+    llm = _raw_llama(path)
+    rows = []
+    for _ in range(rounds):
+        raw = decode_raw(llm, n_tokens)
+        ours = decode_runtime(rt, n_tokens, confidence=False)
+        ours_e = decode_runtime(rt, n_tokens, confidence=True)
+        rows.append((raw, ours, ours_e))
+    llm.close()
+    return {"raw_llama_cpp_tps": median([r[0] for r in rows]), "runtime_tps": median([r[1] for r in rows]),
+            "runtime_entropy_tps": median([r[2] for r in rows]),
+            "ratio": median([r[1] / r[0] for r in rows]), "ratio_with_entropy": median([r[2] / r[0] for r in rows]),
+            "rounds": rows}
 
 
 def _subprocess(code: str) -> dict:
@@ -126,6 +139,7 @@ def concurrency(rt, n_tokens: int) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)
     from comfyui_a3b.runtime import default_model_path, get_runtime
 
@@ -133,17 +147,9 @@ def main(argv=None) -> int:
     rt = get_runtime()
     rt.load()
 
-    # interleave so a noisy neighbour hits both sides alike
-    raw, ours, ours_conf = [], [], []
-    for _ in range(2):
-        raw.append(decode_raw(path, args.tokens))
-        ours.append(decode_runtime(rt, args.tokens, confidence=False))
-        ours_conf.append(decode_runtime(rt, args.tokens, confidence=True))
-    decode = {"raw_llama_cpp_tps": median(raw), "runtime_tps": median(ours), "runtime_entropy_tps": median(ours_conf)}
-    decode["ratio"] = decode["runtime_tps"] / decode["raw_llama_cpp_tps"]
-    decode["ratio_with_entropy"] = decode["runtime_entropy_tps"] / decode["raw_llama_cpp_tps"]
-    print_table("Decode speed (SmolLM2-135M Q4_1, greedy, %d tokens)" % args.tokens,
-                ["path", "tokens/s", "ratio vs raw"],
+    decode = decode_rounds(rt, path, args.tokens, args.rounds)
+    print_table("Decode speed (SmolLM2-135M Q4_1, greedy, %d tokens, median of %d alternating rounds)"
+                % (args.tokens, args.rounds), ["path", "tokens/s", "ratio vs raw (median of rounds)"],
                 [["raw llama-cpp-python Llama", decode["raw_llama_cpp_tps"], 1.0],
                  ["runtime (entropy off)", decode["runtime_tps"], decode["ratio"]],
                  ["runtime (entropy monitoring on)", decode["runtime_entropy_tps"], decode["ratio_with_entropy"]]])

@@ -26,7 +26,7 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
-    from . import chat, errors, gguf_info, llama_engine, locate, store  # noqa: F401  (eager: see above)
+    from . import chat, errors, gguf_info, llama_engine, locate, serving, store  # noqa: F401  (eager: see above)
     from .core import Runtime, get_runtime
     from .errors import *  # noqa: F401,F403
     from .generation import (PRESETS, PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig,

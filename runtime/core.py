@@ -118,7 +118,7 @@ class Runtime:
             m = e.model
             models.append({
                 "name": m.name, "path": e.spec.path, "architecture": m.weights.architecture,
-                "file_type": m.weights.file_type, "n_ctx_train": m.weights.n_ctx_train, "spec": e.spec.as_dict(),
+                "file_type": m.weights.file_type, "served_file": str(m.weights.path), "n_ctx_train": m.weights.n_ctx_train, "spec": e.spec.as_dict(),
                 "weights_bytes": m.weights.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
                 "loaded_at": e.loaded_at,

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import ContextTooLarge, InvalidRequest
 from .gguf_info import check_header
 from .llama_engine import ContextOptions, LoadedModel, Weights
+from .serving import serving_path
 
 log = logging.getLogger("a3b.store")
 
@@ -26,7 +27,7 @@ log = logging.getLogger("a3b.store")
 class LoadSpec:
     path: str
     n_ctx: int = 2048
-    n_parallel: int = 4
+    n_parallel: int = 2
     n_gpu_layers: int = 0
     n_threads: int = 0
     n_batch: int = 256
@@ -35,6 +36,9 @@ class LoadSpec:
     use_mmap: bool = True
     lora_path: str | None = None
     lora_scale: float = 1.0
+    #: Serve the file as is, a cached re-encoded copy ("q8_0", ...), or the faster of both ("auto");
+    #: see runtime/serving.py.
+    serve_as: str = "as-is"
     #: What to do when n_ctx exceeds the model's trained context: "warn" (load, log a warning and
     #: report it in status) or "refuse" (raise ContextTooLarge).
     ctx_policy: str = "warn"
@@ -50,6 +54,10 @@ class LoadSpec:
             raise InvalidRequest(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
         if self.ctx_policy not in ("warn", "refuse"):
             raise InvalidRequest(f"ctx_policy must be warn or refuse, got {self.ctx_policy!r}")
+        from .serving import SERVE_AS
+
+        if self.serve_as not in SERVE_AS:
+            raise InvalidRequest(f"serve_as must be one of {', '.join(SERVE_AS)}, got {self.serve_as!r}")
         if self.n_threads < 0 or self.n_gpu_layers < -1:
             raise InvalidRequest("n_threads must be >= 0 and n_gpu_layers >= -1")
 
@@ -101,7 +109,7 @@ class ModelStore:
     @staticmethod
     def _weights_key(spec: LoadSpec) -> tuple:
         st = os.stat(spec.path)
-        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap)
+        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as)
 
     def get(self, spec: LoadSpec) -> LoadedModel:
         """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
@@ -138,7 +146,8 @@ class ModelStore:
         w = self._weights.get(key)
         new_weights = w is None
         if new_weights:
-            w = Weights(Path(spec.path), n_gpu_layers=spec.n_gpu_layers, use_mmap=spec.use_mmap)
+            load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
+            w = Weights(load_path, n_gpu_layers=spec.n_gpu_layers, use_mmap=spec.use_mmap)
             self._weights[key] = w
             self.weight_loads += 1
         try:
