@@ -1,0 +1,194 @@
+"""Writes the example workflows in both of ComfyUI's formats from one description.
+
+    python examples/build_examples.py
+
+`<name>.json` is the editor's format (drag it onto ComfyUI's canvas or open it from the menu);
+`<name>.api.json` is the API format that POST /prompt takes. Widget order for the A3B nodes comes
+from the node declarations, so the files follow the nodes when they change.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# Widgets of the ComfyUI core nodes the examples use, in their order.
+CORE_WIDGETS = {
+    "PrimitiveStringMultiline": ["value"],
+    "StringConcatenate": ["string_a", "string_b", "delimiter"],
+    "PreviewAny": [],
+}
+CORE_OUTPUTS = {
+    "PrimitiveStringMultiline": [("STRING", "STRING")],
+    "StringConcatenate": [("STRING", "STRING")],
+    "PreviewAny": [],
+}
+CORE_LINK_INPUTS = {"PreviewAny": [("source", "*")]}
+
+
+def _a3b():
+    from comfyui_a3b.nodes.defs import BY_ID
+
+    return BY_ID
+
+
+@dataclass
+class N:
+    id: int
+    type: str
+    title: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, tuple[int, int]] = field(default_factory=dict)  # input -> (node id, output slot)
+    pos: tuple[int, int] = (0, 0)
+    size: tuple[int, int] = (320, 200)
+
+
+def _schema(t: str):
+    """(widgets [(name, type, default, control)], link-only inputs [(name, type)], outputs [(name, type)])."""
+    by_id = _a3b()
+    if t in by_id:
+        d = by_id[t]
+        widgets = [(i.name, i.type, d.defaults().get(i.name), i.control_after_generate) for i in d.inputs if i.is_widget]
+        links = [(i.name, i.type) for i in d.inputs if not i.is_widget]
+        outs = [(o.name, o.type) for o in d.outputs]
+        return widgets, links, outs
+    return ([(w, "STRING", "", False) for w in CORE_WIDGETS[t]], CORE_LINK_INPUTS.get(t, []), CORE_OUTPUTS[t])
+
+
+def build(nodes: list[N]) -> tuple[dict, dict]:
+    links: list[list] = []
+    ui_nodes = []
+    api: dict[str, dict] = {}
+    out_links: dict[tuple[int, int], list[int]] = {}
+    for n in nodes:
+        for name, (src, slot) in n.links.items():
+            lid = len(links) + 1
+            src_type = _schema(next(x.type for x in nodes if x.id == src))[2][slot][1]
+            links.append([lid, src, slot, n.id, name, src_type])
+            out_links.setdefault((src, slot), []).append(lid)
+    for order, n in enumerate(nodes):
+        widgets, link_inputs, outs = _schema(n.type)
+        inputs, wvals = [], []
+        api_inputs: dict[str, Any] = {}
+        link_by_name = {lk[4]: lk for lk in links if lk[3] == n.id}
+        for name, typ in link_inputs:
+            lk = link_by_name.get(name)
+            inputs.append({"name": name, "type": typ, "link": lk[0] if lk else None})
+            if lk:
+                api_inputs[name] = [str(lk[1]), lk[2]]
+        for name, typ, default, control in widgets:
+            value = n.values.get(name, default)
+            wvals.append(value)
+            if control:
+                wvals.append("fixed")  # control_after_generate: keep the seed, so a re-run hits the cache
+            lk = link_by_name.get(name)
+            if lk:
+                inputs.append({"name": name, "type": typ if typ != "COMBO" else "COMBO", "widget": {"name": name},
+                               "link": lk[0]})
+                api_inputs[name] = [str(lk[1]), lk[2]]
+            else:
+                api_inputs[name] = value
+        ui_nodes.append({
+            "id": n.id, "type": n.type, "pos": list(n.pos), "size": list(n.size), "flags": {}, "order": order,
+            "mode": 0, "inputs": inputs,
+            "outputs": [{"name": name, "type": typ, "links": out_links.get((n.id, slot), []), "slot_index": slot}
+                        for slot, (name, typ) in enumerate(outs)],
+            "properties": {"Node name for S&R": n.type}, "widgets_values": wvals,
+            **({"title": n.title} if n.title else {}),
+        })
+        api[str(n.id)] = {"class_type": n.type, "inputs": api_inputs,
+                          **({"_meta": {"title": n.title}} if n.title else {})}
+    for lk in links:  # the editor's link rows use the input slot index, not its name
+        target = next(u for u in ui_nodes if u["id"] == lk[3])
+        lk[4] = next(i for i, x in enumerate(target["inputs"]) if x["name"] == lk[4])
+    ui = {"last_node_id": max(n.id for n in nodes), "last_link_id": len(links), "nodes": ui_nodes,
+          "links": links, "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}},
+          "version": 0.4}
+    return ui, api
+
+
+# -- the examples ------------------------------------------------------------------------------------------
+PREMISE = ("A small cheerful robot named Bolt washes up on the rocks below an old lighthouse. "
+           "Mira, the gruff lighthouse keeper, finds it during a storm.")
+
+
+def comic_script() -> list[N]:
+    gen = dict(max_new_tokens=96, temperature=0.7, seed=42)
+    return [
+        N(1, "A3BLoader", pos=(0, 0), size=(320, 260)),
+        N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, pos=(0, 300), size=(320, 160)),
+        N(3, "A3BGenerate", "Storyboard", {
+            **gen, "system": "You are a comic book writer. Be brief and visual.",
+            "prompt": ("Write a storyboard of exactly 3 comic panels for this premise. One line per panel, "
+                       "starting with 'Panel 1:', 'Panel 2:' and 'Panel 3:'."),
+        }, links={"model": (1, 0), "context": (2, 0)}, pos=(380, 0), size=(380, 520)),
+        N(4, "A3BGenerate", "Mira's dialogue", {
+            **gen, "max_new_tokens": 72,
+            "system": "You are Mira, an old lighthouse keeper: gruff but kind, you speak in short sentences.",
+            "prompt": "Write Mira's line of dialogue for each panel, as 'Panel N: \"...\"'.",
+        }, links={"model": (1, 0), "context": (3, 0)}, pos=(820, 0), size=(380, 520)),
+        N(5, "A3BGenerate", "Bolt's dialogue", {
+            **gen, "max_new_tokens": 72,
+            "system": "You are Bolt, a small cheerful robot who loves asking questions.",
+            "prompt": "Write Bolt's line of dialogue for each panel, as 'Panel N: \"...\"'.",
+        }, links={"model": (1, 0), "context": (3, 0)}, pos=(820, 560), size=(380, 520)),
+        N(6, "A3BGenerate", "Image prompt, panel 1", {
+            **gen, "max_new_tokens": 48, "temperature": 0.4,
+            "system": "You write prompts for an image model: one line of comma-separated visual keywords.",
+            "prompt": "Write the image prompt for Panel 1.",
+        }, links={"model": (1, 0), "context": (3, 0)}, pos=(380, 560), size=(380, 520)),
+        N(7, "StringConcatenate", "Dialogue", {"delimiter": "\n\n--- Bolt ---\n"},
+          links={"string_a": (4, 0), "string_b": (5, 0)}, pos=(1260, 0), size=(300, 200)),
+        N(8, "PreviewAny", "Script", links={"source": (7, 0)}, pos=(1260, 260), size=(360, 300)),
+        N(9, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (6, 0)},
+          pos=(1260, 600), size=(360, 200)),
+    ]
+
+
+DOCUMENTS = "\n".join([
+    "The ferry to Harrow Island leaves the north pier every day at 7:15 in the morning.",
+    "The town library is closed on Mondays and opens at nine on other days.",
+    "Harrow Island has one bakery, famous for its rye bread with caraway seeds.",
+    "The lighthouse on Gull Point was automated in 1987 and is no longer staffed.",
+    "Tickets for the ferry cost 4 euros for adults and are sold on board.",
+    "The annual kite festival takes place on the beach in the second week of August.",
+    "Bicycles can be rented next to the bus station for 10 euros a day.",
+    "The island's only doctor holds a clinic on Tuesdays and Fridays.",
+])
+QUESTION = "What time does the ferry to Harrow Island leave?"
+
+
+def rag() -> list[N]:
+    return [
+        N(1, "A3BLoader", pos=(0, 0), size=(320, 260)),
+        N(2, "PrimitiveStringMultiline", "Documents (one per line)", {"value": DOCUMENTS}, pos=(0, 300),
+          size=(420, 260)),
+        N(3, "PrimitiveStringMultiline", "Question", {"value": QUESTION}, pos=(0, 600), size=(420, 120)),
+        N(4, "A3BEmbed", "Embed documents", links={"model": (1, 0), "text": (2, 0)}, pos=(480, 0), size=(300, 200)),
+        N(5, "A3BEmbed", "Embed question", links={"model": (1, 0), "text": (3, 0)}, pos=(480, 260), size=(300, 200)),
+        N(6, "A3BTopK", "Retrieve", {"top_k": 2}, links={"documents": (4, 0), "texts": (4, 1), "query": (5, 0)},
+          pos=(840, 0), size=(320, 200)),
+        N(7, "A3BGenerate", "Answer", {
+            "max_new_tokens": 48, "temperature": 0.0, "seed": 1,
+            "system": "Answer the question using only the notes above it. One short sentence.",
+        }, links={"model": (1, 0), "context": (6, 0), "prompt": (3, 0)}, pos=(1220, 0), size=(380, 520)),
+        N(8, "PreviewAny", "Retrieved", links={"source": (6, 1)}, pos=(840, 260), size=(320, 200)),
+    ]
+
+
+EXAMPLES = {"comic_script": comic_script, "rag": rag}
+
+
+def main() -> None:
+    for name, fn in EXAMPLES.items():
+        ui, api = build(fn())
+        (HERE / f"{name}.json").write_text(json.dumps(ui, indent=1) + "\n")
+        (HERE / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
+        print(f"wrote examples/{name}.json and examples/{name}.api.json")
+
+
+if __name__ == "__main__":
+    main()
