@@ -481,14 +481,6 @@ class LoadedModel:
         if wait and threading.current_thread() is not self._thread:
             self.closed.wait()
 
-    def memory_bytes(self) -> int:
-        """Estimate: KV cache cells actually allocated by the contexts (the weights are counted apart)."""
-        L = llama()
-        per_tok = 0
-        if self.ctx:
-            per_tok = L.llama_state_get_size(self.ctx)  # bytes of the used state; cheap
-        return int(per_tok)
-
     # -- worker ----------------------------------------------------------------------------------
     def _make_sampler(self, req: GenerationRequest, seed: int):
         L = llama()

@@ -193,31 +193,48 @@ class ModelStore:
             log.warning("memory budget of %d MB exceeded: every loaded model is busy", self.budget_bytes >> 20)
 
     # -- unloading ------------------------------------------------------------------------------
-    def _drop(self, spec: LoadSpec, reason: str, wait: bool = True) -> None:
+    def _detach(self, spec: LoadSpec, reason: str) -> list:
+        """Remove `spec` from the store and stop its model (with the lock held); return what is left
+        to wait for and free. Waiting happens outside the lock: a request's callback that reads the
+        store while its model shuts down must not deadlock."""
         e = self._entries.pop(spec, None)
         if e is None:
-            return
-        e.model.close(reason, wait=wait)
+            return []
+        e.model.close(reason, wait=False)
         w = self._weights.get(e.weights_key)
+        todo: list = [e.model]
         if w is not None:
             w.refs -= 1
             if w.refs <= 0:
-                if not wait:
-                    e.model.closed.wait()
                 del self._weights[e.weights_key]
-                w.free()
+                todo.append(w)
         self._notify("unloaded", spec)
+        return todo
+
+    @staticmethod
+    def _finalize(todo: list) -> None:
+        for obj in todo:  # models first (their contexts), then the weights they used
+            if isinstance(obj, LoadedModel):
+                obj.closed.wait()
+        for obj in todo:
+            if isinstance(obj, Weights):
+                obj.free()
+
+    def _drop(self, spec: LoadSpec, reason: str) -> None:
+        self._finalize(self._detach(spec, reason))
 
     def unload(self, spec: LoadSpec | None = None, reason: str = "unloaded") -> int:
         """Unload one spec (or all). Running requests end with ModelUnloaded; memory is freed after."""
+        todo: list = []
         with self._lock:
             specs = [spec] if spec is not None else list(self._entries)
             n = 0
             for s in specs:
                 if s in self._entries:
-                    self._drop(s, reason)
+                    todo += self._detach(s, reason)
                     n += 1
-            return n
+        self._finalize(todo)
+        return n
 
     def loaded(self) -> list[_Entry]:
         with self._lock:
