@@ -85,6 +85,11 @@ def raise_interrupted() -> None:
         mm.throw_exception_if_processing_interrupted()
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    mm = _mod("comfy.model_management")
+    return mm is not None and isinstance(exc, mm.InterruptProcessingException)
+
+
 def progress_bar(total: int, node_id: str | None) -> Callable[[int], None]:
     utils = _mod("comfy.utils")
     if utils is None:

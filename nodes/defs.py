@@ -152,6 +152,9 @@ def _run_generate(node_id=None, model=None, prompt="", system="", max_new_tokens
         comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
         comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
         raise
+    except Exception as e:  # ComfyUI's progress hook raises its own exception on Cancel
+        comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": comfy.is_interrupt(e), "error": str(e)})
+        raise
     r = g.result
     comfy.send(comfy.EVENT_DONE, {"node": node_id, "n_tokens": r.n_tokens, "finish_reason": r.finish_reason,
                                   "tokens_per_second": r.tokens_per_second})

@@ -52,12 +52,10 @@ function escapeHtml(s) {
 export function renderStatus(st) {
   const models = st.models || [];
   const lsp = st.lsp;
-  const rows = models.map((m) => `
-      <tr><td title="${escapeHtml(m.path)}">${escapeHtml(m.name)}</td>
-          <td>${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")}</td>
-          <td>${fmtBytes(m.weights_bytes)} + KV ${fmtBytes(m.kv_bytes)}</td>
-          <td>n_ctx ${m.spec?.n_ctx}</td>
-          <td>${m.busy ? "busy" : "idle"}</td></tr>`).join("");
+  const items = models.map((m) => `
+      <li title="${escapeHtml(m.path)}"><b>${escapeHtml(m.name)}</b><br>
+        ${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")} &middot; ${fmtBytes(m.weights_bytes)}
+        + KV ${fmtBytes(m.kv_bytes)} &middot; n_ctx ${m.spec?.n_ctx} &middot; ${m.busy ? "busy" : "idle"}</li>`).join("");
   let lspLine = "in-process language server: off";
   if (lsp && !lsp.error) {
     const addr = lsp.address || [lsp.host, lsp.port].filter((x) => x != null).join(":") || lsp.url || "";
@@ -73,8 +71,7 @@ export function renderStatus(st) {
         ${st.budget_bytes ? ` of ${fmtBytes(st.budget_bytes)} budget` : ""}</div>
       <div>llama-cpp-python ${escapeHtml(st.llama_cpp_python)}; loads ${st.weight_loads}, cache hits ${st.cache_hits}, evictions ${st.evictions}</div>
       <div class="a3b-lsp">${lspLine}</div>
-      ${models.length ? `<table><thead><tr><th>model</th><th>type</th><th>memory</th><th>context</th><th></th></tr></thead><tbody>${rows}</tbody></table>`
-                      : "<div><i>no model loaded</i></div>"}
+      ${models.length ? `<ul class="a3b-models">${items}</ul>` : "<div><i>no model loaded</i></div>"}
       <button class="a3b-unload">Unload A3B models</button>
     </div>`;
 }
@@ -106,8 +103,9 @@ function mountStatus(el) {
 
 const STYLE = `
   .a3b-panel { padding: 8px; font-size: 13px; }
-  .a3b-status table { border-collapse: collapse; margin-top: 6px; width: 100%; }
-  .a3b-status td, .a3b-status th { border-bottom: 1px solid #555; padding: 2px 6px; text-align: left; }
+  .a3b-status > div { margin-bottom: 4px; }
+  .a3b-models { list-style: none; padding: 0; margin: 8px 0 0 0; }
+  .a3b-models li { border-top: 1px solid #555; padding: 4px 0; overflow-wrap: anywhere; }
   .a3b-status h3 { margin: 0 0 6px 0; }
   .a3b-status button { margin-top: 8px; }
   textarea.a3b-stream { font-family: monospace; }
