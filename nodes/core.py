@@ -71,9 +71,9 @@ def _resolve_lora(lora: str | None, folders: Sequence[str | os.PathLike]) -> str
 
 
 def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1.0,
-                      lora_folders: Sequence[str | os.PathLike] = ()) -> tuple:
+                      lora_folders: Sequence[str | os.PathLike] = (), *extra: Any) -> tuple:
     """Changes when the model file (or LoRA) is replaced on disk, so ComfyUI re-runs the loader."""
-    out: list[Any] = [model, lora, keep_ratio]
+    out: list[Any] = [model, lora, keep_ratio, *extra]
     try:
         p = resolve_model(None if model == DEFAULT_CHOICE else model, restrict=True)
         st = p.stat()
@@ -89,8 +89,8 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 
 def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
                flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
-               lora_strength: float = 1.0, keep_ratio: float = 1.0,
-               lora_folders: Sequence[str | os.PathLike] = (),
+               lora_strength: float = 1.0, keep_ratio: float = 1.0, prune_method: str = "a3b",
+               recover_steps: int = 200, lora_folders: Sequence[str | os.PathLike] = (),
                free_vram: Callable[[int], None] | None = None) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
@@ -103,7 +103,7 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
     ref = None if model in (DEFAULT_CHOICE, "", None) else model
     path = resolve_model(ref, restrict=True)
     if keep_ratio is not None and keep_ratio < 1.0:
-        path = pruned_variant(path, keep_ratio)
+        path = pruned_variant(path, keep_ratio, prune_method, recover_steps)
     elif keep_ratio is not None and keep_ratio > 1.0:
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
     spec = rt.spec(str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
@@ -123,7 +123,15 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
     return spec
 
 
-def pruned_variant(path: Path, keep_ratio: float) -> Path:
+def prune_methods() -> list[str]:
+    try:
+        from ..runtime.prune import METHODS
+    except Exception:  # noqa: BLE001
+        return ["a3b"]
+    return ["a3b"] + [m for m in METHODS if m != "a3b"]
+
+
+def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 200) -> Path:
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons (made once, cached)."""
     if not 0.0 < keep_ratio < 1.0:
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
@@ -137,7 +145,7 @@ def pruned_variant(path: Path, keep_ratio: float) -> Path:
         raise NodeError("This installation cannot make pruned variants (runtime.prune.cached_variant is "
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     try:
-        return Path(fn(path, keep=keep_ratio))
+        return Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e

@@ -85,17 +85,18 @@ def _first(x: Any) -> Any:
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id=None, model=core.DEFAULT_CHOICE, n_ctx=2048, n_gpu_layers=0, threads=0,
                 flash_attn="auto", kv_cache_type="f16", lora=core.NONE_CHOICE, lora_strength=1.0,
-                keep_ratio=1.0):
+                keep_ratio=1.0, prune_method="a3b", recover_steps=200):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
-                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
+                           prune_method=prune_method, recover_steps=recover_steps, lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
     return (spec,), {"text": [core.describe(spec)]}
 
 
-def _fingerprint_loader(model=core.DEFAULT_CHOICE, lora=core.NONE_CHOICE, keep_ratio=1.0, **_):
-    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders())
+def _fingerprint_loader(model=core.DEFAULT_CHOICE, lora=core.NONE_CHOICE, keep_ratio=1.0, prune_method="a3b",
+                        recover_steps=200, **_):
+    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps)
 
 
 def _model_options() -> list[str]:
@@ -123,6 +124,10 @@ LOADER = NodeDef(
         In("lora_strength", "FLOAT", 1.0, optional=True, min=-4.0, max=4.0, step=0.05),
         In("keep_ratio", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
            tooltip="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch."),
+        In("prune_method", "COMBO", "a3b", optional=True, options=core.prune_methods,
+           tooltip="How neurons are ranked when keep_ratio < 1."),
+        In("recover_steps", "INT", 200, optional=True, min=0, max=10000,
+           tooltip="Recovery steps after pruning (0 = none) when keep_ratio < 1."),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

@@ -40,7 +40,7 @@ def _free_port() -> int:
 class ComfyServer:
     """One ComfyUI process with the pack; stopped by `stop()`."""
 
-    def __init__(self, workdir: Path, with_pack: bool = True):
+    def __init__(self, workdir: Path, with_pack: bool = True, env: dict[str, str] | None = None):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
@@ -62,7 +62,7 @@ class ComfyServer:
                "--input-directory", str(workdir / "input"), "--database-url", "sqlite:///:memory:"]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=COMFYUI_DIR, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -199,6 +199,7 @@ def test_pack_imports_and_lists_nodes(server):
     assert "Traceback" not in "\n".join(ln for ln in log.splitlines() if "a3b" in ln.lower())
     st = server.get("/a3b/status")
     assert st["pid"] == server.proc.pid and "models" in st
+    assert not (st.get("lsp") or {}).get("running")  # the in-process language server is off by default
 
 
 def test_rag_example_answers_from_the_documents(server):

@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.comfyui,
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = ComfyServer(tmp_path_factory.mktemp("comfyui-web"))
+    from test_comfyui_live import _free_port
+
+    s = ComfyServer(tmp_path_factory.mktemp("comfyui-web"), env={"A3B_LSP": f"tcp:127.0.0.1:{_free_port()}"})
     # a fresh user folder would greet the browser with the template picker over the canvas
     settings = s.workdir / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,9 @@ def test_tokens_stream_into_the_node_and_status_panel(browser, server, shots):
     panel = wait_for(browser, "const el = document.querySelector('.a3b-status');"
                               "return el && el.innerText.includes('SmolLM2') ? el.innerText : null;", 20)
     browser.save_screenshot(str(shots / "a3b_status_panel.png"))
-    assert "language server" in panel and "MB" in panel
+    lsp = server.get("/a3b/status")["lsp"]
+    assert lsp["running"] and f"listening on {lsp['address']}" in panel, panel
+    assert "MB" in panel
     # its unload button frees the model
     browser.execute_script("document.querySelector('.a3b-unload').click()")
     wait_for(browser, "const el = document.querySelector('.a3b-status');"

@@ -57,10 +57,12 @@ export function renderStatus(st) {
         ${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")} &middot; ${fmtBytes(m.weights_bytes)}
         + KV ${fmtBytes(m.kv_bytes)} &middot; n_ctx ${m.spec?.n_ctx} &middot; ${m.busy ? "busy" : "idle"}</li>`).join("");
   let lspLine = "in-process language server: off";
-  if (lsp && !lsp.error) {
+  if (lsp && !lsp.error && lsp.running !== false) {
     const addr = lsp.address || [lsp.host, lsp.port].filter((x) => x != null).join(":") || lsp.url || "";
-    lspLine = `in-process language server: ${lsp.listening === false ? "not listening" : "listening"}`
-      + (addr ? ` on <code>${escapeHtml(addr)}</code>` : "") + (lsp.transport ? ` (${escapeHtml(lsp.transport)})` : "");
+    const clients = Array.isArray(lsp.clients) ? lsp.clients.length : lsp.clients;
+    lspLine = "in-process language server: listening"
+      + (addr ? ` on <code>${escapeHtml(String(addr))}</code>` : "")
+      + (clients != null ? `, ${escapeHtml(String(clients))} client(s)` : "");
   } else if (lsp && lsp.error) {
     lspLine = `in-process language server: error: ${escapeHtml(lsp.error)}`;
   }
