@@ -21,11 +21,11 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, get_runtime, preset
-from ..runtime.errors import Cancelled
+from ..runtime.errors import A3BError, Cancelled
 from . import config as cfg
 from .cache import CompletionCache, bucket_key
 from .context import ContextIndex, VectorCache, render_block
@@ -194,8 +194,15 @@ class Session:
     def configure(self, raw: Any) -> list[str]:
         new, errors = cfg.apply(self.settings, raw)
         if new.model != self.settings.model or new.n_ctx != self.settings.n_ctx:
-            self._spec = None
-            self.anchors.clear()
+            try:
+                spec = self.engine.spec_for(new)  # resolve now: a bad model name is reported, not kept
+            except A3BError as e:
+                errors.append(f"A3B model setting rejected: {e} Keeping {self.settings.model or 'the default model'}.")
+                new = replace(new, model=self.settings.model, n_ctx=self.settings.n_ctx)
+            else:
+                self._spec = spec
+                self.anchors.clear()
+                self.context.clear()
         self.settings = new
         return errors
 
@@ -271,8 +278,10 @@ class Session:
 
     # -- completion ----------------------------------------------------------------------------
     def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
+        # the single/multi-line mode is not part of the key: it follows from the same context, and a
+        # suggestion typed into stays valid when the mode at the new position differs
         return bucket_key(m.weights.path.as_posix(), str(id(m.weights)), cur.uri, "fim" if use_fim else "pre",
-                          "ml" if multiline else "sl", cur.line_suffix, cur.suffix[:240])
+                          cur.line_suffix, cur.suffix[:240])
 
     def use_fim(self, builder: PromptBuilder) -> bool:
         return self.settings.fim != "off" and builder.fim is not None
@@ -353,6 +362,7 @@ class Session:
         prev = self.anchors.get(cur.uri)
         prompt = builder.build(cur, anchor=prev, context_block=head, budget=s.context_tokens,
                                suffix_tokens=s.suffix_tokens, use_fim=use_fim, context_files=files)
+        self.engine.stats.count(f"prompts_{prompt.mode}")
         if prompt.anchor != prev:
             self.anchors[cur.uri] = prompt.anchor
             self._select_context(cur, prompt.anchor)

@@ -28,7 +28,7 @@ COMMENT = {
     "vim": '"', "tex": "%", "latex": "%", "matlab": "%", "erlang": "%", "lisp": ";", "clojure": ";",
 }
 CHARS_PER_TOKEN = 3.2   # a cautious estimate for code; the real count is taken after tokenizing
-BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->", "do", "then")
+BLOCK_OPENERS = (":", "{", "=>", " do", " then")
 CLOSERS = set(")]}\"'`;,")
 
 

@@ -7,6 +7,7 @@ transport.py), sharing one Engine, and `exit` only closes that connection.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import re
@@ -60,6 +61,18 @@ class A3BProtocol(LanguageServerProtocol):
     @lsp_method(T.EXIT)
     def lsp_exit(self, *args):
         self._server.connection.close(0 if self._shutdown else 1)
+
+    @lsp_method(T.WORKSPACE_EXECUTE_COMMAND)
+    async def lsp_workspace__execute_command(self, params: T.ExecuteCommandParams):
+        # pygls runs commands through a generator whose inner task $/cancelRequest cannot reach;
+        # as a coroutine of its own, a command is cancelled like any other request
+        handler = self.fm.commands.get(params.command)
+        if handler is None:
+            raise JsonRpcInvalidParams(f"Unknown command {params.command!r}; A3B has {', '.join(COMMANDS)}.")
+        result = handler(*(params.arguments or []))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     @lsp_method(T.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: T.DidOpenTextDocumentParams):
