@@ -90,7 +90,7 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
                flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
                lora_strength: float = 1.0, keep_ratio: float = 1.0, prune_method: str = "a3b",
-               recover_steps: int = 200, lora_folders: Sequence[str | os.PathLike] = (),
+               recover_steps: int = 200, serve_as: str = "as-is", lora_folders: Sequence[str | os.PathLike] = (),
                free_vram: Callable[[int], None] | None = None) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
@@ -108,7 +108,7 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
     spec = rt.spec(str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                    flash_attn=flash_attn, kv_cache_type=kv_cache_type,
-                   lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength)
+                   lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength, serve_as=serve_as)
     if n_gpu_layers != 0:
         from ..runtime.llama_engine import system_info
 
@@ -121,6 +121,12 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
         free_vram(Path(spec.path).stat().st_size)  # let ComfyUI move its own models out first
     rt.load(spec)
     return spec
+
+
+def serve_as_choices() -> list[str]:
+    from ..runtime.serving import SERVE_AS
+
+    return list(SERVE_AS)
 
 
 def prune_methods() -> list[str]:
