@@ -166,7 +166,9 @@ def _run_generate(node_id=None, model=None, prompt="", system="", max_new_tokens
         raise
     r = g.result
     comfy.send(comfy.EVENT_DONE, {"node": node_id, "n_tokens": r.n_tokens, "finish_reason": r.finish_reason,
-                                  "tokens_per_second": r.tokens_per_second})
+                                  "tokens_per_second": r.tokens_per_second,
+                                  "time_to_first_token": r.time_to_first_token,
+                                  "n_prompt_tokens": r.n_prompt_tokens, "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
     return (g.text, g.spans_json), g.ui
 
 
