@@ -117,13 +117,15 @@ def test_every_method_gives_a_loadable_file(tiny, tmp_path, cache, method):
     res = prune(tiny["llama"], out, PruneConfig(keep=0.63, method=method, recover_steps=0, align=8, **FAST),
                 progress=False, cache_dir=cache)
     assert res.n_ff == 80  # round(0.63 * 128 / 8) * 8
+    if method in ("flap", "obs", "a3b"):  # bias compensation (llama)
+        assert SourceModel(out).has("blk.0.ffn_down.bias")
     with LlamaEval(out, n_ctx=128) as ev:
         assert np.isfinite(ev.logits(_rand_seq(271, 40))).all()
     assert inspect_gguf(out).a3b["a3b.method"] == method
 
 
-def test_a3b_reconstructs_the_ffn_output_better_than_plain_scores(tiny, cache):
-    """The least-squares re-fit: a3b's FFN output error on calibration activations is below wanda's."""
+def test_obs_reconstructs_the_ffn_output_better_than_plain_scores(tiny, cache):
+    """The least-squares re-fit: obs's FFN output error on calibration activations is below wanda's."""
     from comfyui_a3b.runtime.prune import calibrate, methods
     from comfyui_a3b.runtime.prune.corpus import code_corpus, windows
 
@@ -147,7 +149,7 @@ def test_a3b_reconstructs_the_ffn_output_better_than_plain_scores(tiny, cache):
 
     wa = methods.plan_layer("wanda", src.weight("blk.0.ffn_gate.weight"), src.weight("blk.0.ffn_up.weight"),
                             down, None, st, 64, rng, bias_ok=False)
-    a3 = methods.plan_layer("a3b", src.weight("blk.0.ffn_gate.weight"), src.weight("blk.0.ffn_up.weight"),
+    a3 = methods.plan_layer("obs", src.weight("blk.0.ffn_gate.weight"), src.weight("blk.0.ffn_up.weight"),
                             down, None, st, 64, rng, bias_ok=False)
     assert err(a3.keep, a3.down) < 0.8 * err(wa.keep, down[:, wa.keep])
 

@@ -10,11 +10,14 @@ llama/qwen2/qwen3 from one FFN width). Notation per layer: gate, up (n_ff, n_emb
 - flap:      Var(h_i) * ||down_:,i||^2 (FLAP's fluctuation), plus its bias compensation: the pruned
              neurons' mean output goes into ffn_down.bias (llama only: qwen2/qwen3 files cannot carry
              that bias, so there it is selection only).
-- a3b:       structured optimal-brain-surgeon on the FFN output. With G = H^T H from calibration,
+- obs:       structured optimal-brain-surgeon on the FFN output. With G = H^T H from calibration,
              removing neuron i and re-fitting the remaining down columns by least squares costs
-             ||down_:,i||^2 / [G^-1]_ii; the cheapest neuron is removed and the remaining columns
-             updated, one neuron at a time. For llama a constant input (the bias) is part of the
-             fit, which generalises FLAP's compensation to the re-fitted least-squares optimum.
+             ||down_:,i||^2 / [G^-1]_ii; the cheapest neurons are removed and the remaining columns
+             updated, a few at a time. For llama a constant input (the bias) is part of the fit,
+             which generalises FLAP's compensation to the re-fitted least-squares optimum.
+- a3b:       obs done sequentially and error-correcting: each layer is fitted on the inputs the
+             already-pruned earlier layers give it, to the output that brings the residual stream
+             back to the unpruned model's (sequential.py).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from .calibrate import LayerStats
 
-METHODS = ("random", "magnitude", "wanda", "flap", "a3b")
+METHODS = ("random", "magnitude", "wanda", "flap", "obs", "a3b")
 DATA_FREE = ("random", "magnitude")
 
 
@@ -55,9 +58,41 @@ def _top(score: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-score, kind="stable")[:k])
 
 
+def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
+    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), G the damped Gram.
+
+    W must be the least-squares optimum for G (the current weights, when the target is the layer's own
+    output). Removing the `chunk` cheapest neurons together is an exact block-OBS update for that
+    set; only the choice of the set is greedy. Column n (the bias, when fitted) is never removed.
+    """
+    import torch
+
+    m = G.shape[0]
+    Hinv = torch.linalg.inv(G)
+    alive = torch.ones(m, dtype=torch.bool)
+    protected = torch.zeros(m, dtype=torch.bool)
+    if fit_bias:
+        protected[n] = True
+    left = n - k
+    while left > 0:
+        c = min(chunk, left)
+        sal = (W * W).sum(0) / Hinv.diagonal()
+        sal[~alive | protected] = float("inf")
+        S = torch.topk(sal, c, largest=False).indices
+        Hss_inv = torch.linalg.inv(Hinv[S][:, S])
+        HS = Hinv[S]
+        W = W - (W[:, S] @ Hss_inv) @ HS
+        Hinv = Hinv - HS.T @ Hss_inv @ HS
+        W[:, S] = 0.0
+        alive[S] = False
+        left -= c
+    keep = torch.nonzero(alive[:n]).flatten()
+    return LayerPlan(keep.numpy(), W[:, keep].float().numpy(), W[:, n].float().numpy() if fit_bias else None)
+
+
 def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None, fit_bias: bool,
                damp: float = 0.01, chunk: int = 8) -> LayerPlan:
-    """Greedy structured OBS (see module doc). Returns kept indices and re-fitted down (and bias)."""
+    """One-shot structured OBS on the unpruned model's statistics (method "obs")."""
     import torch
 
     n = down.shape[1]
@@ -68,31 +103,8 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
         G = torch.cat([torch.cat([G, s[:, None]], 1), torch.cat([s, torch.tensor([float(st.count)])])[None]], 0)
         b0 = torch.zeros(down.shape[0], dtype=torch.float64) if bias is None else torch.from_numpy(bias).double()
         W = torch.cat([W, b0[:, None]], 1)
-    m = G.shape[0]
-    G = G + damp * float(G.diagonal().mean()) * torch.eye(m, dtype=torch.float64)
-    Hinv = torch.linalg.inv(G)
-    alive = torch.ones(m, dtype=torch.bool)
-    protected = torch.zeros(m, dtype=torch.bool)
-    if fit_bias:
-        protected[n] = True
-    left = n - k
-    while left > 0:
-        # Remove the `c` cheapest neurons together (block OBS update, exact for the set; only
-        # the choice of the set is greedy). Small chunks keep the greedy order close to one-at-a-time.
-        c = min(chunk, left)
-        sal = (W * W).sum(0) / Hinv.diagonal()
-        sal[~alive | protected] = float("inf")
-        S = torch.topk(sal, c, largest=False).indices
-        Hss_inv = torch.linalg.inv(Hinv[S][:, S])
-        HS = Hinv[S]                      # (c, m)
-        W -= (W[:, S] @ Hss_inv) @ HS
-        Hinv -= HS.T @ Hss_inv @ HS
-        W[:, S] = 0.0
-        alive[S] = False
-        left -= c
-    keep = torch.nonzero(alive[:n]).flatten().numpy()
-    return LayerPlan(np.sort(keep), W[:, :n][:, keep].float().numpy(),
-                     W[:, n].float().numpy() if fit_bias else None)
+    G = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(G.shape[0], dtype=torch.float64)
+    return obs_prune(W, G, n, k, fit_bias, chunk)
 
 
 def plan_layer(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
@@ -100,8 +112,10 @@ def plan_layer(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, 
     n = gate.shape[0]
     if k >= n:
         return LayerPlan(np.arange(n), None, None)
-    if method == "a3b":
+    if method == "obs":
         return obs_select(down, st, k, bias, fit_bias=bias_ok)
+    if method == "a3b":
+        raise ValueError("method a3b is sequential: use sequential.sequential_plans")
     keep = _top(scores(method, gate, up, down, st, rng), k)
     if method == "flap" and bias_ok:
         pruned = np.setdiff1d(np.arange(n), keep)

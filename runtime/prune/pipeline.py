@@ -117,8 +117,8 @@ def calibration_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[list[int]
 
 def _check_statistics(cfg: PruneConfig, n_ff: int) -> None:
     n_tokens = cfg.calib_windows * cfg.seq_len
-    if cfg.method not in DATA_FREE and cfg.method == "a3b" and n_tokens < 2 * n_ff:
-        raise CorpusTooSmall(f"method a3b fits a {n_ff}x{n_ff} activation covariance per layer and needs at "
+    if cfg.method in ("a3b", "obs") and n_tokens < 2 * n_ff:
+        raise CorpusTooSmall(f"method {cfg.method} fits a {n_ff}x{n_ff} activation covariance per layer and needs at "
                              f"least {2 * n_ff} calibration tokens; {cfg.calib_windows} windows x {cfg.seq_len} "
                              f"tokens = {n_tokens}. Raise --calib-windows.")
     if cfg.method not in DATA_FREE and n_tokens < 64:
@@ -147,7 +147,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     torch = require_torch()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from . import calibrate, distill, gate, methods
+    from . import calibrate, distill, gate, methods, sequential
     from .reference import RefModel
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -177,12 +177,17 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     student_w = dict(all_w)
     from tqdm import tqdm
 
+    seq_plans = None
+    if stats is not None and cfg.method == "a3b":
+        seq_plans = _cached_plans(cache, stats.key, k, bias_ok, lambda: sequential.sequential_plans(
+            teacher, stats.tokens, k, bias_ok, progress=progress))
     for i in tqdm(range(hp.n_layer if stats is not None else 0), desc=f"pruning ({cfg.method})", unit="layer",
-                  disable=not progress):
+                  disable=not progress or seq_plans is not None):
         p = f"blk.{i}."
         gate_w, up_w, down_w = all_w[p + "ffn_gate.weight"], all_w[p + "ffn_up.weight"], all_w[p + "ffn_down.weight"]
         bias = all_w.get(p + "ffn_down.bias")
-        plan = methods.plan_layer(cfg.method, gate_w, up_w, down_w, bias, stats.layers[i], k, rng, bias_ok)
+        plan = seq_plans[i] if seq_plans is not None else methods.plan_layer(
+            cfg.method, gate_w, up_w, down_w, bias, stats.layers[i], k, rng, bias_ok)
         if len(plan.keep) == hp.n_ff and plan.down is None and plan.bias is None:
             continue
         student_w[p + "ffn_gate.weight"] = gate_w[plan.keep]
@@ -237,6 +242,36 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
                 staging.unlink()
     timings["write"] = time.perf_counter() - t
     return PruneResult(out, hp.n_ff, k, meta, timings, losses)
+
+
+def _cached_plans(cache: Path, stats_key: str, k: int, bias_ok: bool, make) -> list:
+    """The a3b plans for one (calibration, width) pair are cached: recovery settings do not change them."""
+    from .methods import LayerPlan
+
+    path = cache / f"a3b-plan-{stats_key}-k{k}-b{int(bias_ok)}.npz"
+    if path.is_file():
+        try:
+            z = np.load(path)
+            n = int(z["n"])
+            return [LayerPlan(z[f"keep{i}"], z[f"down{i}"], z[f"bias{i}"] if f"bias{i}" in z else None)
+                    for i in range(n)]
+        except (OSError, KeyError, ValueError):
+            pass
+    plans = make()
+    arrays: dict[str, np.ndarray] = {"n": np.array(len(plans))}
+    for i, pl in enumerate(plans):
+        arrays[f"keep{i}"], arrays[f"down{i}"] = pl.keep, pl.down
+        if pl.bias is not None:
+            arrays[f"bias{i}"] = pl.bias
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.part-{os.getpid()}.npz")
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return plans
 
 
 def _default_align(src: SourceModel) -> int:
