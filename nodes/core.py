@@ -150,11 +150,21 @@ def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_s
     if fn is None:
         raise NodeError("This installation cannot make pruned variants (runtime.prune.cached_variant is "
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
+    st = os.stat(path)
+    key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps)
+    hit = _variants.get(key)
+    if hit is not None and hit.is_file():
+        return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
-        return Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps))
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
+    _variants[key] = out
+    return out
+
+
+_variants: dict[tuple, Path] = {}
 
 
 def unload(model: LoadSpec | None = None) -> int:

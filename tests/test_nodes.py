@@ -315,3 +315,26 @@ def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     assert list((tmp_path / "cache").rglob("*.gguf"))  # the copy was made once, in the cache
     assert generate(h, "Say hi.", max_new_tokens=4)["result"][0]
     rt.unload(h)
+
+
+def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_models):
+    """keep_ratio < 1 loads the pruned copy (made once, cached on disk); without torch, a clear error."""
+    import importlib.util
+
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    add_model_dir(tiny_models["llama"].parent)
+    args = {**defs.LOADER.defaults(), "model": tiny_models["llama"].name, "keep_ratio": 0.5,
+            "prune_method": "magnitude", "recover_steps": 0, "n_ctx": 256}
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(Exception, match="(?i)torch") as ei:
+            node("A3BLoader").run(unique_id="1", **args)
+        assert "pip install" in str(ei.value)
+        return
+    h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
+    assert "keep0.5" in os.path.basename(h.path) and str(tmp_path / "cache") in h.path
+    assert rt.store.entry(h) is not None
+    assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
+    t0 = time.perf_counter()
+    assert node("A3BLoader").run(unique_id="1", **args)["result"][0] == h  # no second pruning
+    assert time.perf_counter() - t0 < 1.0
+    rt.unload(h)
