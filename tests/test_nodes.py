@@ -338,3 +338,27 @@ def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_
     assert node("A3BLoader").run(unique_id="1", **args)["result"][0] == h  # no second pruning
     assert time.perf_counter() - t0 < 1.0
     rt.unload(h)
+
+
+def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
+    from tinygguf import write_tiny_lora
+
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    write_tiny_lora(loras / "adapter.gguf")
+    (tmp_path / "outside.gguf").write_bytes(b"GGUF")
+    monkeypatch.setenv("A3B_LORAS", str(loras))
+    add_model_dir(tiny_models["llama"].parent)
+    assert "adapter.gguf" in input_types(defs.LOADER)["optional"]["lora"][0]
+    base_args = {**defs.LOADER.defaults(), "model": tiny_models["llama"].name, "n_ctx": 128}
+    base = node("A3BLoader").run(unique_id="1", **base_args)["result"][0]
+    loads = rt.store.weight_loads
+    tuned = node("A3BLoader").run(unique_id="1", **{**base_args, "lora": "adapter.gguf"})["result"][0]
+    assert tuned.lora_path == str(loras / "adapter.gguf") and rt.store.weight_loads == loads  # same weights
+    greedy = dict(temperature=0.0, max_new_tokens=6)
+    assert generate(base, "the x", **greedy)["result"][0] != generate(tuned, "the x", **greedy)["result"][0]
+    for bad in ("missing.gguf", "../outside.gguf"):
+        with pytest.raises(core.NodeError, match="LoRA adapter"):
+            node("A3BLoader").run(unique_id="1", **{**base_args, "lora": bad})
+    rt.unload(base)
+    rt.unload(tuned)
