@@ -157,7 +157,8 @@ class Gen:
             self.stream.cancel(reason)
 
     def agrees(self, typed: str) -> bool:
-        return self.text.startswith(typed) or (not self.done.done() and typed.startswith(self.text))
+        """The user typed exactly what this generation has produced so far (or nothing)."""
+        return self.text.startswith(typed)
 
     def joinable(self, key: str, cur: Cursor) -> bool:
         if key != self.key or self.done.done() and not self.suggestion:
@@ -410,6 +411,8 @@ class Session:
         if g.waiters == 0:
             st.count("wasted_generated_tokens", res.n_tokens)   # nobody waits for it any more
             st.count("unused_generations")
+        else:
+            st.count("useful_decode_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens + res.n_tokens)
         if not g.done.done():
             g.done.set_result(res)
 

@@ -122,7 +122,10 @@ class RawClient:
                 if k.strip().lower() == "content-length":
                     n = int(v)
             return json.loads(await self.reader.readexactly(n))
-        return await asyncio.wait_for(one(), timeout)
+        try:
+            return await asyncio.wait_for(one(), timeout)
+        except (ConnectionResetError, asyncio.IncompleteReadError):
+            return None  # the server closed the connection
 
     async def response(self, id_, timeout: float = 60.0) -> dict:
         """The response to request `id_`, skipping notifications and server requests."""
