@@ -36,7 +36,7 @@ class Settings:
     #: Tokens per chunk from another file.
     chunk_tokens: int = 96
     #: Chunks more similar than this to the text at the cursor are left out (they make models repeat).
-    max_chunk_similarity: float = 0.92
+    max_chunk_similarity: float = 0.99
     #: Documents larger than this are kept in sync but not completed or indexed.
     max_document_bytes: int = 32 * 1024 * 1024
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.

@@ -432,6 +432,7 @@ def _register(ls: A3BServer) -> None:
         m = s.model_if_loaded()
         out = {"server": s.engine.status(), "model": m.name if m else None,
                "model_path": s.spec().path, "settings": _settings(s), "open_documents": len(s.docs),
+               "context_files": {uri: files for uri, (_, files) in s.context.items()},
                "runtime": {k: st[k] for k in ("pid", "rss_bytes", "memory_bytes", "weight_loads", "models")}}
         if args and isinstance(args[0], str) and args[0] in s.docs:  # a document's state, for checks
             import hashlib

@@ -101,6 +101,26 @@ async def test_multi_line_suggestion_stays_in_its_block(client: LanguageClient):
     assert "return f.read().splitlines()" not in text  # never repeats the code below the cursor
 
 
+async def test_chunks_of_other_open_files_join_the_prompt_in_the_background(client: LanguageClient):
+    helper = "file:///w/wordstats.py"
+    open_doc(client, helper, "def word_lengths(text):\n    return [len(w) for w in text.split()]\n\n\n"
+                             "def longest_word(text):\n    return max(text.split(), key=len)\n")
+    uri = "file:///w/context_demo.py"
+    open_doc(client, uri, SAMPLE)
+    before = counters(await status(client)).get("context_selections", 0)
+    await inline(client, uri, SINGLE)        # the first window of this file: chunks are chosen now
+    for _ in range(200):
+        st = await status(client)
+        if counters(st).get("context_selections", 0) > before:
+            break
+        await asyncio.sleep(0.1)
+    assert helper in st["context_files"][uri]
+    assert counters(st).get("prewarm_tokens", 0) > 0     # the new prompt was prefilled at batch priority
+    gens = counters(st)["generations"]
+    assert await inline(client, uri, MULTI) is not None
+    assert counters(await status(client))["generations"] == gens + 1
+
+
 async def test_latest_request_wins_and_the_old_generation_stops(client: LanguageClient):
     await configure(client, maxTokens=256)
     try:

@@ -193,3 +193,26 @@ def test_only_loopback_addresses_are_accepted():
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address("7011")
     assert is_loopback("::ffff:127.0.0.1") and not is_loopback("10.0.0.1")
+
+
+def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
+    from comfyui_a3b.lsp_server.context import ContextIndex, VectorCache
+
+    spec = rt.spec(None)
+
+    def embed(texts):
+        return rt.embed(texts, model=spec)
+
+    embed.model_key = spec.path
+    idx = ContextIndex(VectorCache())
+    current = "def parse_csv_row(line):\n    fields = line.split(',')\n    return [f.strip() for f in fields]\n"
+    idx.set_document("file:///w/current.py", current, 96)
+    idx.set_document("file:///w/copy.py", current, 96)     # an exact copy of the code at the cursor
+    idx.set_document("file:///w/csvutil.py", "def read_csv(path):\n    with open(path) as f:\n"
+                     "        return [parse_csv_row(l) for l in f]\n", 96)
+    idx.set_document("file:///w/colors.py", "RED = (255, 0, 0)\nGREEN = (0, 255, 0)\nBLUE = (0, 0, 255)\n", 96)
+    picked = idx.select(embed, "file:///w/current.py", current, k=1, max_similarity=0.99, chunk_tokens=96)
+    assert [c.uri for c, _ in picked] == ["file:///w/csvutil.py"]
+    everything = idx.select(embed, "file:///w/current.py", current, k=3, max_similarity=1.01, chunk_tokens=96)
+    assert everything[0][0].uri == "file:///w/copy.py" and everything[0][1] > 0.99   # what the cut removes
+    assert all(c.uri != "file:///w/current.py" for c, _ in everything)
