@@ -283,7 +283,11 @@ class ContextOptions:
     kv_cache_type: str = "f16"
     lora_path: str | None = None
     lora_scale: float = 1.0
-    embed_n_ctx: int = 2048    # tokens per embedding batch (texts longer than this are refused)
+    embed_n_ctx: int = 256     # tokens per embedded text at most (longer texts are refused)
+    # Texts are packed into one decode up to this many tokens. llama.cpp computes a logits row for
+    # every token of a pooled batch (n_vocab floats each: 192 KB for the default model), so the
+    # pack size, not the context, decides the memory an embedding batch touches.
+    embed_pack: int = 32
     embed_n_seq: int = 8
 
 
@@ -301,16 +305,20 @@ def thread_counts(n_threads: int = 0) -> tuple[int, int]:
     return max(1, cores // 2), cores
 
 
-def _ctx_params(opts: ContextOptions, *, embeddings: bool):
+def _ctx_params(opts: ContextOptions, *, embeddings: bool, pooling: str = "mean"):
     L = llama()
     p = L.llama_context_default_params()
     p.n_threads, p.n_threads_batch = thread_counts(opts.n_threads)
     if embeddings:
-        p.n_ctx = opts.embed_n_ctx
-        p.n_batch = p.n_ubatch = opts.embed_n_ctx
+        # Pooling happens inside llama.cpp (pooling != NONE), so only one vector per text leaves the
+        # graph. A text must fit one micro-batch for pooling, so ubatch = context. Kept small by
+        # default (LoadSpec.embed_n_ctx): llama.cpp clears the whole KV buffer at creation, so
+        # every cell costs memory at once (256 tokens: 6 MB for the default model).
+        p.n_ctx = p.n_batch = p.n_ubatch = opts.embed_n_ctx
         p.n_seq_max = opts.embed_n_seq
         p.embeddings = True
-        p.pooling_type = L.LLAMA_POOLING_TYPE_NONE  # we pool per request: mean, cls or last
+        p.pooling_type = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS,
+                          "last": L.LLAMA_POOLING_TYPE_LAST}[pooling]
         p.kv_unified = True
     else:
         p.n_ctx = opts.n_ctx * opts.n_parallel
@@ -398,7 +406,7 @@ class LoadedModel:
         self.n_ctx_seq = opts.n_ctx
         self.batch = L.llama_batch_init(max(opts.n_batch, opts.n_parallel), 0, 1)
         self.slots = [_Slot(i) for i in range(opts.n_parallel)]
-        self.ectx = None
+        self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
         self.ebatch = None
         self._lock = threading.Condition()
         self._pending: list[_Job] = []
@@ -454,7 +462,8 @@ class LoadedModel:
                 raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
             if len(toks) > self.opts.embed_n_ctx:
                 raise PromptTooLong(f"Text #{i} has {len(toks)} tokens; embeddings take at most "
-                                    f"{self.opts.embed_n_ctx} per text. Split it into chunks.")
+                                    f"{self.opts.embed_n_ctx} per text. Split it into chunks, or load "
+                                    "the model with a larger embed_n_ctx.")
         job = _EmbedJob(token_lists, pooling, normalize, priority)
         with self._lock:
             if self._closing:
@@ -727,29 +736,36 @@ class LoadedModel:
         job.stream._finish(result if error is None else None, error)
 
     # -- embeddings --------------------------------------------------------------------------
-    def _ensure_embed_ctx(self) -> None:
-        if self.ectx:
-            return
+    def _embed_ctx(self, pooling: str):
+        ctx = self.ectxs.get(pooling)
+        if ctx:
+            return ctx
         L = llama()
-        self.ectx = L.llama_init_from_model(self.weights.ptr, _ctx_params(self.opts, embeddings=True))
-        if not self.ectx:
-            raise EmbeddingsUnsupported(f"llama.cpp could not create an embedding context for {self.name}.")
-        self.emem = L.llama_get_memory(self.ectx)
-        self.ebatch = L.llama_batch_init(self.opts.embed_n_ctx, 0, 1)
+        mark = _log_mark()
+        ctx = L.llama_init_from_model(self.weights.ptr, _ctx_params(self.opts, embeddings=True, pooling=pooling))
+        if not ctx:
+            detail = " | ".join(ln.strip() for ln in _log_since(mark).splitlines() if "error" in ln.lower())
+            raise EmbeddingsUnsupported(f"llama.cpp could not create a {pooling}-pooling embedding context for "
+                                        f"{self.name}: {detail or 'no detail'}")
+        self.ectxs[pooling] = ctx
+        if self.ebatch is None:
+            self.ebatch = L.llama_batch_init(self.opts.embed_n_ctx, 0, 1)
+        return ctx
 
     def _run_embed(self, job: _EmbedJob) -> None:
         try:
-            self._ensure_embed_ctx()
             L = llama()
+            ctx = self._embed_ctx(job.pooling)
+            mem = L.llama_get_memory(ctx)
             out = np.zeros((len(job.token_lists), self.weights.n_embd), dtype=np.float32)
             i = 0
             while i < len(job.token_lists):
                 if self._closing:
                     raise ModelUnloaded(f"{self.name} was unloaded during embedding.")
-                # pack texts into one decode: at most embed_n_seq texts and embed_n_ctx tokens
+                # pack texts into one decode: at most embed_n_seq texts and embed_pack tokens
                 group, total = [], 0
                 while (i + len(group) < len(job.token_lists) and len(group) < self.opts.embed_n_seq
-                       and total + len(job.token_lists[i + len(group)]) <= self.opts.embed_n_ctx):
+                       and (not group or total + len(job.token_lists[i + len(group)]) <= self.opts.embed_pack)):
                     total += len(job.token_lists[i + len(group)])
                     group.append(job.token_lists[i + len(group)])
                 b = self.ebatch
@@ -758,21 +774,21 @@ class LoadedModel:
                     for p, t in enumerate(toks):
                         b.token[n], b.pos[n], b.n_seq_id[n] = t, p, 1
                         b.seq_id[n][0] = s
-                        b.logits[n] = True
+                        # one output row per text: llama.cpp pools over the whole sequence anyway,
+                        # and every flagged row would also reserve a logits row of n_vocab floats
+                        b.logits[n] = p == len(toks) - 1
                         n += 1
                 b.n_tokens = n
-                if self.emem:
-                    L.llama_memory_clear(self.emem, True)
-                rc = (L.llama_encode if self.weights.has_encoder else L.llama_decode)(self.ectx, b)
+                if mem:
+                    L.llama_memory_clear(mem, False)  # metadata only: zeroing would touch every page
+                rc = (L.llama_encode if self.weights.has_encoder else L.llama_decode)(ctx, b)
                 if rc != 0:
                     raise EmbeddingsUnsupported(f"llama.cpp failed to compute embeddings (code {rc}).")
-                allv = np.ctypeslib.as_array(L.llama_get_embeddings(self.ectx), shape=(n, self.weights.n_embd))
-                off = 0
-                for s, toks in enumerate(group):
-                    rows = allv[off:off + len(toks)]
-                    off += len(toks)
-                    vec = {"mean": lambda r: r.mean(axis=0), "cls": lambda r: r[0], "last": lambda r: r[-1]}[job.pooling](rows)
-                    out[i + s] = vec
+                for s in range(len(group)):
+                    ptr = L.llama_get_embeddings_seq(ctx, s)
+                    if not ptr:
+                        raise EmbeddingsUnsupported(f"{self.name} returned no pooled embedding.")
+                    out[i + s] = np.ctypeslib.as_array(ptr, shape=(self.weights.n_embd,))
                 i += len(group)
                 self.stats["embedded_texts"] += len(group)
                 self.stats["embedded_tokens"] += n
@@ -811,9 +827,9 @@ class LoadedModel:
         if self.ebatch is not None:
             L.llama_batch_free(self.ebatch)
             self.ebatch = None
-        if self.ectx:
-            L.llama_free(self.ectx)
-            self.ectx = None
+        for ctx in self.ectxs.values():
+            L.llama_free(ctx)
+        self.ectxs.clear()
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None

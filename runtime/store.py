@@ -39,6 +39,8 @@ class LoadSpec:
     #: Serve the file as is, a cached re-encoded copy ("q8_0", ...), or the faster of both ("auto");
     #: see runtime/serving.py.
     serve_as: str = "as-is"
+    #: Longest text the embedding context takes, in tokens (RAG chunks beyond it are refused).
+    embed_n_ctx: int = 256
     #: What to do when n_ctx exceeds the model's trained context: "warn" (load, log a warning and
     #: report it in status) or "refuse" (raise ContextTooLarge).
     ctx_policy: str = "warn"
@@ -48,6 +50,8 @@ class LoadSpec:
             raise InvalidRequest(f"n_ctx must be at least 16, got {self.n_ctx}")
         if not 1 <= self.n_parallel <= 64:
             raise InvalidRequest(f"n_parallel must be in 1..64, got {self.n_parallel}")
+        if not 8 <= self.embed_n_ctx <= 1 << 16:
+            raise InvalidRequest(f"embed_n_ctx must be in 8..65536, got {self.embed_n_ctx}")
         if self.n_batch < 1:
             raise InvalidRequest(f"n_batch must be >= 1, got {self.n_batch}")
         if self.flash_attn not in ("auto", "on", "off"):
@@ -65,7 +69,7 @@ class LoadSpec:
         return ContextOptions(n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_batch=self.n_batch,
                               n_threads=self.n_threads, flash_attn=self.flash_attn,
                               kv_cache_type=self.kv_cache_type, lora_path=self.lora_path,
-                              lora_scale=self.lora_scale)
+                              lora_scale=self.lora_scale, embed_n_ctx=self.embed_n_ctx)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

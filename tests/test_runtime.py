@@ -224,3 +224,11 @@ def test_unload_while_running_fails_cleanly_and_frees(rt):
         m.submit(__import__("comfyui_a3b.runtime", fromlist=["GenerationRequest"]).GenerationRequest("hi"))
     # a fresh load works
     assert rt.generate("Hi", model=spec, max_tokens=2, sampling=GREEDY).n_tokens >= 1
+
+
+def test_embedding_text_longer_than_the_embedding_context(rt):
+    long_text = "word " * 400
+    with pytest.raises(PromptTooLong, match="embed_n_ctx"):
+        rt.embed([long_text])
+    v = rt.embed([long_text], model=rt.spec(None, embed_n_ctx=1024))
+    assert v.shape == (1, 576)
