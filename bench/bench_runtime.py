@@ -93,15 +93,17 @@ def cold_load() -> dict:
 
 def peak_rss(with_embeddings: bool) -> dict:
     return _subprocess(f"""
-        import json, resource
+        import json
         from comfyui_a3b.runtime import get_runtime, preset
         rt = get_runtime()
         rt.generate({PROMPT!r}, max_tokens=64, sampling=preset("greedy"))
         if {with_embeddings}:
             rt.embed(["document %d about a topic of its own, a few words long" % i for i in range(64)])
         rt.generate({PROMPT!r}, max_tokens=64, sampling=preset("greedy"))
-        print(json.dumps({{"peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                           "weight_loads": rt.store.weight_loads}}))
+        # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across
+        # fork + exec, so a child of a big benchmark process would report the parent's peak.
+        hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+        print(json.dumps({{"peak_rss_kb": hwm, "weight_loads": rt.store.weight_loads}}))
     """)
 
 
