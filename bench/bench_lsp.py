@@ -35,26 +35,29 @@ DEBOUNCE_S = 0.075     # client-side pause before asking, like an editor's inlin
 
 
 def pick_region(module: str, chars: int) -> tuple[str, str, str]:
-    """(before, typed, after): a whole function from the middle of a stdlib module, cut to `chars`."""
+    """(before, typed, after): the start of a function from the middle of a stdlib module, about
+    `chars` long, typed on an empty line of its own (the code below it stays in place)."""
     src = inspect.getsource(importlib.import_module(module))
     lines = src.split("\n")
     defs = [i for i, ln in enumerate(lines) if ln.startswith(("def ", "    def ")) and i > len(lines) // 3]
     start = sum(len(ln) + 1 for ln in lines[:defs[0]])
     body = src[start:start + chars]
     body = body[:body.rfind("\n") + 1] or body
-    return src[:start], body, src[start + len(body):]
+    return src[:start], body.rstrip("\n"), "\n" + src[start + len(body):]
 
 
 def schedule(text: str, rng: random.Random) -> list[float]:
     """Inter-key intervals (s): lognormal around 0.17 s, longer after newlines and punctuation."""
     out = []
+    prev = ""
     for ch in text:
         dt = rng.lognormvariate(-1.85, 0.45)
-        if ch == "\n":
-            dt += rng.uniform(0.25, 0.6)
-        elif ch in ".,:()":
+        if prev == "\n":
+            dt += rng.uniform(0.3, 0.8)      # thinking about the next line
+        elif prev in ".,:()":
             dt += rng.uniform(0.02, 0.12)
         out.append(dt)
+        prev = ch
     return out
 
 
@@ -192,6 +195,31 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
     return {"records": records, "decoded_tokens": decoded, "useful_decode_tokens": useful}
 
 
+def isolated_runtime(requests_by_file, settings) -> list[dict]:
+    """Each request alone, one after the other: the model's own cost of a request, without cache."""
+    from ..lsp_server.documents import Document
+    from ..lsp_server.prompt import PromptBuilder
+    from ..runtime import PRIORITY_INTERACTIVE, get_runtime, preset
+
+    rt = get_runtime()
+    spec = rt.spec(None)
+    b = PromptBuilder(rt.load(spec).weights)
+    out = []
+    for name, reqs in requests_by_file:
+        anchor = None
+        for t, text, offset, multi, _ in reqs:
+            cur = Document(f"file:///bench/{name}.py", text, 0, "python").cursor(position(text, offset), "utf-16")
+            p = b.build(cur, anchor=anchor, context_block="", budget=settings.context_tokens, suffix_tokens=0,
+                        use_fim=False)
+            anchor = p.anchor
+            t0 = time.perf_counter()
+            rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, priority=PRIORITY_INTERACTIVE,
+                        max_tokens=settings.max_tokens if multi else settings.max_tokens_single_line,
+                        sampling=preset("code", seed=0), stop=["\n\n\n"] if multi else ["\n"])
+            out.append({"multiline": multi, "latency_ms": (time.perf_counter() - t0) * 1000})
+    return out
+
+
 def summarize(latencies: list[float]) -> dict:
     return {"n": len(latencies), "p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95),
             "p99": percentile(latencies, 0.99)}
@@ -215,6 +243,7 @@ def main(argv=None) -> int:
     for req, rec in zip(srv["requests"], srv["records"]):
         by_file.setdefault(rec["file"], []).append(req)
     base = replay_runtime(files, list(by_file.items()), Settings())
+    alone = isolated_runtime(list(by_file.items()), Settings())
 
     recs = srv["records"]
     answered = [r for r in recs if "latency_ms" in r and not r.get("cancelled")]
@@ -247,27 +276,45 @@ def main(argv=None) -> int:
         "late_answers": sum(1 for r in brecs if r["arrived"] > r["deadline"]),
     }
 
+    isolated = {
+        "requests": len(alone),
+        "single_line": summarize([r["latency_ms"] for r in alone if not r["multiline"]]),
+        "multi_line": summarize([r["latency_ms"] for r in alone if r["multiline"]]),
+        "all": summarize([r["latency_ms"] for r in alone]),
+        "cache_hit_rate": 0.0, "decoded_tokens": None, "wasted_decode_fraction": None,
+    }
+
     def row(name, d):
         s, m = d["single_line"], d["multi_line"]
-        return [name, d["requests"], s["n"], s["p50"], s["p95"], s["p99"], m["n"], m["p50"], m["p95"],
-                f"{100 * d['cache_hit_rate']:.0f}%", d["decoded_tokens"], f"{100 * d['wasted_decode_fraction']:.0f}%"]
+        return [name, d["requests"], d.get("answered", d["requests"]), s["n"], s["p50"], s["p95"], s["p99"],
+                m["n"], m["p50"], m["p95"],
+                f"{100 * d['cache_hit_rate']:.0f}%", d["decoded_tokens"] if d["decoded_tokens"] is not None else "-",
+                f"{100 * d['wasted_decode_fraction']:.0f}%" if d["wasted_decode_fraction"] is not None else "-"]
 
     print_table("Inline completion while typing (latency in ms, answered requests)",
-                ["", "requests", "1-line n", "p50", "p95", "p99", "multi n", "p50", "p95", "cache hits",
+                ["", "requests", "answered", "1-line n", "p50", "p95", "p99", "multi n", "p50", "p95", "cache hits",
                  "decoded tok", "wasted"],
-                [row("language server", server), row("runtime, no cache", baseline)])
-    ratio = {k: (baseline["single_line"][k] / server["single_line"][k]) if server["single_line"][k] else None
-             for k in ("p50", "p95", "p99")}
-    print(f"single-line latency, baseline / server: p50 {ratio['p50']:.2f}x, p95 {ratio['p95']:.2f}x, "
-          f"p99 {ratio['p99']:.2f}x; decoded tokens {base['decoded_tokens'] / max(1, decoded):.2f}x")
+                [row("language server", server), row("runtime, no cache", baseline),
+                 row("runtime, one at a time", isolated)])
+    def ratios(ref):
+        return {k: (ref["single_line"][k] / server["single_line"][k]) if server["single_line"][k] else None
+                for k in ("p50", "p95", "p99")}
+
+    ratio, ratio_alone = ratios(baseline), ratios(isolated)
+    print(f"single-line latency, runtime without cache at the same moments / server: p50 {ratio['p50']:.2f}x, "
+          f"p95 {ratio['p95']:.2f}x, p99 {ratio['p99']:.2f}x; decoded tokens {base['decoded_tokens'] / max(1, decoded):.2f}x")
+    print(f"single-line latency, runtime one request at a time / server: p50 {ratio_alone['p50']:.2f}x, "
+          f"p95 {ratio_alone['p95']:.2f}x, p99 {ratio_alone['p99']:.2f}x")
     write_results("lsp", {"files": [f[0] for f in files], "chars": args.chars, "seed": args.seed,
                           "client_debounce_ms": DEBOUNCE_S * 1000, "server": server, "baseline": baseline,
-                          "single_line_ratio_baseline_over_server": ratio,
+                          "isolated": isolated, "single_line_ratio_baseline_over_server": ratio,
+                          "single_line_ratio_isolated_over_server": ratio_alone,
                           "command": "python -m comfyui_a3b.bench.bench_lsp " + " ".join(argv or sys.argv[1:])})
 
     def draw(ax):
         for name, xs, style in (("language server", sorted(r["latency_ms"] for r in answered if not r["multiline"]), "-"),
-                                ("runtime, no cache", sorted(r["latency_ms"] for r in brecs if not r["multiline"]), "--")):
+                                ("runtime, no cache", sorted(r["latency_ms"] for r in brecs if not r["multiline"]), "--"),
+                                ("runtime, one at a time", sorted(r["latency_ms"] for r in alone if not r["multiline"]), ":")):
             if xs:
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], style, label=name)
         ax.axvline(150, color="grey", lw=0.8, ls=":")

@@ -74,10 +74,11 @@ class ContextIndex:
 
     def _chunks(self, chunk_tokens: int) -> list[Chunk]:
         out = []
-        for uri, text in self._texts.items():
-            if uri not in self.docs:
-                self.docs[uri] = chunk_text(uri, text, chunk_tokens)
-            out.extend(self.docs[uri])
+        for uri, text in list(self._texts.items()):  # the event loop may add documents meanwhile
+            chunks = self.docs.get(uri)
+            if chunks is None:
+                chunks = self.docs[uri] = chunk_text(uri, text, chunk_tokens)
+            out.extend(chunks)
         return out
 
     def select(self, embed, uri: str, query: str, k: int, max_similarity: float,
