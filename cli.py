@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     lsp.add_argument("--model", "-m", default=None)
     lsp.set_defaults(func=cmd_lsp)
 
-    pr = sub.add_parser("prune", help="A3B gated-FFN pruning (needs the 'prune' extra: torch)")
+    # add_help=False: `a3b prune --help` is answered by the pruning tool's own parser (args.extra)
+    pr = sub.add_parser("prune", help="A3B gated-FFN pruning (needs the 'prune' extra: torch)", add_help=False)
     pr.add_argument("model", nargs="?", default=None)
     pr.set_defaults(func=cmd_prune, _prune_parser=pr)
     return p
