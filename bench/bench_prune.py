@@ -139,6 +139,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gate-sparsities", default="0.25,0.4,0.5,0.6,0.7")
     ap.add_argument("--skip-agreement", action="store_true")
     ap.add_argument("--work", default=None, help="folder for the pruned files (default: a temporary one)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the configurations already in bench/results/bench_prune.json (their kept files "
+                         "must be in --work) and run only the stages still missing")
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
@@ -164,7 +167,20 @@ def main(argv=None) -> int:
                        "heldout_tokens": {k: sum(len(w) for w in v) for k, v in H.items()}}
     print(f"unpruned: perplexity code {base_ppl['code']:.2f}, prose {base_ppl['prose']:.2f}")
 
-    if not args.skip_agreement:
+    done: dict[str, dict] = {}
+    if args.resume:
+        import json
+
+        from .common import RESULTS
+
+        old = json.loads((RESULTS / "bench_prune.json").read_text())
+        done = {c["name"]: c for c in old.get("configs", [])}
+        for key in ("agreement",):
+            if key in old:
+                results[key] = old[key]
+        if "humaneval" in old.get("base", {}):
+            results["base"]["humaneval"] = old["base"]["humaneval"]
+    if not args.skip_agreement and "agreement" not in results:
         probe = [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]]
         results["agreement"] = {"quantised_file": agreement(base, probe),
                                 "float32_copy": agreement(float_copy(base, work / "float32.gguf"), probe)}
@@ -180,6 +196,11 @@ def main(argv=None) -> int:
                     continue  # keep 1.0 is the same file for every method
                 name = f"{method}{'+r' if recovered else ''}@{keep:g}"
                 out = work / f"{name}.gguf"
+                if name in done:
+                    results["configs"].append(done[name])
+                    if out.is_file():
+                        kept[name] = out
+                    continue
                 t0 = time.perf_counter()
                 res = prune(base, out, PruneConfig(keep=keep, method=method, lr=args.recover_lr,
                                                    recover_steps=args.recover_steps if recovered else 0),
@@ -206,12 +227,12 @@ def main(argv=None) -> int:
 
     # HumanEval last: it is the slowest part, and the table above is complete without it.
     if args.humaneval:
-        if "base" in he_cfgs:
+        if "base" in he_cfgs and "humaneval" not in results["base"]:
             results["base"]["humaneval"] = humaneval(base, args.humaneval)
             print("unpruned HumanEval:", results["base"]["humaneval"])
             write_results("bench_prune", results)
         for c in results["configs"]:
-            if c["name"] in he_cfgs and c["name"] in kept:
+            if c["name"] in he_cfgs and c["name"] in kept and "humaneval" not in c:
                 c["humaneval"] = humaneval(kept[c["name"]], args.humaneval)
                 print(c["name"], "HumanEval:", c["humaneval"])
                 write_results("bench_prune", results)

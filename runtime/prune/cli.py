@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per calibration window (default 256)")
     p.add_argument("--calib-file", action="append", default=[], help="calibrate on this text file instead of the "
                    "built-in standard-library corpus (repeatable)")
-    p.add_argument("--lr", type=float, default=3e-4, help="distillation learning rate")
+    p.add_argument("--lr", type=float, default=1e-3, help="distillation learning rate")
     p.add_argument("--gate-sparsity", type=float, default=0.5, help="target sparsity of the stored dynamic gate")
     p.add_argument("--align", type=int, default=None, help="round the FFN width to a multiple of this")
     p.add_argument("--seed", type=int, default=0)

@@ -38,7 +38,7 @@ class PruneConfig:
     seq_len: int = 256
     recover_seq_len: int = 128
     recover_batch: int = 4
-    lr: float = 3e-4
+    lr: float = 1e-3
     seed: int = 0
     gate_sparsity: float = 0.5
     gate_windows: int = 8
