@@ -27,7 +27,7 @@ def prune(source, out, config=None, **kwargs: Any):
     return _prune(source, out, config, **kwargs)
 
 
-def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int = 200,
+def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int = 40,
                    **settings: Any) -> Path:
     """Path of a pruned variant of `source_path`, made once and cached on disk (see cache.py)."""
     from .cache import cached_variant as _cv

@@ -50,7 +50,7 @@ def _lock(path: Path):
 
 
 def cached_variant(source_path: str | os.PathLike, keep: float = 0.63, method: str = "a3b",
-                   recover_steps: int = 200, *, cache_dir: str | os.PathLike | None = None,
+                   recover_steps: int = 40, *, cache_dir: str | os.PathLike | None = None,
                    progress: bool = False, **settings: Any) -> Path:
     """Return the path of the pruned variant, making it first if it is not cached yet."""
     known = {f.name for f in fields(PruneConfig)}

@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="a3b prune", description="A3B gated-FFN pruning of a llama/qwen2/qwen3 GGUF.")
     p.add_argument("--keep", type=float, default=0.63, help="fraction of FFN neurons kept in every layer, in (0, 1]")
     p.add_argument("--method", choices=METHODS, default="a3b", help="neuron importance method (default a3b)")
-    p.add_argument("--recover-steps", type=int, default=200, help="distillation steps after pruning (0 = none)")
+    p.add_argument("--recover-steps", type=int, default=40, help="distillation steps after pruning (0 = none)")
     p.add_argument("--out", "-o", default=None, help="output GGUF (default: beside the model, *.a3b-<method>-<keep>.gguf)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--calib-windows", type=int, default=64, help="calibration windows (default 64)")

@@ -33,7 +33,7 @@ def default_cache_dir() -> Path:
 class PruneConfig:
     keep: float = 0.63
     method: str = "a3b"
-    recover_steps: int = 200
+    recover_steps: int = 40
     calib_windows: int = 64
     seq_len: int = 256
     recover_seq_len: int = 128
