@@ -157,7 +157,8 @@ def main(argv=None) -> int:
     rec = {m for m in args.recover_methods.split(",") if m}
     rec_keeps = {float(k) for k in args.recover_keeps.split(",") if k}
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
-    results: dict = {"model": base.name, "settings": vars(args), "configs": []}
+    results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
+                     "configs": []}
 
     with LlamaEval(base, n_ctx=256) as ev:
         H = heldout_windows(ev, args.heldout_windows, 256)
@@ -236,8 +237,6 @@ def main(argv=None) -> int:
                 c["humaneval"] = humaneval(kept[c["name"]], args.humaneval)
                 print(c["name"], "HumanEval:", c["humaneval"])
                 write_results("bench_prune", results)
-    if "a3b+r@0.63" in kept:
-        results["best_path"] = str(kept["a3b+r@0.63"])
     for c in results["configs"]:
         he = c.get("humaneval")
         rows.append([c["name"], c["n_ff"], f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"], c["ppl_ratio"]["prose"],
@@ -253,8 +252,8 @@ def main(argv=None) -> int:
             calib, _ = calibration_windows(ev.tokenize, ev.bos, PruneConfig(calib_windows=8))
         probe = H["code"][:2] + H["prose"][:2]
         results["gate"] = {"unpruned": gate_curve(base, probe, sp, np.array(calib[:8]))}
-        if best is not None and Path(results.get("best_path", "")).is_file():
-            results["gate"]["a3b+r@0.63"] = gate_curve(results["best_path"], probe, sp, np.array(calib[:8]))
+        if best is not None and "a3b+r@0.63" in kept:
+            results["gate"]["a3b+r@0.63"] = gate_curve(kept["a3b+r@0.63"], probe, sp, np.array(calib[:8]))
         _ = corpus
 
     print_table(f"A3B pruning of {base.name} (ratios vs the unpruned file, same run)",
