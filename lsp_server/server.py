@@ -352,9 +352,12 @@ def _register(ls: A3BServer) -> None:
         a = doc.offset_at(params.range.start, enc, "range start")
         b = doc.offset_at(params.range.end, enc, "range end")
         resolve = ls.supports("text_document.code_action.resolve_support")
+        literals = ls.supports("text_document.code_action.code_action_literal_support")
         actions = []
 
-        def action(title: str, data: dict, diagnostics=None) -> T.CodeAction:
+        def action(title: str, data: dict, diagnostics=None):
+            if not literals:  # such clients only take Command objects
+                return T.Command(title=title, command="a3b.fix", arguments=[data])
             act = T.CodeAction(title=title, kind=T.CodeActionKind.QuickFix, diagnostics=diagnostics, data=data)
             if not resolve:  # the client cannot resolve: run the same fix as a command
                 act.command = T.Command(title=title, command="a3b.fix", arguments=[data])
@@ -371,8 +374,9 @@ def _register(ls: A3BServer) -> None:
         if fixes.parse_traceback(tb_text) is not None:
             actions.append(action("Fix traceback with A3B", {"kind": "traceback", "uri": uri, "text": tb_text}))
         if a != b:
-            actions.append(T.CodeAction(title="Explain with A3B", kind=T.CodeActionKind.Empty, command=T.Command(
-                title="Explain with A3B", command="a3b.explainSelection", arguments=[uri, params.range])))
+            explain = T.Command(title="Explain with A3B", command="a3b.explainSelection", arguments=[uri, params.range])
+            actions.append(T.CodeAction(title="Explain with A3B", kind=T.CodeActionKind.Empty, command=explain)
+                           if literals else explain)
         return actions
 
     @ls.feature(T.CODE_ACTION_RESOLVE)
@@ -433,6 +437,8 @@ def _register(ls: A3BServer) -> None:
         out = {"server": s.engine.status(), "model": m.name if m else None,
                "model_path": s.spec().path, "settings": _settings(s), "open_documents": len(s.docs),
                "context_files": {uri: files for uri, (_, files) in s.context.items()},
+               "generating": ({"uri": s.gen.cur.uri, "chars": len(s.gen.text)}
+                              if s.gen is not None and not s.gen.done.done() else None),
                "runtime": {k: st[k] for k in ("pid", "rss_bytes", "memory_bytes", "weight_loads", "models")}}
         if args and isinstance(args[0], str) and args[0] in s.docs:  # a document's state, for checks
             import hashlib

@@ -107,14 +107,14 @@ async def test_chunks_of_other_open_files_join_the_prompt_in_the_background(clie
                              "def longest_word(text):\n    return max(text.split(), key=len)\n")
     uri = "file:///w/context_demo.py"
     open_doc(client, uri, SAMPLE)
-    before = counters(await status(client)).get("context_selections", 0)
     await inline(client, uri, SINGLE)        # the first window of this file: chunks are chosen now
-    for _ in range(200):
+    for _ in range(300):
         st = await status(client)
-        if counters(st).get("context_selections", 0) > before:
+        if uri in st["context_files"]:
             break
         await asyncio.sleep(0.1)
-    assert helper in st["context_files"][uri]
+    chosen = st["context_files"][uri]
+    assert chosen and uri not in chosen and all(f.startswith("file:///w/") for f in chosen)
     assert counters(st).get("prewarm_tokens", 0) > 0     # the new prompt was prefilled at batch priority
     gens = counters(st)["generations"]
     assert await inline(client, uri, MULTI) is not None
@@ -125,11 +125,16 @@ async def test_latest_request_wins_and_the_old_generation_stops(client: Language
     await configure(client, maxTokens=256)
     try:
         uri = "file:///w/latest_demo.py"
-        open_doc(client, uri, SAMPLE + "\n\nclass Report:\n")
+        open_doc(client, uri, SAMPLE + "\n\nclass Report:\n    ")
         before = await status(client)
         old = asyncio.ensure_future(client.text_document_inline_completion_async(
-            inline_params(uri, T.Position(24, 0))))     # an empty line after a class: a long multi-line run
-        await asyncio.sleep(0.4)
+            inline_params(uri, T.Position(25, 4))))     # a class body: a long multi-line run
+        for _ in range(2000):   # until the old request's generation has produced text
+            g = (await status(client))["generating"]
+            if g and g["uri"] == uri and g["chars"] > 0:
+                break
+            await asyncio.sleep(0.005)
+        assert g and g["chars"] > 0
         t0 = time.perf_counter()
         new = await inline(client, uri, SINGLE)
         old_items = (await old).items
@@ -407,3 +412,44 @@ async def test_fim_model_end_to_end(tmp_path):
         raw.request(3, "shutdown")
         raw.notify("exit")
         await raw.close()
+
+
+async def test_clients_without_resolve_get_the_fix_as_a_command():
+    from pytest_lsp.client import make_test_lsp_client
+
+    c = make_test_lsp_client()
+    applied = []
+
+    @c.feature("workspace/applyEdit")
+    def apply_edit(params: T.ApplyWorkspaceEditParams):
+        applied.append(params.edit)
+        return T.ApplyWorkspaceEditResult(applied=True)
+
+    await c.start_io(*SERVER, "--stdio")
+    try:
+        await c.initialize_session(T.InitializeParams(capabilities=T.ClientCapabilities(),
+                                                      initialization_options={"debounceMs": 0}))
+        uri = "file:///w/plain_client.py"
+        open_doc(c, uri, "def mean(xs):\n    return sum(xs) / len(xs\n")
+        diag = T.Diagnostic(range=T.Range(T.Position(1, 4), T.Position(1, 27)), message="'(' was never closed")
+        actions = await c.text_document_code_action_async(T.CodeActionParams(
+            text_document=T.TextDocumentIdentifier(uri), range=diag.range,
+            context=T.CodeActionContext(diagnostics=[diag])))
+        # no code action literals in its capabilities: plain Commands, as the LSP asks
+        fix = next(a for a in actions if a.title.startswith("Fix with A3B"))
+        assert isinstance(fix, T.Command) and fix.command == "a3b.fix"
+        res = await c.workspace_execute_command_async(T.ExecuteCommandParams(
+            command=fix.command, arguments=fix.arguments))
+        assert res == {"applied": True, "uri": uri}
+        assert len(applied) == 1 and applied[0].changes[uri][0].new_text.strip()
+        with pytest.raises(JsonRpcException) as e:
+            await c.workspace_execute_command_async(T.ExecuteCommandParams(command="a3b.fix", arguments=["x"]))
+        assert "takes one argument" in e.value.message
+        with pytest.raises(JsonRpcException) as e:
+            await c.workspace_execute_command_async(T.ExecuteCommandParams(command="a3b.nothing"))
+        assert "Unknown command" in e.value.message
+        await c.shutdown_session()
+    finally:
+        if c._server is not None and c._server.returncode is None:
+            c._server.kill()
+        await c.stop()
