@@ -24,7 +24,7 @@ from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
 from ..runtime.errors import A3BError, Cancelled
 from . import fixes
 from .documents import DocumentError
-from .engine import Engine, Session
+from .engine import Engine, Session, _spans_in
 
 log = logging.getLogger("a3b.lsp")
 
@@ -229,7 +229,7 @@ class A3BServer(LanguageServer):
         rng = T.Range(start=T.Position(line=a, character=0), end=T.Position(line=b, character=_units(lines[b], end_char, self.session.encoding)))
         edit = T.WorkspaceEdit(changes={uri: [T.TextEdit(range=rng, new_text=new)]})
         start = sum(len(ln) + 1 for ln in lines[:a])
-        return edit, uri, [(i, j, e) for i, j, e in _locate(res.spans, new)], start
+        return edit, uri, _spans_in(res.spans, new), start
 
     def _traceback_target(self, tb_text: str, origin: str | None):
         tb = fixes.parse_traceback(tb_text)
@@ -257,16 +257,6 @@ def _units(line: str, index: int, encoding: str) -> int:
     from .documents import _index_to_units
 
     return _index_to_units(line[:index], encoding)
-
-
-def _locate(spans, text: str):
-    out = []
-    for sp in spans:
-        t = sp.text.strip()
-        i = text.find(t) if t else -1
-        if i >= 0:
-            out.append((i, i + len(t), sp.mean_entropy))
-    return out
 
 
 def _guard(coro_fn):
