@@ -325,11 +325,8 @@ def _ctx_params(opts: ContextOptions, *, embeddings: bool, pooling: str = "mean"
         p.n_batch = max(opts.n_batch, opts.n_parallel)
         p.n_ubatch = p.n_batch
         p.n_seq_max = opts.n_parallel
-        # One KV pool of n_ctx x n_parallel cells. Every request is capped at n_ctx tokens by the
-        # scheduler, so the slots always fit. A split (non-unified) cache would give each sequence
-        # its own cells, but llama.cpp then cuts a batch into equal per-sequence pieces: a prompt
-        # chunk decoded beside other requests' single tokens ran ~10x slower.
-        p.kv_unified = True
+        # unified=False gives every sequence exactly n_ctx cells of its own
+        p.kv_unified = opts.n_parallel == 1
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[opts.flash_attn]
     kt = GGML_TYPES[opts.kv_cache_type]
