@@ -58,6 +58,11 @@ def _save(path: Path, st: CalibrationStats) -> None:
     for i, ls in enumerate(st.layers):
         arrays[f"sum{i}"], arrays[f"sumsq{i}"], arrays[f"sumabs{i}"] = ls.sum, ls.sumsq, ls.sumabs
         arrays[f"gram{i}"] = ls.gram.astype(np.float32)
+    save_npz_atomic(path, arrays)
+
+
+def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez under a temporary name, then rename: an interrupted run leaves no half-written cache."""
     tmp = path.with_name(f".{path.name}.part-{os.getpid()}.npz")
     try:
         np.savez(tmp, **arrays)

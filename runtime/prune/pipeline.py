@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import corpus as corpusmod
+from .calibrate import save_npz_atomic
 from .errors import CorpusTooSmall, InvalidRequest
 from .methods import DATA_FREE, METHODS, width_for
 from .source import SourceModel
@@ -264,13 +265,7 @@ def _cached_plans(cache: Path, stats_key: str, k: int, bias_ok: bool, make) -> l
         if pl.bias is not None:
             arrays[f"bias{i}"] = pl.bias
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}.npz")
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    save_npz_atomic(path, arrays)
     return plans
 
 
