@@ -91,7 +91,7 @@ def cmd_inspect(args) -> int:
     from .runtime.llama_engine import llama_cpp_version, probe_architecture
 
     info = inspect_gguf(args.file)
-    ok, why = probe_architecture(info.path, info.architecture)
+    ok, why = probe_architecture(info.path)
     d = info.as_dict()
     d["llama_cpp_supports_architecture"] = ok
     d["llama_cpp_python"] = llama_cpp_version()

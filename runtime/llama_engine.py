@@ -113,7 +113,7 @@ def _unknown_arch_from_log(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def probe_architecture(path: str | os.PathLike, architecture: str | None = None) -> tuple[bool, str]:
+def probe_architecture(path: str | os.PathLike) -> tuple[bool, str]:
     """Ask the installed llama.cpp whether it knows a file's architecture, without loading weights.
 
     A vocab-only load reads the metadata and builds the tokenizer; an unknown architecture fails
@@ -360,6 +360,7 @@ class _Job:
         self.seq = list(prompt_tokens)   # prompt + generated tokens
         self.n_gen = 0
         self.fed = 0                     # tokens of seq whose KV is in the slot
+        self.took = 0                    # tokens of seq put into the current decode step
         self.slot: _Slot | None = None
         self.seed = seed
         self.sampler = sampler
@@ -637,7 +638,7 @@ class LoadedModel:
                 if last:
                     outputs.append((job, n))
                 n += 1
-            job._took = take
+            job.took = take
             budget -= take
             if budget <= 0:
                 break
@@ -655,11 +656,10 @@ class LoadedModel:
         self.stats["decode_calls"] += 1
         self.stats["decoded_tokens"] += n
         for job in jobs:
-            took = getattr(job, "_took", 0)
-            if took:
-                job.slot.tokens.extend(job.seq[job.fed:job.fed + took])
-                job.fed += took
-                job._took = 0
+            if job.took:
+                job.slot.tokens.extend(job.seq[job.fed:job.fed + job.took])
+                job.fed += job.took
+                job.took = 0
         now = time.perf_counter()
         for job, idx in outputs:
             self._sample(job, idx, now)

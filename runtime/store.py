@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +254,3 @@ class ModelStore:
             except Exception:
                 log.exception("store listener failed")
 
-
-def spec_with(spec: LoadSpec, **changes: Any) -> LoadSpec:
-    return replace(spec, **changes)
