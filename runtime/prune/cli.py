@@ -20,7 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per calibration window (default 256)")
     p.add_argument("--calib-file", action="append", default=[], help="calibrate on this text file instead of the "
                    "built-in standard-library corpus (repeatable)")
-    p.add_argument("--lr", type=float, default=1e-3, help="distillation learning rate")
+    p.add_argument("--lr", type=float, default=5e-4, help="distillation learning rate (default 5e-4)")
+    p.add_argument("--recover-batch", type=int, default=8, help="windows of 128 tokens per distillation step (default 8)")
+    p.add_argument("--recover-train", choices=("all", "ffn"), default="all",
+                   help="tensors distillation trains: every block tensor (default) or only the FFN")
+    p.add_argument("--no-qat", dest="qat", action="store_false",
+                   help="train in float and quantise once at the end, instead of through llama.cpp's quantiser")
     p.add_argument("--gate-sparsity", type=float, default=0.5, help="target sparsity of the stored dynamic gate")
     p.add_argument("--align", type=int, default=None, help="round the FFN width to a multiple of this")
     p.add_argument("--seed", type=int, default=0)
@@ -38,7 +43,8 @@ def main(args) -> int:
     ns = build_parser().parse_args(list(getattr(args, "extra", []) or []))
     source = resolve_model(getattr(args, "model", None))
     cfg = PruneConfig(keep=ns.keep, method=ns.method, recover_steps=ns.recover_steps, calib_windows=ns.calib_windows,
-                      seq_len=ns.seq_len, lr=ns.lr, gate_sparsity=ns.gate_sparsity, align=ns.align, seed=ns.seed,
+                      seq_len=ns.seq_len, lr=ns.lr, recover_batch=ns.recover_batch,
+                      recover_train=ns.recover_train, qat=ns.qat, gate_sparsity=ns.gate_sparsity, align=ns.align, seed=ns.seed,
                       calib_files=tuple(ns.calib_file), threads=ns.threads)
     cfg.validate()
     stem = source.name[:-5] if source.name.endswith(".gguf") else source.name
@@ -46,8 +52,8 @@ def main(args) -> int:
     try:
         res = prune(source, out, cfg, force=ns.force, progress=not ns.quiet, cache_dir=ns.cache_dir)
     except KeyboardInterrupt:
-        print(f"a3b prune: interrupted; nothing was written to {out} (calibration statistics, once "
-              "computed, are cached and reused by the next run)", file=sys.stderr)
+        print(f"a3b prune: interrupted; nothing was written to {out} (calibration statistics and "
+              "distillation checkpoints are cached: the same command resumes)", file=sys.stderr)
         return 130
     summary = {"out": str(res.path), "n_ff": res.n_ff, "n_ff_source": res.n_ff_source,
                "keep_actual": res.n_ff / res.n_ff_source, "method": cfg.method, "recover_steps": len(res.distill_losses),

@@ -1,16 +1,24 @@
 """Recovery: logit distillation of the pruned model from the unpruned one (CPU, torch).
 
-Only the FFN weights (gate, up, down and the down bias where there is one) are trained: they are
-what pruning changed, and freezing the rest keeps the backward pass and the optimiser state small.
-The teacher's logits come from its cached final hidden states (`calibrate.collect`) through the
-shared output head, so the teacher never runs during training. Training uses prefixes of the
-calibration windows: with causal attention the teacher's state at position t depends only on
-tokens 0..t, so a prefix is an exact sub-problem.
+The student learns the teacher's next-token distribution (KL divergence over the full vocabulary)
+on calibration text. What it trains is a choice (`train`): "ffn", the FFN weights pruning changed,
+or "all", every tensor of every block and the output norm, which recovers more per step because
+attention can adapt to the narrower FFNs; the token embedding stays frozen (it is the tied output
+head of the models we target, and frozen it keeps the teacher and student heads identical).
+
+The teacher runs alongside (no gradients), so the text is not limited to what the calibration pass
+saw: batches mix code and prose windows evenly from the whole calibration corpus, in a seeded order.
+With `quant_types` the matrices train through llama.cpp's quantiser (qat.py), so the file written
+afterwards holds what was trained. A checkpoint (trained tensors, optimiser, position in the data)
+is written every `checkpoint_every` steps; a run interrupted after one resumes from it.
 """
 from __future__ import annotations
 
 import math
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -23,60 +31,153 @@ class DistillReport:
     seq_len: int
     batch: int
     lr: float
+    train: str = "all"
     losses: list[float] = field(default_factory=list)
+    trained: list[str] = field(default_factory=list)      # GGUF names of the tensors trained
+    emulated: list[str] = field(default_factory=list)     # of those, trained through the quantiser
+    tokens: int = 0
+    resumed_at: int = 0
     seconds: float = 0.0
 
 
-def distill(student, tokens: np.ndarray, teacher_hidden: np.ndarray, steps: int, *, lr: float = 3e-4,
-            batch: int = 4, seq_len: int = 128, seed: int = 0, progress: bool = True,
-            should_stop=None) -> DistillReport:
-    import time
+class Batches:
+    """Seeded, endless batches that take windows from each kind (code, prose, ...) in turn."""
 
+    def __init__(self, kinds: list[np.ndarray], batch: int, seed: int):
+        self.kinds = [k for k in kinds if len(k)]
+        if not self.kinds:
+            raise ValueError("no recovery windows")
+        self.batch = batch
+        self.rng = np.random.default_rng(seed)
+        self.orders = [self.rng.permutation(len(k)) for k in self.kinds]
+        self.pos = [0] * len(self.kinds)
+        self.turn = 0
+
+    def next(self) -> np.ndarray:
+        rows = []
+        for _ in range(self.batch):
+            k = self.turn % len(self.kinds)
+            self.turn += 1
+            if self.pos[k] == len(self.orders[k]):
+                self.orders[k] = self.rng.permutation(len(self.kinds[k]))
+                self.pos[k] = 0
+            rows.append(self.kinds[k][self.orders[k][self.pos[k]]])
+            self.pos[k] += 1
+        return np.stack(rows)
+
+    def state(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "orders": self.orders, "pos": self.pos, "turn": self.turn}
+
+    def restore(self, st: dict) -> None:
+        self.rng.bit_generator.state = st["rng"]
+        self.orders, self.pos, self.turn = st["orders"], st["pos"], st["turn"]
+
+
+def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: float = 5e-4, batch: int = 8,
+            seed: int = 0, train: str = "all", quant_types: dict[str, str] | None = None,
+            checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 50, progress: bool = True,
+            should_stop=None) -> DistillReport:
+    """Train `student` towards `teacher` for `steps` steps of `batch` windows.
+
+    `windows` is one (n, seq_len) int array per kind of text; batches alternate between kinds.
+    """
     torch = require_torch()
     F = torch.nn.functional
     from tqdm import tqdm
 
-    rep = DistillReport(steps=steps, seq_len=seq_len, batch=batch, lr=lr)
+    from . import qat
+
+    seq_len = int(windows[0].shape[1]) if windows else 0
+    rep = DistillReport(steps=steps, seq_len=seq_len, batch=batch, lr=lr, train=train)
     if steps <= 0:
         return rep
-    seq_len = min(seq_len, tokens.shape[1])
-    gen = torch.Generator().manual_seed(seed)
     for p in student.parameters():
         p.requires_grad_(False)
-    params = student.ffn_parameters()
-    params += [layer.down_bias for layer in student.layers if layer.down_bias is not None]
+    if quant_types:
+        rep.emulated = qat.attach(student, quant_types)
+    named = qat.trainable(student, train)
+    rep.trained = list(named)
+    params = list(named.values())
     for p in params:
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warm = max(1, steps // 10)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98), fused=True)
+    warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
-    toks = torch.from_numpy(tokens[:, :seq_len].astype(np.int64))
-    hid = torch.from_numpy(teacher_hidden[:, :seq_len])
+    data = Batches(windows, batch, seed)
+    start = _resume(checkpoint, named, opt, sched, data, rep) if checkpoint else 0
+    rep.resumed_at = start
+    teacher.eval()
     t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc="distilling", unit="step", disable=not progress)
+    bar = tqdm(total=steps, initial=start, desc="distilling", unit="step", disable=not progress)
     student.train()
+    step = start
     try:
-        for _ in bar:
+        while step < steps:
             if should_stop is not None and should_stop():
                 break
-            idx = torch.randint(0, toks.shape[0], (batch,), generator=gen)
-            x = toks[idx]
+            x = torch.from_numpy(data.next().astype(np.int64))
             with torch.no_grad():
-                t_logp = F.log_softmax(student.head(hid[idx].float()), -1)
-            s_logp = F.log_softmax(student(x), -1)
-            loss = F.kl_div(s_logp.flatten(0, 1), t_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+                t_logp = F.log_softmax(teacher(x), -1).flatten(0, 1)
+            s_logp = F.log_softmax(student(x), -1).flatten(0, 1)
+            loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
+            step += 1
             rep.losses.append(loss.item())
-            bar.set_postfix(kl=f"{rep.losses[-1]:.4f}")
+            rep.tokens += x.numel()
+            bar.update(1)
+            bar.set_postfix(kl=f"{np.mean(rep.losses[-10:]):.4f}")
+            if checkpoint and (step % checkpoint_every == 0 or step == steps):
+                _save(checkpoint, step, named, opt, sched, data, rep)
     finally:
         bar.close()
         student.eval()
         for p in params:
             p.requires_grad_(False)
+        if quant_types:
+            qat.detach(student)  # the weights become the rounded values llama.cpp will store
         rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _save(path, step, named, opt, sched, data, rep) -> None:
+    torch = require_torch()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
+    state = {"step": step, "tensors": {n: p.detach().clone() for n, p in named.items()},
+             "opt": opt.state_dict(), "sched": sched.state_dict(), "data": data.state(),
+             "losses": list(rep.losses), "tokens": rep.tokens}
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _resume(path, named, opt, sched, data, rep) -> int:
+    """Load a checkpoint written by an earlier run of the same settings; 0 if there is none (or it is damaged)."""
+    torch = require_torch()
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    try:
+        st = torch.load(path, weights_only=False)
+        if set(st["tensors"]) != set(named):
+            return 0
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(st["tensors"][n])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        data.restore(st["data"])
+        rep.losses[:] = st["losses"]
+        rep.tokens = st["tokens"]
+        return int(st["step"])
+    except (OSError, RuntimeError, KeyError, ValueError, EOFError):
+        return 0

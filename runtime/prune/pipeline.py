@@ -38,8 +38,10 @@ class PruneConfig:
     calib_windows: int = 64
     seq_len: int = 256
     recover_seq_len: int = 128
-    recover_batch: int = 4
-    lr: float = 1e-3
+    recover_batch: int = 8
+    recover_train: str = "all"
+    qat: bool = True
+    lr: float = 5e-4
     seed: int = 0
     gate_sparsity: float = 0.5
     gate_windows: int = 8
@@ -55,6 +57,10 @@ class PruneConfig:
             raise InvalidRequest(f"unknown pruning method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.recover_steps < 0:
             raise InvalidRequest(f"recover steps must be >= 0, got {self.recover_steps}")
+        if self.recover_train not in ("all", "ffn"):
+            raise InvalidRequest(f"recovery trains 'all' or 'ffn', got {self.recover_train!r}")
+        if self.recover_batch < 1 or self.recover_seq_len < 8:
+            raise InvalidRequest("recovery needs batches of at least 1 window of at least 8 tokens")
         if self.calib_windows < 1 or self.seq_len < 8:
             raise InvalidRequest("calibration needs at least 1 window of at least 8 tokens")
         if not 0.0 <= self.gate_sparsity < 1.0:
@@ -116,6 +122,25 @@ def calibration_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[list[int]
     return wins, info
 
 
+def recovery_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Distillation text: every window of `recover_seq_len` tokens of the calibration corpus (code
+    and prose kept apart, so batches can mix them evenly), or of the --calib-file texts."""
+    if cfg.calib_files:
+        c = corpusmod.Corpus("files", "calibration",
+                             [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
+                              for f in cfg.calib_files])
+        kinds = {"files": corpusmod.windows(tokenize, c, cfg.recover_seq_len, 1 << 30, bos)}
+    else:
+        kinds = {k: corpusmod.windows(tokenize, c, cfg.recover_seq_len, 1 << 30, bos)
+                 for k, c in corpusmod.corpora("calibration").items()}
+    arrays = [np.array(w, dtype=np.int32) for w in kinds.values() if w]
+    if not arrays:
+        raise CorpusTooSmall(f"the calibration text gives no window of {cfg.recover_seq_len} tokens for recovery; "
+                             "give more text or lower the recovery sequence length.")
+    return arrays, {"recover.windows": int(sum(len(a) for a in arrays)),
+                    **{f"recover.windows.{k}": len(w) for k, w in kinds.items()}}
+
+
 def _check_statistics(cfg: PruneConfig, n_ff: int) -> None:
     n_tokens = cfg.calib_windows * cfg.seq_len
     if cfg.method in ("a3b", "obs") and n_tokens < 2 * n_ff:
@@ -148,7 +173,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     torch = require_torch()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from . import calibrate, distill, gate, methods, sequential
+    from . import calibrate, distill, gate, methods, qat, sequential
     from .reference import RefModel
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -200,19 +225,30 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         if plan.bias is not None:
             student_w[p + "ffn_down.bias"] = changed[p + "ffn_down.bias"] = plan.bias
     timings["select"] = time.perf_counter() - t
-    del teacher
 
-    student = RefModel(hp, student_w)
     losses: list[float] = []
+    recover_info: dict[str, Any] = {}
     steps = cfg.recover_steps if k < hp.n_ff else 0  # nothing to recover at keep 1.0
+    # The teacher's tensors are views of `all_w`: a student that trains them needs its own copies.
+    student = RefModel(hp, {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
     if steps:
         t = time.perf_counter()
-        rep = distill.distill(student, stats.tokens, stats.teacher_hidden, steps, lr=cfg.lr,
-                              batch=cfg.recover_batch, seq_len=cfg.recover_seq_len, seed=cfg.seed,
-                              progress=progress, should_stop=should_stop)
+        weights_ll, tokenize, bos = _tokenizer(src)
+        try:
+            rwins, recover_info = recovery_windows(tokenize, bos, cfg)
+        finally:
+            weights_ll.free()
+        types = {n: src.tensors[n].tensor_type.name for n in src.tensors} if cfg.qat else None
+        ckpt = cache / f"distill-{src.sha256[:16]}-{cfg.key()}.pt"
+        rep = distill.distill(student, teacher, rwins, steps, lr=cfg.lr, batch=cfg.recover_batch, seed=cfg.seed,
+                              train=cfg.recover_train, quant_types=types, checkpoint=ckpt, progress=progress,
+                              should_stop=should_stop)
         losses = rep.losses
-        changed.update(student.export())
+        changed.update(qat.export(student, rep.trained))
+        recover_info.update({"recover.tokens": rep.tokens, "recover.emulated_tensors": len(rep.emulated),
+                             "recover.trained_tensors": len(rep.trained)})
         timings["recover"] = time.perf_counter() - t
+    teacher = None  # free it before the gate and the writer
 
     t = time.perf_counter()
     gate_windows = np.array(wins[: max(1, min(cfg.gate_windows, len(wins)))])
@@ -224,13 +260,14 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         "n_ff_source": hp.n_ff, "n_ff": k, "align": int(align),
         "source.sha256": src.sha256, "source.name": src.path.name,
         "source.file_type": int(hp.file_type) if hp.file_type is not None else 0,
-        "recover.steps": len(losses), "recover.kind": "logit-kd-ffn" if losses else "none",
-        "recover.seq_len": cfg.recover_seq_len, "recover.lr": float(cfg.lr),
+        "recover.steps": len(losses),
+        "recover.kind": f"logit-kd-{cfg.recover_train}{'-qat' if cfg.qat else ''}" if losses else "none",
+        "recover.seq_len": cfg.recover_seq_len, "recover.batch": cfg.recover_batch, "recover.lr": float(cfg.lr),
         "recover.final_kl": float(np.mean(losses[-10:])) if losses else 0.0,
         "bias_compensation": bool(any(n.endswith("ffn_down.bias") for n in changed)),
         "gate.kind": "cats-silu-threshold", "gate.sparsity": float(cfg.gate_sparsity),
         "gate.thresholds": thresholds, "seed": int(cfg.seed), "config": cfg.key(),
-        **corpus_info,
+        **corpus_info, **recover_info,
     }
     t = time.perf_counter()
     with atomic_path(out, force=True) as tmp_out:
@@ -242,6 +279,8 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
             if staging.exists():
                 staging.unlink()
     timings["write"] = time.perf_counter() - t
+    if steps:
+        ckpt.unlink(missing_ok=True)  # the output holds what it held
     return PruneResult(out, hp.n_ff, k, meta, timings, losses)
 
 
