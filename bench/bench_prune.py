@@ -130,8 +130,11 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="random,magnitude,wanda,flap,a3b", help="also: obs")
     ap.add_argument("--recover-methods", default="a3b", help="methods also run with recovery (comma list)")
     ap.add_argument("--recover-keeps", default="0.8,0.63", help="keep ratios that also run with recovery")
-    ap.add_argument("--recover-steps", type=int, default=60)
-    ap.add_argument("--recover-lr", type=float, default=1e-3)
+    ap.add_argument("--recover-steps", type=int, default=400)
+    ap.add_argument("--recover-lr", type=float, default=5e-4)
+    ap.add_argument("--recover-batch", type=int, default=8)
+    ap.add_argument("--recover-train", choices=("all", "ffn"), default="all")
+    ap.add_argument("--no-qat", dest="qat", action="store_false")
     ap.add_argument("--heldout-windows", type=int, default=8, help="windows of 256 tokens per held-out corpus")
     ap.add_argument("--humaneval", type=int, default=164, help="problems per HumanEval run (164 = all, 0 = none)")
     ap.add_argument("--humaneval-configs", default="base,a3b+r@0.63",
@@ -145,6 +148,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
+    from ..runtime.prune import cached_variant
     from ..runtime.prune.pipeline import PruneConfig, prune
     from ..runtime.prune.llama_eval import LlamaEval
     from ..runtime.prune.pipeline import default_cache_dir
@@ -203,25 +207,35 @@ def main(argv=None) -> int:
                         kept[name] = out
                     continue
                 t0 = time.perf_counter()
-                res = prune(base, out, PruneConfig(keep=keep, method=method, lr=args.recover_lr,
-                                                   recover_steps=args.recover_steps if recovered else 0),
-                            force=True, progress=False, cache_dir=default_cache_dir())
+                if recovered:
+                    # Recovered variants come from the on-disk variant cache (what the A3BLoader uses),
+                    # so one made earlier with the same settings, e.g. by a long run in the
+                    # background, is measured here rather than trained again.
+                    out = cached_variant(base, keep=keep, method=method, recover_steps=args.recover_steps,
+                                         lr=args.recover_lr, recover_batch=args.recover_batch,
+                                         recover_train=args.recover_train, qat=args.qat, progress=True)
+                else:
+                    prune(base, out, PruneConfig(keep=keep, method=method, recover_steps=0),
+                          force=True, progress=False, cache_dir=default_cache_dir())
                 prune_s = time.perf_counter() - t0
+                meta = inspect_gguf(out).a3b
+                n_ff = int(meta["a3b.n_ff"])
                 with LlamaEval(out, n_ctx=256) as ev:
                     ppl = {k: ev.perplexity(v) for k, v in H.items()}
                 sb, sp, ratio = decode_ratio(base, out, prompt)
-                c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": res.n_ff,
-                     "keep_actual": res.n_ff / res.n_ff_source, "size": out.stat().st_size,
+                c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": n_ff,
+                     "keep_actual": n_ff / int(meta["a3b.n_ff_source"]), "size": out.stat().st_size,
                      "size_ratio": out.stat().st_size / base.stat().st_size, "perplexity": ppl,
                      "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
-                     "decode_ratio": ratio, "prune_seconds": prune_s, "timings": res.timings,
-                     "final_kl": res.metadata["recover.final_kl"], "file_type": inspect_gguf(out).file_type}
+                     "decode_ratio": ratio, "prune_seconds": prune_s,
+                     "recover": {k[len("a3b.recover."):]: v for k, v in meta.items() if k.startswith("a3b.recover.")},
+                     "final_kl": meta.get("a3b.recover.final_kl", 0.0), "file_type": inspect_gguf(out).file_type}
                 results["configs"].append(c)
                 print_table("so far", ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x"],
-                            [[name, res.n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],
+                            [[name, n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],
                               c["ppl_ratio"]["prose"], ratio]])
                 write_results("bench_prune", results)
-                if name in he_cfgs or name == "a3b+r@0.63":
+                if recovered or name in he_cfgs:
                     kept[name] = out
                 else:
                     out.unlink()
