@@ -1,7 +1,6 @@
 """Quantisation-aware recovery emulates llama.cpp's own quantiser exactly (real llama_model_quantize)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the prune extra (torch) is not installed")

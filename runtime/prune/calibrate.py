@@ -1,11 +1,10 @@
-"""One pass of the unpruned model over calibration text: per-layer FFN statistics, teacher states.
+"""One pass of the unpruned model over calibration text: per-layer FFN statistics.
 
 For every layer, with h = silu(gate x) * up x (the FFN's intermediate activations, one row per
 token) it accumulates the count, sum h, sum h^2, sum |h| and the Gram matrix H^T H, which every
-importance method and the least-squares compensation need. It also keeps the final normed hidden
-states (float16), from which distillation recomputes the teacher's logits without running the
-teacher again. Results are cached on disk, keyed by the source file, the calibration tokens and
-the format version, so a second run (or a run after an interrupt) skips the pass.
+importance method and the least-squares compensation need. Results are cached on disk, keyed by
+the source file, the calibration tokens and the format version, so a second run (or a run after
+an interrupt) skips the pass.
 """
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ class LayerStats:
 @dataclass
 class CalibrationStats:
     layers: list[LayerStats]
-    teacher_hidden: np.ndarray   # (n_windows, seq_len, n_embd) float16
     tokens: np.ndarray           # (n_windows, seq_len) int32
     key: str
 
@@ -53,8 +51,7 @@ def stats_key(source_sha256: str, tokens: np.ndarray) -> str:
 
 
 def _save(path: Path, st: CalibrationStats) -> None:
-    arrays = {"tokens": st.tokens, "teacher_hidden": st.teacher_hidden,
-              "count": np.array([ls.count for ls in st.layers])}
+    arrays = {"tokens": st.tokens, "count": np.array([ls.count for ls in st.layers])}
     for i, ls in enumerate(st.layers):
         arrays[f"sum{i}"], arrays[f"sumsq{i}"], arrays[f"sumabs{i}"] = ls.sum, ls.sumsq, ls.sumabs
         arrays[f"gram{i}"] = ls.gram.astype(np.float32)
@@ -78,7 +75,7 @@ def _load(path: Path, key: str) -> CalibrationStats | None:
         n = len(z["count"])
         layers = [LayerStats(int(z["count"][i]), z[f"sum{i}"], z[f"sumsq{i}"], z[f"sumabs{i}"],
                              z[f"gram{i}"].astype(np.float64)) for i in range(n)]
-        return CalibrationStats(layers, z["teacher_hidden"], z["tokens"], key)
+        return CalibrationStats(layers, z["tokens"], key)
     except (OSError, KeyError, ValueError):
         return None  # a damaged cache file is recomputed
 
@@ -110,19 +107,18 @@ def collect(model, windows: list[list[int]], source_sha256: str, cache_dir: str 
         a["gram"] += (xf.T @ xf).double()
         return None
 
-    hidden = np.zeros((len(windows), tokens.shape[1], model.hp.n_embd), dtype=np.float16)
     from tqdm import tqdm
 
     bar = tqdm(total=len(windows), desc="calibrating", unit="seq", disable=not progress)
     with torch.no_grad():
         for i in range(0, len(windows), batch):
             x = torch.from_numpy(tokens[i:i + batch].astype(np.int64))
-            hidden[i:i + batch] = model.hidden(x, hook).numpy().astype(np.float16)
+            model.hidden(x, hook)
             bar.update(x.shape[0])
     bar.close()
     layers = [LayerStats(a["count"], a["sum"].numpy(), a["sumsq"].numpy(), a["sumabs"].numpy(), a["gram"].numpy())
               for a in acc]
-    st = CalibrationStats(layers, hidden, tokens, key)
+    st = CalibrationStats(layers, tokens, key)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _save(path, st)
