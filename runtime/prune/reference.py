@@ -43,13 +43,17 @@ class Layer(nn.Module):
         self.ffn_norm = P(w["ffn_norm.weight"])
         self.gate, self.up, self.down = P(w["ffn_gate.weight"]), P(w["ffn_up.weight"]), P(w["ffn_down.weight"])
         self.down_bias = P(w["ffn_down.bias"]) if "ffn_down.bias" in w else None
+        self.emu = None  # numerics.Emulation-derived callables, set by RefModel(emulate=...)
+
+    def _linear(self, x, w, b, name: str):
+        return F.linear(x, w, b) if self.emu is None else self.emu[name](x, w, b)
 
     def attention(self, x, cos, sin):
         hp = self.hp
         B, T, _ = x.shape
-        q = F.linear(x, self.wq, self.bq).view(B, T, hp.n_head, hp.head_dim)
-        k = F.linear(x, self.wk, self.bk).view(B, T, hp.n_head_kv, hp.head_dim)
-        v = F.linear(x, self.wv, self.bv).view(B, T, hp.n_head_kv, hp.head_dim)
+        q = self._linear(x, self.wq, self.bq, "attn_q").view(B, T, hp.n_head, hp.head_dim)
+        k = self._linear(x, self.wk, self.bk, "attn_k").view(B, T, hp.n_head_kv, hp.head_dim)
+        v = self._linear(x, self.wv, self.bv, "attn_v").view(B, T, hp.n_head_kv, hp.head_dim)
         if self.q_norm is not None:
             q = _rms(q, self.q_norm, hp.eps)
             k = _rms(k, self.k_norm, hp.eps)
@@ -58,17 +62,20 @@ class Layer(nn.Module):
         rep = hp.n_head // hp.n_head_kv
         if rep > 1:  # llama.cpp broadcasts kv head j to q heads j*rep .. j*rep+rep-1
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return F.linear(o.transpose(1, 2).reshape(B, T, hp.n_head * hp.head_dim), self.wo)
+        if self.emu is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            o = self.emu["attention"](q, k, v)
+        return self._linear(o.transpose(1, 2).reshape(B, T, hp.n_head * hp.head_dim), self.wo, None, "attn_output")
 
     def ffn(self, x, il: int, hook: FFNHook | None):
-        a = F.silu(F.linear(x, self.gate))
-        h = a * F.linear(x, self.up)
+        a = F.silu(self._linear(x, self.gate, None, "ffn_gate"))
+        h = a * self._linear(x, self.up, None, "ffn_up")
         if hook is not None:
             r = hook(il, h, a)
             if r is not None:
                 h = r
-        return F.linear(h, self.down, self.down_bias)
+        return self._linear(h, self.down, self.down_bias, "ffn_down")
 
     def forward(self, x, cos, sin, il: int, hook: FFNHook | None = None):
         x = x + self.attention(_rms(x, self.attn_norm, self.hp.eps), cos, sin)
@@ -97,7 +104,11 @@ def _rope(x, cos, sin, kind: str):
 
 
 class RefModel(nn.Module):
-    def __init__(self, hp: HParams, weights: dict[str, np.ndarray | torch.Tensor]):
+    """`emulate` (a `numerics.Emulation`, off by default) rounds activations before every matrix
+    product and K/V to the cache type as llama.cpp's CPU backend does, to compare logits with
+    llama.cpp on quantised files; it is for evaluation only (rounding has no useful gradient)."""
+
+    def __init__(self, hp: HParams, weights: dict[str, np.ndarray | torch.Tensor], emulate=None):
         super().__init__()
         self.hp = hp
         t = {k: torch.as_tensor(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
@@ -109,10 +120,24 @@ class RefModel(nn.Module):
         self.layers = nn.ModuleList(
             Layer(hp, {k.split(".", 2)[2]: v for k, v in t.items() if k.startswith(f"blk.{i}.")})
             for i in range(hp.n_layer))
+        self.emulate = emulate
+        self._head_emu = None
+        if emulate is not None:
+            for i, layer in enumerate(self.layers):
+                layer.emu = {part: emulate.linear(f"blk.{i}.{part}.weight") for part in
+                             ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+                layer.emu["attention"] = emulate.attention
+            self._head_emu = emulate.linear("token_embd.weight" if hp.tied_output else "output.weight")
 
     @classmethod
-    def from_source(cls, src: SourceModel) -> "RefModel":
-        return cls(src.hp, {name: src.weight(name) for name in src.tensors})
+    def from_source(cls, src: SourceModel, emulate_llamacpp: bool = False) -> "RefModel":
+        """`emulate_llamacpp`: compute like llama.cpp's CPU backend on this file (see `numerics`)."""
+        emulate = None
+        if emulate_llamacpp:
+            from .numerics import Emulation
+
+            emulate = Emulation.from_source(src)
+        return cls(src.hp, {name: src.weight(name) for name in src.tensors}, emulate)
 
     @property
     def ffn_widths(self) -> list[int]:
@@ -129,7 +154,8 @@ class RefModel(nn.Module):
         return _rms(x, self.out_norm, self.hp.eps)
 
     def head(self, h):
-        return F.linear(h, self.embd if self.output is None else self.output)
+        w = self.embd if self.output is None else self.output
+        return F.linear(h, w) if self._head_emu is None else self._head_emu(h, w)
 
     def forward(self, tokens, hook: FFNHook | None = None):
         return self.head(self.hidden(tokens, hook))
