@@ -2,6 +2,7 @@
 
     python -m comfyui_a3b.bench.bench_prune                      # the default grid (about an hour on 2 cores)
     python -m comfyui_a3b.bench.bench_prune --keeps 0.63 --methods a3b --recover-methods a3b --humaneval 20
+    python -m comfyui_a3b.bench.bench_prune --agreement-only     # reference forward vs llama.cpp only
 
 For each configuration: held-out perplexity (code and prose, llama.cpp on the quantised file) as a
 ratio to the unpruned file, decode tokens/s as a ratio to the unpruned file loaded in the same run,
@@ -76,25 +77,66 @@ def humaneval(path, limit: int | None, max_tokens: int = 256, timeout: float = 5
             "seconds": time.perf_counter() - t0}
 
 
-def agreement(path, windows: list[list[int]]) -> dict:
+def _compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    return float((a.argmax(-1) == b.argmax(-1)).mean()), float(np.abs(a - b).mean()), float(np.abs(a - b).max())
+
+
+def agreement(path, windows: list[list[int]], stepwise: bool = True) -> dict:
+    """Reference forward vs llama.cpp on `windows` (each evaluated as one batch, from an empty cache).
+
+    Plain reference (float activations) and the reference emulating llama.cpp's CPU activation
+    rounding (`numerics`), and with `stepwise` llama.cpp against itself: the same windows decoded one
+    token at a time (another attention kernel), which shows how far llama.cpp's own logits move
+    when only float rounding changes.
+    """
     import torch
 
     from ..runtime.prune.llama_eval import LlamaEval
+    from ..runtime.prune.numerics import Emulation
     from ..runtime.prune.reference import RefModel
     from ..runtime.prune.source import SourceModel
 
-    model = RefModel.from_source(SourceModel(path))
-    top1, mad, mx = [], [], []
+    src = SourceModel(path)
+    weights = {name: src.weight(name) for name in src.tensors}
+    models = {"": RefModel(src.hp, weights), "emulated_": RefModel(src.hp, weights, Emulation.from_source(src))}
+    stats: dict[str, list[tuple[float, float, float]]] = {k: [] for k in (*models, "llama_cpp_stepwise_")}
     with LlamaEval(path, n_ctx=max(len(w) for w in windows)) as ev:
         for w in windows:
             a = ev.logits(w)
-            with torch.no_grad():
-                b = model(torch.tensor(w))[0].numpy()
-            top1.append(float((a.argmax(-1) == b.argmax(-1)).mean()))
-            mad.append(float(np.abs(a - b).mean()))
-            mx.append(float(np.abs(a - b).max()))
-    return {"top1_agreement": float(np.mean(top1)), "mean_abs_logit_diff": float(np.mean(mad)),
-            "max_abs_logit_diff": float(np.max(mx)), "tokens": int(sum(len(w) for w in windows))}
+            for key, model in models.items():
+                with torch.no_grad():
+                    stats[key].append(_compare(a, model(torch.tensor(w))[0].numpy()))
+            if stepwise:
+                stats["llama_cpp_stepwise_"].append(_compare(a, ev.logits_stepwise(w)))
+    out: dict = {"tokens": int(sum(len(w) for w in windows))}
+    for key, rows in stats.items():
+        if rows:
+            top1, mad, mx = zip(*rows)
+            out[f"{key}top1_agreement"] = float(np.mean(top1))
+            out[f"{key}mean_abs_logit_diff"] = float(np.mean(mad))
+            out[f"{key}max_abs_logit_diff"] = float(np.max(mx))
+    return out
+
+
+def agreement_report(base, work: Path, windows: list[list[int]]) -> dict:
+    """`agreement` on the file and on a float32 copy of the same weights."""
+    f32 = float_copy(base, work / "float32.gguf")
+    try:
+        return {"quantised_file": agreement(base, windows), "float32_copy": agreement(f32, windows)}
+    finally:
+        f32.unlink()
+
+
+def print_agreement(res: dict) -> None:
+    rows = []
+    for name, r in res.items():
+        for label, key in (("reference", ""), ("reference, llama.cpp rounding emulated", "emulated_"),
+                           ("llama.cpp token by token", "llama_cpp_stepwise_")):
+            if f"{key}top1_agreement" in r:
+                rows.append([name, label, f"{100 * r[f'{key}top1_agreement']:.1f}%", r[f"{key}mean_abs_logit_diff"],
+                             r[f"{key}max_abs_logit_diff"]])
+    print_table(f"agreement with llama.cpp (one batch per window), {next(iter(res.values()))['tokens']} positions",
+                ["file", "compared", "top-1", "mean abs diff", "max abs diff"], rows)
 
 
 def float_copy(src_path, out: Path) -> Path:
@@ -141,6 +183,9 @@ def main(argv=None) -> int:
                     help="configurations that get HumanEval: base, METHOD@KEEP, METHOD+r@KEEP")
     ap.add_argument("--gate-sparsities", default="0.25,0.4,0.5,0.6,0.7")
     ap.add_argument("--skip-agreement", action="store_true")
+    ap.add_argument("--agreement-only", action="store_true",
+                    help="only compare the reference forward with llama.cpp (a few minutes); writes "
+                         "bench/results/bench_prune_agreement.json")
     ap.add_argument("--work", default=None, help="folder for the pruned files (default: a temporary one)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations already in bench/results/bench_prune.json (their kept files "
@@ -163,6 +208,14 @@ def main(argv=None) -> int:
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
     results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
                      "configs": []}
+
+    if args.agreement_only:
+        with LlamaEval(base, n_ctx=256) as ev:
+            H = heldout_windows(ev, 2, 256)
+        res = agreement_report(base, work, [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]])
+        print_agreement(res)
+        write_results("bench_prune_agreement", {"model": base.name, "agreement": res})
+        return 0
 
     with LlamaEval(base, n_ctx=256) as ev:
         H = heldout_windows(ev, args.heldout_windows, 256)
@@ -187,10 +240,8 @@ def main(argv=None) -> int:
             results["base"]["humaneval"] = old["base"]["humaneval"]
     if not args.skip_agreement and "agreement" not in results:
         probe = [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]]
-        results["agreement"] = {"quantised_file": agreement(base, probe),
-                                "float32_copy": agreement(float_copy(base, work / "float32.gguf"), probe)}
-        (work / "float32.gguf").unlink()
-        print("reference forward vs llama.cpp:", results["agreement"])
+        results["agreement"] = agreement_report(base, work, probe)
+        print_agreement(results["agreement"])
 
     rows: list = []
     kept: dict[str, Path] = {}

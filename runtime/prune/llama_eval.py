@@ -69,6 +69,18 @@ class LlamaEval:
                                     shape=(len(tokens), self.n_vocab))
         return arr.copy()
 
+    def logits_stepwise(self, tokens: list[int]) -> np.ndarray:
+        """Like `logits`, but decoding one token at a time (as generation does) instead of one batch."""
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"{len(tokens)} tokens exceed the evaluation context of {self.n_ctx}")
+        L = llama()
+        L.llama_memory_clear(self.mem, True)
+        out = np.empty((len(tokens), self.n_vocab), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            self._decode([t], i, True)
+            out[i] = self._last_logits()
+        return out
+
     def nll(self, seqs: list[list[int]]) -> tuple[float, int]:
         total, n = 0.0, 0
         for s in seqs:
