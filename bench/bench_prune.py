@@ -232,7 +232,14 @@ def main(argv=None) -> int:
         from .common import RESULTS
 
         old = json.loads((RESULTS / "bench_prune.json").read_text())
-        done = {c["name"]: c for c in old.get("configs", [])}
+        # a recovered row is reused only if it was made with this run's recovery settings
+        want = {"steps": args.recover_steps, "lr": args.recover_lr, "batch": args.recover_batch}
+
+        def same_recovery(c: dict) -> bool:
+            got = c.get("recover", {})
+            return all(k in got and math.isclose(float(got[k]), float(v), rel_tol=1e-6) for k, v in want.items())
+
+        done = {c["name"]: c for c in old.get("configs", []) if not c["recovered"] or same_recovery(c)}
         for key in ("agreement",):
             if key in old:
                 results[key] = old[key]
