@@ -90,7 +90,7 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
                flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
                lora_strength: float = 1.0, keep_ratio: float = 1.0, prune_method: str = "a3b",
-               recover_steps: int = 200, serve_as: str = "as-is", lora_folders: Sequence[str | os.PathLike] = (),
+               recover_steps: int = 160, serve_as: str = "as-is", lora_folders: Sequence[str | os.PathLike] = (),
                free_vram: Callable[[int], None] | None = None) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
@@ -137,7 +137,7 @@ def prune_methods() -> list[str]:
     return ["a3b"] + [m for m in METHODS if m != "a3b"]
 
 
-def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 200) -> Path:
+def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 160) -> Path:
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons (made once, cached)."""
     if not 0.0 < keep_ratio < 1.0:
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
