@@ -102,7 +102,9 @@ class FakeQuant(torch.nn.Module):
         self.type_name = type_name
 
     def forward(self, w):
-        return w + (round_like(w.detach(), self.type_name) - w).detach()
+        # r + (w - w.detach()) is r exactly (x - x == 0 in floating point) with w's gradient; the
+        # usual w + (r - w).detach() can land one ulp off the grid.
+        return round_like(w.detach(), self.type_name) + (w - w.detach())
 
 
 def attach(model, types: dict[str, str]) -> list[str]:
