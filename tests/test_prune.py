@@ -192,6 +192,19 @@ def test_distillation_lowers_the_kl(tiny, train):
     assert torch.equal(teacher.layers[0].wq, torch.from_numpy(src.weight("blk.0.attn_q.weight")))
 
 
+def test_recovery_batches_follow_their_shares():
+    from comfyui_a3b.runtime.prune.distill import Batches
+
+    code, prose = np.zeros((10, 4), dtype=np.int32), np.ones((3, 4), dtype=np.int32)
+    even = Batches([code, prose], 4, seed=0).next()
+    assert [int(r[0]) for r in even] == [0, 1, 0, 1]
+    b = Batches([code, prose], 8, seed=0, shares=[0.75, 0.25])
+    rows = np.concatenate([b.next() for _ in range(5)])
+    assert (rows[:, 0] == 0).mean() == pytest.approx(0.75)
+    with pytest.raises(InvalidRequest, match="code share"):
+        PruneConfig(recover_code_share=1.0).validate()
+
+
 def test_distillation_resumes_from_its_checkpoint(tiny, tmp_path):
     from comfyui_a3b.runtime.prune import distill
 

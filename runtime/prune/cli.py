@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recover-batch", type=int, default=8, help="windows of 128 tokens per distillation step (default 8)")
     p.add_argument("--recover-train", choices=("all", "ffn"), default="all",
                    help="tensors distillation trains: every block tensor (default) or only the FFN")
+    p.add_argument("--recover-code-share", type=float, default=0.5,
+                   help="share of code windows in distillation batches, the rest prose (default 0.5)")
     p.add_argument("--no-qat", dest="qat", action="store_false",
                    help="train in float and quantise once at the end, instead of through llama.cpp's quantiser")
     p.add_argument("--gate-sparsity", type=float, default=0.5, help="target sparsity of the stored dynamic gate")
@@ -44,7 +46,8 @@ def main(args) -> int:
     source = resolve_model(getattr(args, "model", None))
     cfg = PruneConfig(keep=ns.keep, method=ns.method, recover_steps=ns.recover_steps, calib_windows=ns.calib_windows,
                       seq_len=ns.seq_len, lr=ns.lr, recover_batch=ns.recover_batch,
-                      recover_train=ns.recover_train, qat=ns.qat, gate_sparsity=ns.gate_sparsity, align=ns.align, seed=ns.seed,
+                      recover_train=ns.recover_train, recover_code_share=ns.recover_code_share,
+                      qat=ns.qat, gate_sparsity=ns.gate_sparsity, align=ns.align, seed=ns.seed,
                       calib_files=tuple(ns.calib_file), threads=ns.threads)
     cfg.validate()
     stem = source.name[:-5] if source.name.endswith(".gguf") else source.name

@@ -41,23 +41,32 @@ class DistillReport:
 
 
 class Batches:
-    """Seeded, endless batches that take windows from each kind (code, prose, ...) in turn."""
+    """Seeded, endless batches that take windows from each kind (code, prose, ...) in fixed shares.
 
-    def __init__(self, kinds: list[np.ndarray], batch: int, seed: int):
-        self.kinds = [k for k in kinds if len(k)]
-        if not self.kinds:
+    `shares` (default: equal) is the fraction of windows from each kind; slot after slot, the kind
+    furthest below its share is taken, so every batch follows the shares as closely as it can.
+    """
+
+    def __init__(self, kinds: list[np.ndarray], batch: int, seed: int, shares: list[float] | None = None):
+        keep = [i for i, k in enumerate(kinds) if len(k)]
+        if not keep:
             raise ValueError("no recovery windows")
+        self.kinds = [kinds[i] for i in keep]
+        w = [float(shares[i]) if shares else 1.0 for i in keep]
+        self.shares = [x / sum(w) for x in w]
         self.batch = batch
         self.rng = np.random.default_rng(seed)
         self.orders = [self.rng.permutation(len(k)) for k in self.kinds]
         self.pos = [0] * len(self.kinds)
+        self.taken = [0] * len(self.kinds)
         self.turn = 0
 
     def next(self) -> np.ndarray:
         rows = []
         for _ in range(self.batch):
-            k = self.turn % len(self.kinds)
             self.turn += 1
+            k = max(range(len(self.kinds)), key=lambda i: (self.shares[i] * self.turn - self.taken[i], -i))
+            self.taken[k] += 1
             if self.pos[k] == len(self.orders[k]):
                 self.orders[k] = self.rng.permutation(len(self.kinds[k]))
                 self.pos[k] = 0
@@ -66,20 +75,23 @@ class Batches:
         return np.stack(rows)
 
     def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "orders": self.orders, "pos": self.pos, "turn": self.turn}
+        return {"rng": self.rng.bit_generator.state, "orders": self.orders, "pos": self.pos, "turn": self.turn,
+                "taken": self.taken}
 
     def restore(self, st: dict) -> None:
         self.rng.bit_generator.state = st["rng"]
-        self.orders, self.pos, self.turn = st["orders"], st["pos"], st["turn"]
+        self.orders, self.pos, self.turn, self.taken = st["orders"], st["pos"], st["turn"], st["taken"]
 
 
 def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: float = 5e-4, batch: int = 8,
             seed: int = 0, train: str = "all", quant_types: dict[str, str] | None = None,
+            shares: list[float] | None = None,
             checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 50, progress: bool = True,
             should_stop=None) -> DistillReport:
     """Train `student` towards `teacher` for `steps` steps of `batch` windows.
 
-    `windows` is one (n, seq_len) int array per kind of text; batches alternate between kinds.
+    `windows` is one (n, seq_len) int array per kind of text; batches mix the kinds by `shares`
+    (default: equal).
     """
     torch = require_torch()
     F = torch.nn.functional
@@ -104,7 +116,7 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
-    data = Batches(windows, batch, seed)
+    data = Batches(windows, batch, seed, shares)
     start = _resume(checkpoint, named, opt, sched, data, rep) if checkpoint else 0
     rep.resumed_at = start
     teacher.eval()

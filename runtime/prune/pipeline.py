@@ -40,6 +40,7 @@ class PruneConfig:
     recover_seq_len: int = 128
     recover_batch: int = 8
     recover_train: str = "all"
+    recover_code_share: float = 0.5
     qat: bool = True
     lr: float = 5e-4
     seed: int = 0
@@ -59,6 +60,8 @@ class PruneConfig:
             raise InvalidRequest(f"recover steps must be >= 0, got {self.recover_steps}")
         if self.recover_train not in ("all", "ffn"):
             raise InvalidRequest(f"recovery trains 'all' or 'ffn', got {self.recover_train!r}")
+        if not 0.0 < self.recover_code_share < 1.0:
+            raise InvalidRequest(f"the code share of recovery batches must be in (0, 1), got {self.recover_code_share}")
         if self.recover_batch < 1 or self.recover_seq_len < 8:
             raise InvalidRequest("recovery needs batches of at least 1 window of at least 8 tokens")
         if self.calib_windows < 1 or self.seq_len < 8:
@@ -72,6 +75,8 @@ class PruneConfig:
     def key(self) -> str:
         d = asdict(self)
         d.pop("threads")
+        if d["recover_code_share"] == 0.5:  # added later: at its default it keeps the keys of existing variants
+            d.pop("recover_code_share")
         d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -240,9 +245,10 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
             weights_ll.free()
         types = {n: src.tensors[n].tensor_type.name for n in src.tensors} if cfg.qat else None
         ckpt = cache / f"distill-{src.sha256[:16]}-{cfg.key()}.pt"
+        shares = [cfg.recover_code_share, 1.0 - cfg.recover_code_share] if len(rwins) == 2 else None
         rep = distill.distill(student, teacher, rwins, steps, lr=cfg.lr, batch=cfg.recover_batch, seed=cfg.seed,
-                              train=cfg.recover_train, quant_types=types, checkpoint=ckpt, progress=progress,
-                              should_stop=should_stop)
+                              train=cfg.recover_train, quant_types=types, shares=shares, checkpoint=ckpt,
+                              progress=progress, should_stop=should_stop)
         losses = rep.losses
         changed.update(qat.export(student, rep.trained))
         recover_info.update({"recover.tokens": rep.tokens, "recover.emulated_tensors": len(rep.emulated),
@@ -262,7 +268,8 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         "source.file_type": int(hp.file_type) if hp.file_type is not None else 0,
         "recover.steps": len(losses),
         "recover.kind": f"logit-kd-{cfg.recover_train}{'-qat' if cfg.qat else ''}" if losses else "none",
-        "recover.seq_len": cfg.recover_seq_len, "recover.batch": cfg.recover_batch, "recover.lr": float(cfg.lr),
+        "recover.seq_len": cfg.recover_seq_len, "recover.batch": cfg.recover_batch,
+        "recover.code_share": float(cfg.recover_code_share), "recover.lr": float(cfg.lr),
         "recover.final_kl": float(np.mean(losses[-10:])) if losses else 0.0,
         "bias_compensation": bool(any(n.endswith("ffn_down.bias") for n in changed)),
         "gate.kind": "cats-silu-threshold", "gate.sparsity": float(cfg.gate_sparsity),
