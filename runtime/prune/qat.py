@@ -17,19 +17,12 @@ rounded once at the end.
 from __future__ import annotations
 
 from .errors import require_torch
+from .reference import MATRICES, TENSORS
 
 torch = require_torch()
 
 QK = 32  # block length of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, along each row (the input dimension)
 
-# Layer attribute -> GGUF tensor suffix, for every tensor of a block that recovery may train.
-LAYER_TENSORS = {
-    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
-    "wo": "attn_output.weight", "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
-    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight", "ffn_norm": "ffn_norm.weight",
-    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight", "down_bias": "ffn_down.bias",
-}
-MATRICES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
 FFN = ("gate", "up", "down", "down_bias")
 
 
@@ -118,7 +111,7 @@ def attach(model, types: dict[str, str]) -> list[str]:
     done = []
     for i, layer in enumerate(model.layers):
         for attr in MATRICES:
-            name = f"blk.{i}.{LAYER_TENSORS[attr]}"
+            name = f"blk.{i}.{TENSORS[attr]}"
             t = types.get(name)
             if t is None or t == "F32" or not emulated(t) or getattr(layer, attr).shape[1] % QK:
                 continue
@@ -143,7 +136,7 @@ def trainable(model, which: str) -> dict[str, "torch.nn.Parameter"]:
     teacher's logits come through, stays frozen)."""
     from torch.nn.utils import parametrize
 
-    attrs = FFN if which == "ffn" else tuple(LAYER_TENSORS)
+    attrs = FFN if which == "ffn" else tuple(TENSORS)
     out = {}
     for i, layer in enumerate(model.layers):
         for attr in attrs:
@@ -152,7 +145,7 @@ def trainable(model, which: str) -> dict[str, "torch.nn.Parameter"]:
             else:
                 p = getattr(layer, attr, None)
             if p is not None:
-                out[f"blk.{i}.{LAYER_TENSORS[attr]}"] = p
+                out[f"blk.{i}.{TENSORS[attr]}"] = p
     if which != "ffn":
         out["output_norm.weight"] = model.out_norm
     return out
@@ -160,18 +153,9 @@ def trainable(model, which: str) -> dict[str, "torch.nn.Parameter"]:
 
 def export(model, names) -> dict:
     """Current values (rounded where fake-quantised) of the named tensors, as float32 numpy arrays."""
-    import numpy as np
-
-    by_name = {}
+    owner = {"output_norm.weight": (model, "out_norm")}
     for i, layer in enumerate(model.layers):
-        for attr, suffix in LAYER_TENSORS.items():
-            by_name[f"blk.{i}.{suffix}"] = (layer, attr)
-    out = {}
+        for attr, suffix in TENSORS.items():
+            owner[f"blk.{i}.{suffix}"] = (layer, attr)
     with torch.no_grad():
-        for n in names:
-            if n == "output_norm.weight":
-                out[n] = model.out_norm.detach().numpy().astype(np.float32)
-                continue
-            layer, attr = by_name[n]
-            out[n] = getattr(layer, attr).detach().float().numpy().copy()
-    return out
+        return {n: getattr(*owner[n]).detach().float().numpy().copy() for n in names}

@@ -27,22 +27,26 @@ def _rms(x, w, eps: float):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+#: Layer attribute -> GGUF tensor name inside a block (blk.<i>.<name>), for every tensor a block
+#: may have; the optional ones exist only in some architectures (qwen2 biases, qwen3 q/k norms) or
+#: after pruning with bias compensation (ffn_down.bias).
+TENSORS = {
+    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
+    "wo": "attn_output.weight", "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight", "ffn_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight", "down_bias": "ffn_down.bias",
+}
+OPTIONAL = ("bq", "bk", "bv", "q_norm", "k_norm", "down_bias")
+MATRICES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
+
+
 class Layer(nn.Module):
     def __init__(self, hp: HParams, w: dict[str, torch.Tensor]):
         super().__init__()
         self.hp = hp
-        P = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
-        self.attn_norm = P(w["attn_norm.weight"])
-        self.wq, self.wk, self.wv = P(w["attn_q.weight"]), P(w["attn_k.weight"]), P(w["attn_v.weight"])
-        self.wo = P(w["attn_output.weight"])
-        self.bq = P(w["attn_q.bias"]) if "attn_q.bias" in w else None
-        self.bk = P(w["attn_k.bias"]) if "attn_k.bias" in w else None
-        self.bv = P(w["attn_v.bias"]) if "attn_v.bias" in w else None
-        self.q_norm = P(w["attn_q_norm.weight"]) if "attn_q_norm.weight" in w else None
-        self.k_norm = P(w["attn_k_norm.weight"]) if "attn_k_norm.weight" in w else None
-        self.ffn_norm = P(w["ffn_norm.weight"])
-        self.gate, self.up, self.down = P(w["ffn_gate.weight"]), P(w["ffn_up.weight"]), P(w["ffn_down.weight"])
-        self.down_bias = P(w["ffn_down.bias"]) if "ffn_down.bias" in w else None
+        for attr, name in TENSORS.items():  # a missing required tensor raises KeyError naming it
+            present = name in w or attr not in OPTIONAL
+            setattr(self, attr, nn.Parameter(w[name], requires_grad=False) if present else None)
         self.emu = None  # numerics.Emulation-derived callables, set by RefModel(emulate=...)
 
     def _linear(self, x, w, b, name: str):
@@ -124,8 +128,8 @@ class RefModel(nn.Module):
         self._head_emu = None
         if emulate is not None:
             for i, layer in enumerate(self.layers):
-                layer.emu = {part: emulate.linear(f"blk.{i}.{part}.weight") for part in
-                             ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+                layer.emu = {TENSORS[a].removesuffix(".weight"): emulate.linear(f"blk.{i}.{TENSORS[a]}")
+                             for a in MATRICES}
                 layer.emu["attention"] = emulate.attention
             self._head_emu = emulate.linear("token_embd.weight" if hp.tied_output else "output.weight")
 
@@ -162,17 +166,6 @@ class RefModel(nn.Module):
 
     def ffn_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.layers for p in (layer.gate, layer.up, layer.down)]
-
-    def export(self) -> dict[str, np.ndarray]:
-        """Current FFN weights (the part pruning and distillation change), by GGUF tensor name."""
-        out: dict[str, np.ndarray] = {}
-        for i, layer in enumerate(self.layers):
-            out[f"blk.{i}.ffn_gate.weight"] = layer.gate.detach().numpy()
-            out[f"blk.{i}.ffn_up.weight"] = layer.up.detach().numpy()
-            out[f"blk.{i}.ffn_down.weight"] = layer.down.detach().numpy()
-            if layer.down_bias is not None:
-                out[f"blk.{i}.ffn_down.bias"] = layer.down_bias.detach().numpy()
-        return out
 
 
 @torch.no_grad()
