@@ -30,6 +30,11 @@ def default_cache_dir() -> Path:
     return Path(base) / "prune"
 
 
+# Settings added after variants were cached: at their defaults they leave the key (and so the cached
+# files' names) as it was, since the defaults reproduce what those files were made with.
+_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share",)
+
+
 @dataclass
 class PruneConfig:
     keep: float = 0.63
@@ -73,10 +78,12 @@ class PruneConfig:
                 raise InvalidRequest(f"calibration file not found: {f}")
 
     def key(self) -> str:
+        """Hash of every setting that shapes the output (threads do not), naming cached files."""
         d = asdict(self)
         d.pop("threads")
-        if d["recover_code_share"] == 0.5:  # added later: at its default it keeps the keys of existing variants
-            d.pop("recover_code_share")
+        for name in _KEY_NEUTRAL_AT_DEFAULT:
+            if d[name] == getattr(PruneConfig, name):
+                d.pop(name)
         d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -99,12 +106,17 @@ def _tokenizer(src: SourceModel):
     return w, (lambda text: w.tokenize(text, add_bos=False, special=False)), bos
 
 
+def _files_corpus(cfg: PruneConfig) -> corpusmod.Corpus:
+    """The --calib-file texts, used instead of the built-in corpus for calibration and recovery."""
+    return corpusmod.Corpus("files", "calibration",
+                            [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
+                             for f in cfg.calib_files])
+
+
 def calibration_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[list[int]], dict[str, Any]]:
     """The calibration windows and a description of the text they came from (for the metadata)."""
     if cfg.calib_files:
-        c = corpusmod.Corpus("files", "calibration",
-                             [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
-                              for f in cfg.calib_files])
+        c = _files_corpus(cfg)
         wins = corpusmod.windows(tokenize, c, cfg.seq_len, cfg.calib_windows, bos)
         info = {"calib.corpus": "files", "calib.files": c.names, "calib.digest": c.digest()}
     else:
@@ -131,10 +143,7 @@ def recovery_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[np.ndarray],
     """Distillation text: every window of `recover_seq_len` tokens of the calibration corpus (code
     and prose kept apart, so batches can mix them evenly), or of the --calib-file texts."""
     if cfg.calib_files:
-        c = corpusmod.Corpus("files", "calibration",
-                             [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
-                              for f in cfg.calib_files])
-        kinds = {"files": corpusmod.windows(tokenize, c, cfg.recover_seq_len, 1 << 30, bos)}
+        kinds = {"files": corpusmod.windows(tokenize, _files_corpus(cfg), cfg.recover_seq_len, 1 << 30, bos)}
     else:
         kinds = {k: corpusmod.windows(tokenize, c, cfg.recover_seq_len, 1 << 30, bos)
                  for k, c in corpusmod.corpora("calibration").items()}
@@ -184,12 +193,16 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     timings: dict[str, float] = {}
     t = time.perf_counter()
+    steps = cfg.recover_steps if k < hp.n_ff else 0  # nothing to recover at keep 1.0
+    recover_info: dict[str, Any] = {}
     weights_ll, tokenize, bos = _tokenizer(src)
     try:
         seq_len = min(cfg.seq_len, hp.n_ctx_train)
         if seq_len != cfg.seq_len:
             cfg = PruneConfig(**{**asdict(cfg), "seq_len": seq_len})
         wins, corpus_info = calibration_windows(tokenize, bos, cfg)
+        if steps:
+            rwins, recover_info = recovery_windows(tokenize, bos, cfg)
     finally:
         weights_ll.free()
     all_w = {name: src.weight(name) for name in src.tensors}
@@ -232,17 +245,10 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     timings["select"] = time.perf_counter() - t
 
     losses: list[float] = []
-    recover_info: dict[str, Any] = {}
-    steps = cfg.recover_steps if k < hp.n_ff else 0  # nothing to recover at keep 1.0
     # The teacher's tensors are views of `all_w`: a student that trains them needs its own copies.
     student = RefModel(hp, {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
     if steps:
         t = time.perf_counter()
-        weights_ll, tokenize, bos = _tokenizer(src)
-        try:
-            rwins, recover_info = recovery_windows(tokenize, bos, cfg)
-        finally:
-            weights_ll.free()
         types = {n: src.tensors[n].tensor_type.name for n in src.tensors} if cfg.qat else None
         ckpt = cache / f"distill-{src.sha256[:16]}-{cfg.key()}.pt"
         shares = [cfg.recover_code_share, 1.0 - cfg.recover_code_share] if len(rwins) == 2 else None
