@@ -7,7 +7,8 @@ attention can adapt to the narrower FFNs; the token embedding stays frozen (it i
 head of the models we target, and frozen it keeps the teacher and student heads identical).
 
 The teacher runs alongside (no gradients), so the text is not limited to what the calibration pass
-saw: batches mix code and prose windows evenly from the whole calibration corpus, in a seeded order.
+saw: batches mix code and prose windows from the whole calibration corpus in fixed shares (even by
+default), in a seeded order.
 With `quant_types` the matrices train through llama.cpp's quantiser (qat.py), so the file written
 afterwards holds what was trained. A checkpoint (trained tensors, optimiser, position in the data)
 is written every `checkpoint_every` steps; a run interrupted after one resumes from it.
@@ -59,13 +60,12 @@ class Batches:
         self.orders = [self.rng.permutation(len(k)) for k in self.kinds]
         self.pos = [0] * len(self.kinds)
         self.taken = [0] * len(self.kinds)
-        self.turn = 0
 
     def next(self) -> np.ndarray:
         rows = []
         for _ in range(self.batch):
-            self.turn += 1
-            k = max(range(len(self.kinds)), key=lambda i: (self.shares[i] * self.turn - self.taken[i], -i))
+            turn = sum(self.taken) + 1
+            k = max(range(len(self.kinds)), key=lambda i: (self.shares[i] * turn - self.taken[i], -i))
             self.taken[k] += 1
             if self.pos[k] == len(self.orders[k]):
                 self.orders[k] = self.rng.permutation(len(self.kinds[k]))
@@ -75,12 +75,11 @@ class Batches:
         return np.stack(rows)
 
     def state(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "orders": self.orders, "pos": self.pos, "turn": self.turn,
-                "taken": self.taken}
+        return {"rng": self.rng.bit_generator.state, "orders": self.orders, "pos": self.pos, "taken": self.taken}
 
     def restore(self, st: dict) -> None:
         self.rng.bit_generator.state = st["rng"]
-        self.orders, self.pos, self.turn, self.taken = st["orders"], st["pos"], st["turn"], st["taken"]
+        self.orders, self.pos, self.taken = st["orders"], st["pos"], st["taken"]
 
 
 def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: float = 5e-4, batch: int = 8,
