@@ -17,6 +17,7 @@ import argparse
 import math
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="random,magnitude,wanda,flap,a3b", help="also: obs")
     ap.add_argument("--recover-methods", default="a3b", help="methods also run with recovery (comma list)")
     ap.add_argument("--recover-keeps", default="0.8,0.63", help="keep ratios that also run with recovery")
-    ap.add_argument("--recover-steps", type=int, default=400)
+    ap.add_argument("--recover-steps", type=int, default=160)
     ap.add_argument("--recover-lr", type=float, default=5e-4)
     ap.add_argument("--recover-batch", type=int, default=8)
     ap.add_argument("--recover-train", choices=("all", "ffn"), default="all")
@@ -206,6 +207,11 @@ def main(argv=None) -> int:
     rec = {m for m in args.recover_methods.split(",") if m}
     rec_keeps = {float(k) for k in args.recover_keeps.split(",") if k}
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
+
+    def recovered_config(keep: float, method: str) -> PruneConfig:
+        return PruneConfig(keep=keep, method=method, recover_steps=args.recover_steps, lr=args.recover_lr,
+                           recover_batch=args.recover_batch, recover_train=args.recover_train, qat=args.qat)
+
     results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
                      "configs": []}
 
@@ -232,14 +238,10 @@ def main(argv=None) -> int:
         from .common import RESULTS
 
         old = json.loads((RESULTS / "bench_prune.json").read_text())
-        # a recovered row is reused only if it was made with this run's recovery settings
-        want = {"steps": args.recover_steps, "lr": args.recover_lr, "batch": args.recover_batch}
-
-        def same_recovery(c: dict) -> bool:
-            got = c.get("recover", {})
-            return all(k in got and math.isclose(float(got[k]), float(v), rel_tol=1e-6) for k, v in want.items())
-
-        done = {c["name"]: c for c in old.get("configs", []) if not c["recovered"] or same_recovery(c)}
+        # a recovered row is reused only if its file was made with this run's settings (same config key;
+        # re-measuring one is cheap when its variant is cached)
+        done = {c["name"]: c for c in old.get("configs", [])
+                if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"]).key()}
         for key in ("agreement",):
             if key in old:
                 results[key] = old[key]
@@ -269,9 +271,7 @@ def main(argv=None) -> int:
                     # Recovered variants come from the on-disk variant cache (what the A3BLoader uses),
                     # so one made earlier with the same settings, e.g. by a long run in the
                     # background, is measured here rather than trained again.
-                    out = cached_variant(base, keep=keep, method=method, recover_steps=args.recover_steps,
-                                         lr=args.recover_lr, recover_batch=args.recover_batch,
-                                         recover_train=args.recover_train, qat=args.qat, progress=True)
+                    out = cached_variant(base, progress=True, **asdict(recovered_config(keep, method)))
                 else:
                     prune(base, out, PruneConfig(keep=keep, method=method, recover_steps=0),
                           force=True, progress=False, cache_dir=default_cache_dir())
@@ -287,7 +287,8 @@ def main(argv=None) -> int:
                      "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
                      "decode_ratio": ratio, "prune_seconds": prune_s,
                      "recover": {k[len("a3b.recover."):]: v for k, v in meta.items() if k.startswith("a3b.recover.")},
-                     "final_kl": meta.get("a3b.recover.final_kl", 0.0), "file_type": inspect_gguf(out).file_type}
+                     "final_kl": meta.get("a3b.recover.final_kl", 0.0), "config": meta.get("a3b.config"),
+                     "file_type": inspect_gguf(out).file_type}
                 results["configs"].append(c)
                 print_table("so far", ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x"],
                             [[name, n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],

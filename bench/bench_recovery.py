@@ -26,13 +26,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
-    from ..runtime.prune import cached_variant, corpus
+    from ..runtime.prune import cached_variant
     from ..runtime.prune.llama_eval import LlamaEval
+    from .bench_prune import heldout_windows
 
     base = default_model_path()
     with LlamaEval(base, n_ctx=256) as ev:
-        H = {k: corpus.windows(ev.tokenize, c, 256, args.heldout_windows, ev.bos)
-             for k, c in corpus.corpora("heldout").items()}
+        H = heldout_windows(ev, args.heldout_windows, 256)
         base_ppl = {k: ev.perplexity(v) for k, v in H.items()}
     points = []
     for steps in [int(s) for s in args.steps.split(",") if s]:
