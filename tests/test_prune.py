@@ -285,6 +285,24 @@ def test_calibration_corpus_too_small(tiny, tmp_path):
     assert not (tmp_path / "o.gguf").exists()
 
 
+def test_recovery_text_too_small_is_refused_before_any_work(tiny, tmp_path):
+    f = tmp_path / "some.txt"
+    f.write_text("def f(x):\n    return x + 1\n" * 40)
+    cfg = PruneConfig(keep=0.5, method="wanda", recover_steps=5, calib_files=(str(f),), calib_windows=4, seq_len=16,
+                      recover_seq_len=100000)
+    with pytest.raises(CorpusTooSmall, match="for recovery"):
+        prune(tiny["llama"], tmp_path / "o.gguf", cfg, progress=False, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "o.gguf").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("bad, match", [(dict(recover_train="attention"), "'all' or 'ffn'"),
+                                        (dict(recover_batch=0), "at least 1 window"),
+                                        (dict(recover_code_share=0.0), "code share")])
+def test_bad_recovery_settings(bad, match):
+    with pytest.raises(InvalidRequest, match=match):
+        PruneConfig(**bad).validate()
+
+
 def test_interrupt_inside_the_run_leaves_no_output(tiny, tmp_path, cache):
     out = tmp_path / "interrupted.gguf"
     calls = {"n": 0}
