@@ -1,7 +1,7 @@
 """A3B pruning on the embedded model: quality vs speed, per keep ratio and method, with/without recovery.
 
     python -m comfyui_a3b.bench.bench_prune                      # the default grid (about an hour on 2 cores)
-    python -m comfyui_a3b.bench.bench_prune --keeps 0.63 --methods a3b --recover-methods a3b --humaneval 20
+    python -m comfyui_a3b.bench.bench_prune --keeps 0.63 --methods a3b --recover a3b@0.63 --humaneval 20
     python -m comfyui_a3b.bench.bench_prune --agreement-only     # reference forward vs llama.cpp only
 
 For each configuration: held-out perplexity (code and prose, llama.cpp on the quantised file) as a
@@ -168,15 +168,21 @@ def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: n
 
 
 def main(argv=None) -> int:
+    from ..runtime.prune.pipeline import PruneConfig, default_cache_dir, prune
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keeps", default="1.0,0.9,0.8,0.63,0.5")
     ap.add_argument("--methods", default="random,magnitude,wanda,flap,a3b", help="also: obs")
-    ap.add_argument("--recover-methods", default="a3b", help="methods also run with recovery (comma list)")
-    ap.add_argument("--recover-keeps", default="0.8,0.63", help="keep ratios that also run with recovery")
-    ap.add_argument("--recover-steps", type=int, default=160)
-    ap.add_argument("--recover-lr", type=float, default=5e-4)
-    ap.add_argument("--recover-batch", type=int, default=8)
-    ap.add_argument("--recover-train", choices=("all", "ffn"), default="all")
+    ap.add_argument("--recover", default="a3b@0.8,a3b@0.63,flap@0.63,random@0.63",
+                    help="configurations also run with recovery, METHOD@KEEP (comma list)")
+    d = PruneConfig()  # recovery defaults: the ones `a3b prune` and the A3BLoader use
+    ap.add_argument("--heads", default="0.67@1,0.67@0.63",
+                    help="head-pruned rows (a3b FFN selection, no recovery), HEADS_KEEP@KEEP (comma list)")
+    ap.add_argument("--recover-steps", type=int, default=d.recover_steps)
+    ap.add_argument("--recover-lr", type=float, default=d.lr)
+    ap.add_argument("--recover-batch", type=int, default=d.recover_batch)
+    ap.add_argument("--recover-seq-len", type=int, default=d.recover_seq_len)
+    ap.add_argument("--recover-train", choices=("all", "ffn"), default=d.recover_train)
     ap.add_argument("--no-qat", dest="qat", action="store_false")
     ap.add_argument("--heldout-windows", type=int, default=8, help="windows of 256 tokens per held-out corpus")
     ap.add_argument("--humaneval", type=int, default=164, help="problems per HumanEval run (164 = all, 0 = none)")
@@ -195,22 +201,21 @@ def main(argv=None) -> int:
 
     from ..runtime import default_model_path, inspect_gguf
     from ..runtime.prune import cached_variant
-    from ..runtime.prune.pipeline import PruneConfig, prune
     from ..runtime.prune.llama_eval import LlamaEval
-    from ..runtime.prune.pipeline import default_cache_dir
 
     base = default_model_path()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))
     work.mkdir(parents=True, exist_ok=True)
     keeps = [float(k) for k in args.keeps.split(",") if k]
     methods = [m for m in args.methods.split(",") if m]
-    rec = {m for m in args.recover_methods.split(",") if m}
-    rec_keeps = {float(k) for k in args.recover_keeps.split(",") if k}
+    rec = {(m, float(k)) for m, _, k in (c.partition("@") for c in args.recover.split(",") if c)}
+    head_rows = [(float(h), float(k)) for h, _, k in (c.partition("@") for c in args.heads.split(",") if c)]
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
 
     def recovered_config(keep: float, method: str) -> PruneConfig:
         return PruneConfig(keep=keep, method=method, recover_steps=args.recover_steps, lr=args.recover_lr,
-                           recover_batch=args.recover_batch, recover_train=args.recover_train, qat=args.qat)
+                           recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
+                           recover_train=args.recover_train, qat=args.qat)
 
     results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
                      "configs": []}
@@ -242,6 +247,13 @@ def main(argv=None) -> int:
         # re-measuring one is cheap when its variant is cached)
         done = {c["name"]: c for c in old.get("configs", [])
                 if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"]).key()}
+        from ..runtime.prune.source import SourceModel
+
+        n_head = SourceModel(base).hp.n_head
+        for c in done.values():  # rows measured before head pruning existed kept every head
+            c.setdefault("heads_keep", 1.0)
+            c.setdefault("n_head", n_head)
+            c.setdefault("n_head_source", n_head)
         for key in ("agreement",):
             if key in old:
                 results[key] = old[key]
@@ -252,52 +264,63 @@ def main(argv=None) -> int:
         results["agreement"] = agreement_report(base, work, probe)
         print_agreement(results["agreement"])
 
-    rows: list = []
-    kept: dict[str, Path] = {}
+    # every configuration measured: (row name, settings, recovered)
+    grid: list[tuple[str, PruneConfig, bool]] = []
     for keep in keeps:
         for method in methods:
-            for recovered in ([False, True] if method in rec and keep in rec_keeps and keep < 1.0 else [False]):
-                if keep >= 1.0 and method != methods[-1]:
-                    continue  # keep 1.0 is the same file for every method
-                name = f"{method}{'+r' if recovered else ''}@{keep:g}"
-                out = work / f"{name}.gguf"
-                if name in done:
-                    results["configs"].append(done[name])
-                    if out.is_file():
-                        kept[name] = out
-                    continue
-                t0 = time.perf_counter()
-                if recovered:
-                    # Recovered variants come from the on-disk variant cache (what the A3BLoader uses),
-                    # so one made earlier with the same settings, e.g. by a long run in the
-                    # background, is measured here rather than trained again.
-                    out = cached_variant(base, progress=True, **asdict(recovered_config(keep, method)))
-                else:
-                    prune(base, out, PruneConfig(keep=keep, method=method, recover_steps=0),
-                          force=True, progress=False, cache_dir=default_cache_dir())
-                prune_s = time.perf_counter() - t0
-                meta = inspect_gguf(out).a3b
-                n_ff = int(meta["a3b.n_ff"])
-                with LlamaEval(out, n_ctx=256) as ev:
-                    ppl = {k: ev.perplexity(v) for k, v in H.items()}
-                sb, sp, ratio = decode_ratio(base, out, prompt)
-                c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": n_ff,
-                     "keep_actual": n_ff / int(meta["a3b.n_ff_source"]), "size": out.stat().st_size,
-                     "size_ratio": out.stat().st_size / base.stat().st_size, "perplexity": ppl,
-                     "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
-                     "decode_ratio": ratio, "prune_seconds": prune_s,
-                     "recover": {k[len("a3b.recover."):]: v for k, v in meta.items() if k.startswith("a3b.recover.")},
-                     "final_kl": meta.get("a3b.recover.final_kl", 0.0), "config": meta.get("a3b.config"),
-                     "file_type": inspect_gguf(out).file_type}
-                results["configs"].append(c)
-                print_table("so far", ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x"],
-                            [[name, n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],
-                              c["ppl_ratio"]["prose"], ratio]])
-                write_results("bench_prune", results)
-                if recovered or name in he_cfgs:
-                    kept[name] = out
-                else:
-                    out.unlink()
+            if keep >= 1.0 and method != methods[-1]:
+                continue  # keep 1.0 is the same file for every method
+            grid.append((f"{method}@{keep:g}", PruneConfig(keep=keep, method=method, recover_steps=0), False))
+            if (method, keep) in rec and keep < 1.0:
+                grid.append((f"{method}+r@{keep:g}", recovered_config(keep, method), True))
+        for hk, hkeep in head_rows:
+            if hkeep == keep:
+                grid.append((f"a3b+h{hk:g}@{keep:g}",
+                             PruneConfig(keep=keep, method="a3b", heads_keep=hk, recover_steps=0), False))
+
+    rows: list = []
+    kept: dict[str, Path] = {}
+    for name, cfg, recovered in grid:
+        keep, method = cfg.keep, cfg.method
+        out = work / f"{name}.gguf"
+        if name in done:
+            results["configs"].append(done[name])
+            if out.is_file():
+                kept[name] = out
+            continue
+        t0 = time.perf_counter()
+        if recovered:
+            # Recovered variants come from the on-disk variant cache (what the A3BLoader uses),
+            # so one made earlier with the same settings, e.g. by a long run in the
+            # background, is measured here rather than trained again.
+            out = cached_variant(base, progress=True, **asdict(cfg))
+        else:
+            prune(base, out, cfg, force=True, progress=False, cache_dir=default_cache_dir())
+        prune_s = time.perf_counter() - t0
+        meta = inspect_gguf(out).a3b
+        n_ff = int(meta["a3b.n_ff"])
+        with LlamaEval(out, n_ctx=256) as ev:
+            ppl = {k: ev.perplexity(v) for k, v in H.items()}
+        sb, sp, ratio = decode_ratio(base, out, prompt)
+        c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": n_ff,
+             "keep_actual": n_ff / int(meta["a3b.n_ff_source"]), "heads_keep": cfg.heads_keep,
+             "n_head": int(meta["a3b.n_head"]), "n_head_source": int(meta["a3b.n_head_source"]),
+             "size": out.stat().st_size,
+             "size_ratio": out.stat().st_size / base.stat().st_size, "perplexity": ppl,
+             "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
+             "decode_ratio": ratio, "prune_seconds": prune_s,
+             "recover": {k[len("a3b.recover."):]: v for k, v in meta.items() if k.startswith("a3b.recover.")},
+             "final_kl": meta.get("a3b.recover.final_kl", 0.0), "config": meta.get("a3b.config"),
+             "file_type": inspect_gguf(out).file_type}
+        results["configs"].append(c)
+        print_table("so far", ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x"],
+                    [[name, n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],
+                      c["ppl_ratio"]["prose"], ratio]])
+        write_results("bench_prune", results)
+        if recovered or name in he_cfgs:
+            kept[name] = out
+        else:
+            out.unlink()
 
     # HumanEval last: it is the slowest part, and the table above is complete without it.
     if args.humaneval:
@@ -312,7 +335,8 @@ def main(argv=None) -> int:
                 write_results("bench_prune", results)
     for c in results["configs"]:
         he = c.get("humaneval")
-        rows.append([c["name"], c["n_ff"], f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"], c["ppl_ratio"]["prose"],
+        rows.append([c["name"], c["n_ff"], f"{c['n_head']}/{c['n_head_source']}", f"{c['size'] / 1e6:.1f}",
+                     c["ppl_ratio"]["code"], c["ppl_ratio"]["prose"],
                      c["decode_ratio"], f"{he['passed']}/{he['n']}" if he else "-"])
 
     best = next((c for c in results["configs"] if c["name"] == "a3b+r@0.63"), None)
@@ -330,7 +354,7 @@ def main(argv=None) -> int:
         _ = corpus
 
     print_table(f"A3B pruning of {base.name} (ratios vs the unpruned file, same run)",
-                ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x", "HumanEval"], rows)
+                ["config", "n_ff", "q heads", "MB", "ppl code x", "ppl prose x", "decode x", "HumanEval"], rows)
     if "gate" in results:
         for k, curve in results["gate"].items():
             print_table(f"dynamic gate on {k} (torch reference; llama.cpp cannot use it for speed)",
@@ -339,22 +363,23 @@ def main(argv=None) -> int:
     write_results("bench_prune", results)
 
     def draw(ax):
-        for method in methods:
-            for recovered in (False, True):
-                pts = [c for c in results["configs"] if c["method"] == method and c["recovered"] == recovered]
-                if not pts:
-                    continue
-                xs = [c["decode_ratio"] for c in pts]
-                ys = [math.sqrt(c["ppl_ratio"]["code"] * c["ppl_ratio"]["prose"]) for c in pts]
-                ax.plot(xs, ys, "o-" if recovered else "o--", label=f"{method}{' + recovery' if recovered else ''}")
-                for c, x, y in zip(pts, xs, ys):
-                    ax.annotate(f"{c['keep']:g}", (x, y), fontsize=7)
+        series = sorted({(c["method"], c["recovered"], c["heads_keep"]) for c in results["configs"]},
+                        key=lambda t: (methods.index(t[0]) if t[0] in methods else 99, t[1], -t[2]))
+        for method, recovered, hk in series:
+            pts = [c for c in results["configs"]
+                   if (c["method"], c["recovered"], c["heads_keep"]) == (method, recovered, hk)]
+            xs = [c["decode_ratio"] for c in pts]
+            ys = [math.sqrt(c["ppl_ratio"]["code"] * c["ppl_ratio"]["prose"]) for c in pts]
+            label = f"{method}{' + recovery' if recovered else ''}{f', heads {hk:g}' if hk < 1 else ''}"
+            ax.plot(xs, ys, "o-" if recovered else ("s:" if hk < 1 else "o--"), label=label)
+            for c, x, y in zip(pts, xs, ys):
+                ax.annotate(f"{c['keep']:g}", (x, y), fontsize=7)
         ax.axhline(1.10, color="grey", lw=0.6, ls=":")
         ax.axvline(1.15, color="grey", lw=0.6, ls=":")
         ax.set_yscale("log")
         ax.set_xlabel("decode speed vs unpruned (llama.cpp, same run)")
         ax.set_ylabel("held-out perplexity ratio (geo. mean code/prose)")
-        ax.set_title(f"A3B FFN pruning, {base.name}")
+        ax.set_title(f"A3B pruning, {base.name}")
         ax.legend(fontsize=7)
 
     plot("bench_prune", draw, size=(8, 5))

@@ -16,12 +16,16 @@ from .common import plot, print_table, write_results
 
 
 def main(argv=None) -> int:
+    from ..runtime.prune.pipeline import PruneConfig
+
+    d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=float, default=0.63)
     ap.add_argument("--method", default="a3b")
     ap.add_argument("--steps", default="0,40,80,160", help="distillation step counts (comma list)")
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--batch", type=int, default=d.recover_batch)
+    ap.add_argument("--seq-len", type=int, default=d.recover_seq_len, help="tokens per distillation window")
     ap.add_argument("--heldout-windows", type=int, default=16, help="windows of 256 tokens per held-out corpus")
     args = ap.parse_args(argv)
 
@@ -38,7 +42,7 @@ def main(argv=None) -> int:
     for steps in [int(s) for s in args.steps.split(",") if s]:
         t0 = time.perf_counter()
         path = cached_variant(base, keep=args.keep, method=args.method, recover_steps=steps, lr=args.lr,
-                              recover_batch=args.batch, progress=True)
+                              recover_batch=args.batch, recover_seq_len=args.seq_len, progress=True)
         made_s = time.perf_counter() - t0
         meta = inspect_gguf(path).a3b
         with LlamaEval(path, n_ctx=256) as ev:
@@ -64,7 +68,7 @@ def main(argv=None) -> int:
             ax.plot(xs, [p["ppl_ratio"][k] for p in points], style, label=f"held-out {k}")
         ax.axhline(1.10, color="grey", lw=0.6, ls=":", label="target at keep 0.63 (1.10)")
         ax.axhline(1.0, color="black", lw=0.6)
-        ax.set_xlabel(f"distillation steps ({args.batch} x 128 tokens each)")
+        ax.set_xlabel(f"distillation steps ({args.batch} x {args.seq_len} tokens each)")
         ax.set_ylabel("perplexity ratio vs unpruned")
         ax.set_title(f"recovery of {args.method} keep {args.keep:g}, {base.name}")
         ax.legend(fontsize=8)

@@ -90,6 +90,56 @@ def test_pruned_file_loads_with_promised_width_and_metadata(tiny, tmp_path, cach
     assert top1 >= 0.99 and rel < 5e-3
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_head_pruning_keeps_every_kv_head_and_loads(tiny, tmp_path, cache, arch):
+    out = tmp_path / f"{arch}-heads.gguf"
+    res = prune(tiny[arch], out, PruneConfig(keep=0.5, heads_keep=0.5, recover_steps=3, **FAST),
+                progress=False, cache_dir=cache)
+    src = SourceModel(out)
+    assert (src.hp.n_head, src.hp.n_head_kv, src.hp.head_dim) == (2, 2, 16)  # source: 4 query, 2 KV heads
+    for i in range(src.hp.n_layer):
+        assert src.weight(f"blk.{i}.attn_q.weight").shape == (32, 64)
+        assert src.weight(f"blk.{i}.attn_k.weight").shape == (32, 64)
+        assert src.weight(f"blk.{i}.attn_output.weight").shape == (64, 32)
+    a = inspect_gguf(out).a3b
+    assert (a["a3b.n_head"], a["a3b.n_head_source"], res.n_ff) == (2, 4, 64)
+    assert a["a3b.heads_keep"] == pytest.approx(0.5)
+    top1, rel = _agreement(out, _rand_seq(271, 100, seed=1))  # llama.cpp computes what the reference does
+    assert top1 >= 0.99 and rel < 5e-3
+
+
+def test_head_pruning_slices_query_rows_of_the_kept_heads(tiny, tmp_path, cache):
+    out = tmp_path / "heads-only.gguf"
+    prune(tiny["llama"], out, PruneConfig(keep=1.0, heads_keep=0.5, recover_steps=0, **FAST), progress=False,
+          cache_dir=cache)
+    a, b = SourceModel(tiny["llama"]), SourceModel(out)
+    assert b.hp.n_ff == a.hp.n_ff
+    for i in range(a.hp.n_layer):
+        q_src, q = a.weight(f"blk.{i}.attn_q.weight"), b.weight(f"blk.{i}.attn_q.weight")
+        heads = [h for h in range(4) for j in range(2) if np.array_equal(q[j * 16:(j + 1) * 16],
+                                                                         q_src[h * 16:(h + 1) * 16])]
+        assert len(heads) == 2 and heads[0] in (0, 1) and heads[1] in (2, 3)  # one per KV group, in order
+        np.testing.assert_array_equal(b.weight(f"blk.{i}.attn_k.weight"), a.weight(f"blk.{i}.attn_k.weight"))
+
+
+def test_head_plan_keeps_the_strongest_head_of_each_group_and_refits():
+    from comfyui_a3b.runtime.prune.heads import plan_heads, query_rows
+
+    rng = np.random.default_rng(0)
+    D, n = 8, 4000
+    o = rng.normal(size=(n, 4 * D))
+    o[:, D:2 * D] *= 0.01                                                    # group 0: head 1 nearly silent
+    o[:, 2 * D:3 * D] = 0.5 * o[:, 3 * D:] + 0.05 * rng.normal(size=(n, D))  # group 1: head 2 echoes head 3
+    wo = rng.normal(size=(16, 4 * D))
+    plan = plan_heads(wo, o.T @ o / n, 4, 2, D, 1)
+    assert list(plan.keep) == [0, 3]
+    cols = query_rows(plan.keep, D)
+    y = o @ wo.T
+    err_refit = np.sum((y - o[:, cols] @ plan.wo.T) ** 2)
+    err_drop = np.sum((y - o[:, cols] @ wo[:, cols].T) ** 2)
+    assert err_refit < 0.1 * err_drop  # the kept head 3 takes over what its echo added
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_keep_one_reproduces_source_outputs(tiny, tmp_path, cache, arch):
     out = tmp_path / "same.gguf"
@@ -293,6 +343,21 @@ def test_recovery_text_too_small_is_refused_before_any_work(tiny, tmp_path):
     with pytest.raises(CorpusTooSmall, match="for recovery"):
         prune(tiny["llama"], tmp_path / "o.gguf", cfg, progress=False, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "o.gguf").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("heads_keep", [0.0, -1.0, 1.5])
+def test_heads_keep_outside_unit_interval(heads_keep):
+    with pytest.raises(InvalidRequest, match=r"heads keep ratio must be in \(0, 1\]"):
+        PruneConfig(heads_keep=heads_keep).validate()
+
+
+def test_head_pruning_refused_where_llama_cpp_could_not_load_it(tiny, tmp_path):
+    with pytest.raises(InvalidRequest, match="'qwen2'"):  # llama.cpp expects an n_embd x n_embd attn_q
+        prune(tiny["qwen2"], tmp_path / "o.gguf", PruneConfig(heads_keep=0.5, **FAST), progress=False)
+    mha = write_tiny_gguf(tmp_path / "mha.gguf", "llama", n_head=4, n_head_kv=4, n_ff=128, seed=3)
+    with pytest.raises(InvalidRequest, match="nothing to remove"):  # one query head per KV head
+        prune(mha, tmp_path / "o.gguf", PruneConfig(heads_keep=0.5, **FAST), progress=False)
+    assert not (tmp_path / "o.gguf").exists()
 
 
 @pytest.mark.parametrize("bad, match", [(dict(recover_train="attention"), "'all' or 'ffn'"),

@@ -1,6 +1,6 @@
 """A3B gated-FFN pruning (needs the `prune` extra: torch).
 
-    a3b prune MODEL --keep 0.63 --method a3b --recover-steps 200 --out pruned.gguf
+    a3b prune MODEL --keep 0.63 --method a3b --recover-steps 160 --out pruned.gguf
 
 Importing this package does not import torch; the steps that need it (reference forward,
 calibration, distillation, dynamic gate) raise `TorchMissing` naming
@@ -27,7 +27,7 @@ def prune(source, out, config=None, **kwargs: Any):
     return _prune(source, out, config, **kwargs)
 
 
-def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int = 40,
+def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int | None = None,
                    **settings: Any) -> Path:
     """Path of a pruned variant of `source_path`, made once and cached on disk (see cache.py)."""
     from .cache import cached_variant as _cv

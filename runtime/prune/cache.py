@@ -50,14 +50,19 @@ def _lock(path: Path):
 
 
 def cached_variant(source_path: str | os.PathLike, keep: float = 0.63, method: str = "a3b",
-                   recover_steps: int = 40, *, cache_dir: str | os.PathLike | None = None,
+                   recover_steps: int | None = None, *, cache_dir: str | os.PathLike | None = None,
                    progress: bool = False, **settings: Any) -> Path:
-    """Return the path of the pruned variant, making it first if it is not cached yet."""
+    """Return the path of the pruned variant, making it first if it is not cached yet.
+
+    Settings left out (`recover_steps=None` included) take PruneConfig's defaults.
+    """
     known = {f.name for f in fields(PruneConfig)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidRequest(f"unknown pruning settings: {', '.join(sorted(unknown))}")
-    cfg = PruneConfig(keep=keep, method=method, recover_steps=recover_steps, **settings)
+    if recover_steps is not None:
+        settings["recover_steps"] = recover_steps
+    cfg = PruneConfig(keep=keep, method=method, **settings)
     cfg.validate()
     from .source import SourceModel
 

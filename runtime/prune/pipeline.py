@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,15 @@ def default_cache_dir() -> Path:
 
 # Settings added after variants were cached: at their defaults they leave the key (and so the cached
 # files' names) as it was, since the defaults reproduce what those files were made with.
-_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share",)
+_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep")
 
 
 @dataclass
 class PruneConfig:
     keep: float = 0.63
     method: str = "a3b"
-    recover_steps: int = 40
+    heads_keep: float = 1.0   # fraction of the query heads of every KV group kept (heads.py)
+    recover_steps: int = 160   # the measured setting (docs/pruning.md); the A3BLoader's default too
     calib_windows: int = 64
     seq_len: int = 256
     recover_seq_len: int = 128
@@ -59,6 +60,9 @@ class PruneConfig:
         if not isinstance(self.keep, (int, float)) or not 0.0 < float(self.keep) <= 1.0:
             raise InvalidRequest(f"keep ratio must be in (0, 1], got {self.keep!r}: it is the fraction of FFN "
                                  "neurons kept in every layer (e.g. 0.63).")
+        if not isinstance(self.heads_keep, (int, float)) or not 0.0 < float(self.heads_keep) <= 1.0:
+            raise InvalidRequest(f"heads keep ratio must be in (0, 1], got {self.heads_keep!r}: it is the fraction "
+                                 "of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
         if self.method not in METHODS:
             raise InvalidRequest(f"unknown pruning method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.recover_steps < 0:
@@ -182,6 +186,16 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     k = width_for(cfg.keep, hp.n_ff, align)
     if k < hp.n_ff:  # keep 1.0 selects nothing and needs no statistics
         _check_statistics(cfg, hp.n_ff)
+    from . import heads as headsmod
+
+    r = headsmod.heads_per_group(hp.arch, hp.n_head, hp.n_head_kv, cfg.heads_keep)
+    group = hp.n_head // hp.n_head_kv  # query heads per KV head
+    pruning = k < hp.n_ff or r < group
+    if r < group and cfg.calib_windows * cfg.seq_len < 2 * hp.n_head * hp.head_dim:
+        raise CorpusTooSmall(f"head pruning fits a {hp.n_head * hp.head_dim}-wide attention-output covariance per "
+                             f"layer and needs at least {2 * hp.n_head * hp.head_dim} calibration tokens; "
+                             f"{cfg.calib_windows} windows x {cfg.seq_len} tokens = {cfg.calib_windows * cfg.seq_len}. "
+                             "Raise --calib-windows.")
     from .errors import require_torch
 
     torch = require_torch()
@@ -193,7 +207,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    steps = cfg.recover_steps if k < hp.n_ff else 0  # nothing to recover at keep 1.0
+    steps = cfg.recover_steps if pruning else 0  # nothing to recover at keep 1.0
     recover_info: dict[str, Any] = {}
     weights_ll, tokenize, bos = _tokenizer(src)
     try:
@@ -219,6 +233,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     bias_ok = hp.arch == "llama"
     changed: dict[str, Any] = {}
     student_w = dict(all_w)
+    n_head = hp.n_head
     from tqdm import tqdm
 
     seq_plans = None
@@ -242,11 +257,27 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         changed[p + "ffn_down.weight"] = student_w[p + "ffn_down.weight"]
         if plan.bias is not None:
             student_w[p + "ffn_down.bias"] = changed[p + "ffn_down.bias"] = plan.bias
+    if r < group:
+        grams = headsmod.collect_grams(
+            teacher, np.array(wins, dtype=np.int32),
+            headsmod.gram_cache_path(cache, calibrate.stats_key(src.sha256, np.array(wins, dtype=np.int32))),
+            progress=progress)
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            plan = headsmod.plan_heads(all_w[p + "attn_output.weight"], grams[i], hp.n_head, hp.n_head_kv,
+                                       hp.head_dim, r)
+            rows = headsmod.query_rows(plan.keep, hp.head_dim)
+            student_w[p + "attn_q.weight"] = all_w[p + "attn_q.weight"][rows]
+            changed[p + "attn_q.weight"] = RawTensor.rows(src.raw(p + "attn_q.weight"), rows)
+            if p + "attn_q.bias" in all_w:
+                student_w[p + "attn_q.bias"] = changed[p + "attn_q.bias"] = all_w[p + "attn_q.bias"][rows]
+            student_w[p + "attn_output.weight"] = changed[p + "attn_output.weight"] = plan.wo
+        n_head = hp.n_head_kv * r
     timings["select"] = time.perf_counter() - t
 
     losses: list[float] = []
     # The teacher's tensors are views of `all_w`: a student that trains them needs its own copies.
-    student = RefModel(hp, {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
+    student = RefModel(replace(hp, n_head=n_head), {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
     if steps:
         t = time.perf_counter()
         types = {n: src.tensors[n].tensor_type.name for n in src.tensors} if cfg.qat else None
@@ -270,6 +301,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     meta: dict[str, Any] = {
         "method": cfg.method, "keep": float(cfg.keep), "keep_actual": k / hp.n_ff,
         "n_ff_source": hp.n_ff, "n_ff": k, "align": int(align),
+        "heads_keep": float(cfg.heads_keep), "n_head": n_head, "n_head_source": hp.n_head,
         "source.sha256": src.sha256, "source.name": src.path.name,
         "source.file_type": int(hp.file_type) if hp.file_type is not None else 0,
         "recover.steps": len(losses),
@@ -286,7 +318,7 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     with atomic_path(out, force=True) as tmp_out:
         staging = tmp_out.with_name(tmp_out.name + ".f32")
         try:
-            write_gguf(src, staging, changed, n_ff=k, a3b=meta)
+            write_gguf(src, staging, changed, n_ff=k, n_head=n_head, a3b=meta)
             quantize(staging, tmp_out, hp.file_type, n_threads=cfg.threads)
         finally:
             if staging.exists():

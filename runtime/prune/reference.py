@@ -48,6 +48,7 @@ class Layer(nn.Module):
             present = name in w or attr not in OPTIONAL
             setattr(self, attr, nn.Parameter(w[name], requires_grad=False) if present else None)
         self.emu = None  # numerics.Emulation-derived callables, set by RefModel(emulate=...)
+        self.attn_probe = None  # called with the attention output before W_o (heads.collect_grams)
 
     def _linear(self, x, w, b, name: str):
         return F.linear(x, w, b) if self.emu is None else self.emu[name](x, w, b)
@@ -70,7 +71,10 @@ class Layer(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             o = self.emu["attention"](q, k, v)
-        return self._linear(o.transpose(1, 2).reshape(B, T, hp.n_head * hp.head_dim), self.wo, None, "attn_output")
+        o = o.transpose(1, 2).reshape(B, T, hp.n_head * hp.head_dim)
+        if self.attn_probe is not None:
+            self.attn_probe(o)
+        return self._linear(o, self.wo, None, "attn_output")
 
     def ffn(self, x, il: int, hook: FFNHook | None):
         a = F.silu(self._linear(x, self.gate, None, "ffn_gate"))

@@ -86,16 +86,25 @@ def _add_a3b(w, a3b: dict[str, Any]) -> None:
 
 
 def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.ndarray | RawTensor], *,
-               n_ff: int, a3b: dict[str, Any]) -> None:
-    """Write `src` with the `changed` tensors (float32, numpy (out, in) layout) and new FFN width."""
+               n_ff: int, a3b: dict[str, Any], n_head: int | None = None) -> None:
+    """Write `src` with the `changed` tensors (float32, numpy (out, in) layout), new FFN width and
+    query head count (the head size is then written explicitly: llama.cpp derives it from
+    n_embd / n_head when the file does not say it)."""
     import gguf
 
     arch = src.hp.arch
     w = gguf.GGUFWriter(str(path), arch)
     skip = {f"{arch}.feed_forward_length", "general.file_type"}
     skip |= {k for k in src.fields if k.startswith("a3b.")}
+    heads_change = n_head is not None and n_head != src.hp.n_head
+    if heads_change:
+        skip |= {f"{arch}.attention.head_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"}
     _copy_kv(w, src, skip)
     w.add_feed_forward_length(int(n_ff))
+    if heads_change:
+        w.add_head_count(int(n_head))
+        w.add_key_length(int(src.hp.head_dim))
+        w.add_value_length(int(src.meta(f"{arch}.attention.value_length", src.hp.head_dim)))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)  # the quantiser sets the real type afterwards
     _add_a3b(w, {"version": A3B_VERSION, **a3b})
     names = list(src.tensors) + [n for n in changed if n not in src.tensors]
