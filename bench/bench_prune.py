@@ -173,10 +173,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keeps", default="1.0,0.9,0.8,0.63,0.5")
     ap.add_argument("--methods", default="random,magnitude,wanda,flap,a3b", help="also: obs")
-    ap.add_argument("--recover", default="a3b@0.8,a3b@0.63,flap@0.63,random@0.63",
-                    help="configurations also run with recovery, METHOD@KEEP (comma list)")
+    ap.add_argument("--recover", default="a3b@0.8,a3b@0.63,flap@0.63,random@0.63,wanda@0.63,a3b+h0.67@0.8",
+                    help="configurations also run with recovery, METHOD[+hHEADS_KEEP]@KEEP (comma list)")
     d = PruneConfig()  # recovery defaults: the ones `a3b prune` and the A3BLoader use
-    ap.add_argument("--heads", default="0.67@1,0.67@0.63",
+    ap.add_argument("--heads", default="0.67@1,0.67@0.8,0.67@0.63",
                     help="head-pruned rows (a3b FFN selection, no recovery), HEADS_KEEP@KEEP (comma list)")
     ap.add_argument("--recover-steps", type=int, default=d.recover_steps)
     ap.add_argument("--recover-lr", type=float, default=d.lr)
@@ -208,12 +208,19 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     keeps = [float(k) for k in args.keeps.split(",") if k]
     methods = [m for m in args.methods.split(",") if m]
-    rec = {(m, float(k)) for m, _, k in (c.partition("@") for c in args.recover.split(",") if c)}
+
+    def row(spec: str) -> tuple[str, float, float]:
+        """METHOD[+hHEADS_KEEP]@KEEP -> (method, heads_keep, keep)"""
+        m, _, k = spec.partition("@")
+        m, _, h = m.partition("+h")
+        return m, float(h or 1.0), float(k)
+
+    rec = {row(c) for c in args.recover.split(",") if c}
     head_rows = [(float(h), float(k)) for h, _, k in (c.partition("@") for c in args.heads.split(",") if c)]
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
 
-    def recovered_config(keep: float, method: str) -> PruneConfig:
-        return PruneConfig(keep=keep, method=method, recover_steps=args.recover_steps, lr=args.recover_lr,
+    def recovered_config(keep: float, method: str, heads_keep: float = 1.0) -> PruneConfig:
+        return PruneConfig(keep=keep, method=method, heads_keep=heads_keep, recover_steps=args.recover_steps, lr=args.recover_lr,
                            recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
                            recover_train=args.recover_train, qat=args.qat)
 
@@ -246,7 +253,7 @@ def main(argv=None) -> int:
         # a recovered row is reused only if its file was made with this run's settings (same config key;
         # re-measuring one is cheap when its variant is cached)
         done = {c["name"]: c for c in old.get("configs", [])
-                if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"]).key()}
+                if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
         from ..runtime.prune.source import SourceModel
 
         n_head = SourceModel(base).hp.n_head
@@ -271,12 +278,14 @@ def main(argv=None) -> int:
             if keep >= 1.0 and method != methods[-1]:
                 continue  # keep 1.0 is the same file for every method
             grid.append((f"{method}@{keep:g}", PruneConfig(keep=keep, method=method, recover_steps=0), False))
-            if (method, keep) in rec and keep < 1.0:
+            if (method, 1.0, keep) in rec and keep < 1.0:
                 grid.append((f"{method}+r@{keep:g}", recovered_config(keep, method), True))
         for hk, hkeep in head_rows:
             if hkeep == keep:
                 grid.append((f"a3b+h{hk:g}@{keep:g}",
                              PruneConfig(keep=keep, method="a3b", heads_keep=hk, recover_steps=0), False))
+                if ("a3b", hk, keep) in rec:
+                    grid.append((f"a3b+h{hk:g}+r@{keep:g}", recovered_config(keep, "a3b", hk), True))
 
     rows: list = []
     kept: dict[str, Path] = {}

@@ -90,8 +90,8 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
                flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
                lora_strength: float = 1.0, keep_ratio: float = 1.0, prune_method: str = "a3b",
-               recover_steps: int = 160, serve_as: str = "as-is", lora_folders: Sequence[str | os.PathLike] = (),
-               free_vram: Callable[[int], None] | None = None) -> LoadSpec:
+               recover_steps: int = 160, heads_keep: float = 1.0, serve_as: str = "as-is",
+               lora_folders: Sequence[str | os.PathLike] = (), free_vram: Callable[[int], None] | None = None) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
     The handle is what travels between nodes: A3BGenerate and A3BEmbed hand it back to the runtime,
@@ -102,10 +102,10 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
     rt = get_runtime()
     ref = None if model in (DEFAULT_CHOICE, "", None) else model
     path = resolve_model(ref, restrict=True)
-    if keep_ratio is not None and keep_ratio < 1.0:
-        path = pruned_variant(path, keep_ratio, prune_method, recover_steps)
-    elif keep_ratio is not None and keep_ratio > 1.0:
-        raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
+    keep_ratio = 1.0 if keep_ratio is None else keep_ratio
+    heads_keep = 1.0 if heads_keep is None else heads_keep
+    if keep_ratio != 1.0 or heads_keep != 1.0:
+        path = pruned_variant(path, keep_ratio, prune_method, recover_steps, heads_keep)
     spec = rt.spec(str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                    flash_attn=flash_attn, kv_cache_type=kv_cache_type,
                    lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength, serve_as=serve_as)
@@ -137,10 +137,14 @@ def prune_methods() -> list[str]:
     return ["a3b"] + [m for m in METHODS if m != "a3b"]
 
 
-def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 160) -> Path:
-    """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons (made once, cached)."""
-    if not 0.0 < keep_ratio < 1.0:
+def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 160,
+                   heads_keep: float = 1.0) -> Path:
+    """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons and `heads_keep` of the
+    query heads of every KV group (made once, cached)."""
+    if not 0.0 < keep_ratio <= 1.0:
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
+    if not 0.0 < heads_keep <= 1.0:
+        raise NodeError(f"heads_keep must be in (0, 1]; got {heads_keep}. Use 1.0 to keep every attention head.")
     try:
         from ..runtime import prune
     except Exception as e:  # noqa: BLE001  (an optional part; any import failure means "unavailable")
@@ -151,12 +155,13 @@ def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_s
         raise NodeError("This installation cannot make pruned variants (runtime.prune.cached_variant is "
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
-    key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps)
+    key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep)
     hit = _variants.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
-        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps))
+        settings = {"heads_keep": heads_keep} if heads_keep != 1.0 else {}
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, **settings))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e

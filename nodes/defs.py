@@ -85,19 +85,21 @@ def _first(x: Any) -> Any:
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id=None, model=core.DEFAULT_CHOICE, n_ctx=2048, n_gpu_layers=0, threads=0,
                 flash_attn="auto", kv_cache_type="f16", lora=core.NONE_CHOICE, lora_strength=1.0,
-                keep_ratio=1.0, prune_method="a3b", recover_steps=160, serve_as="as-is"):
+                keep_ratio=1.0, prune_method="a3b", recover_steps=160, heads_keep=1.0, serve_as="as-is"):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
-                           prune_method=prune_method, recover_steps=recover_steps, serve_as=serve_as,
+                           prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
+                           serve_as=serve_as,
                            lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
     return (spec,), {"text": [core.describe(spec)]}
 
 
 def _fingerprint_loader(model=core.DEFAULT_CHOICE, lora=core.NONE_CHOICE, keep_ratio=1.0, prune_method="a3b",
-                        recover_steps=160, **_):
-    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps)
+                        recover_steps=160, heads_keep=1.0, **_):
+    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps,
+                                  heads_keep)
 
 
 def _model_options() -> list[str]:
@@ -133,6 +135,9 @@ LOADER = NodeDef(
         In("serve_as", "COMBO", "as-is", optional=True, options=core.serve_as_choices,
            tooltip=("Serve the file as is, a copy re-encoded once (q8_0 reads prompts about twice as fast "
                     "for small Q4 models), or whichever measures faster here (auto).")),
+        In("heads_keep", "FLOAT", 1.0, optional=True, min=0.1, max=1.0, step=0.01,
+           tooltip=("A3B head pruning: keep this share of the query heads of every KV group (1.0 = off; "
+                    "0.67 keeps 2 of 3). llama and qwen3 models with grouped-query attention; needs torch.")),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

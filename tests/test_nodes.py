@@ -340,6 +340,26 @@ def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_
     rt.unload(h)
 
 
+def test_heads_keep_serves_a_head_pruned_variant(rt, tmp_path, monkeypatch, tiny_models):
+    """heads_keep < 1 alone (keep_ratio 1.0) still makes a pruned copy: fewer query heads, same KV heads."""
+    pytest.importorskip("torch", reason="the prune extra (torch) is not installed")
+    from comfyui_a3b.runtime import inspect_gguf
+
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    add_model_dir(tiny_models["llama"].parent)
+    args = {**defs.LOADER.defaults(), "model": tiny_models["llama"].name, "heads_keep": 0.5, "recover_steps": 0,
+            "n_ctx": 256}
+    h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
+    a = inspect_gguf(h.path).a3b
+    assert (a["a3b.n_head"], a["a3b.n_head_source"], a["a3b.n_ff"], a["a3b.n_ff_source"]) == (2, 4, 128, 128)
+    assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
+    rt.unload(h)
+    for bad, match in ((dict(heads_keep=0.0), "heads_keep must be in"), (dict(keep_ratio=1.5), "keep_ratio must be in"),
+                       (dict(model=tiny_models["qwen2"].name, heads_keep=0.5), "qwen2")):
+        with pytest.raises(Exception, match=match):
+            node("A3BLoader").run(unique_id="1", **{**args, **bad})
+
+
 def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
     from tinygguf import write_tiny_lora
 
