@@ -287,6 +287,10 @@ def main(argv=None) -> int:
                 if ("a3b", hk, keep) in rec:
                     grid.append((f"a3b+h{hk:g}+r@{keep:g}", recovered_config(keep, "a3b", hk), True))
 
+    # one-shot rows first: the table is complete without the slow recovered ones, which may also be
+    # in the making elsewhere (cached_variant waits for a variant another process is making)
+    grid.sort(key=lambda g: g[2])
+
     rows: list = []
     kept: dict[str, Path] = {}
     for name, cfg, recovered in grid:
