@@ -201,6 +201,7 @@ def main(argv=None) -> int:
 
     from ..runtime import default_model_path, inspect_gguf
     from ..runtime.prune import cached_variant
+    from ..runtime.prune.cache import variant_path
     from ..runtime.prune.llama_eval import LlamaEval
 
     base = default_model_path()
@@ -244,6 +245,9 @@ def main(argv=None) -> int:
     print(f"unpruned: perplexity code {base_ppl['code']:.2f}, prose {base_ppl['prose']:.2f}")
 
     done: dict[str, dict] = {}
+    from ..runtime.prune.source import SourceModel
+
+    n_head = SourceModel(base).hp.n_head  # files made before head pruning existed kept every head
     if args.resume:
         import json
 
@@ -254,9 +258,6 @@ def main(argv=None) -> int:
         # re-measuring one is cheap when its variant is cached)
         done = {c["name"]: c for c in old.get("configs", [])
                 if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
-        from ..runtime.prune.source import SourceModel
-
-        n_head = SourceModel(base).hp.n_head
         for c in done.values():  # rows measured before head pruning existed kept every head
             c.setdefault("heads_keep", 1.0)
             c.setdefault("n_head", n_head)
@@ -298,6 +299,8 @@ def main(argv=None) -> int:
         out = work / f"{name}.gguf"
         if name in done:
             results["configs"].append(done[name])
+            if recovered and variant_path(base, cfg).is_file():
+                out = variant_path(base, cfg)  # for the gate curve and HumanEval
             if out.is_file():
                 kept[name] = out
             continue
@@ -317,7 +320,7 @@ def main(argv=None) -> int:
         sb, sp, ratio = decode_ratio(base, out, prompt)
         c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": n_ff,
              "keep_actual": n_ff / int(meta["a3b.n_ff_source"]), "heads_keep": cfg.heads_keep,
-             "n_head": int(meta["a3b.n_head"]), "n_head_source": int(meta["a3b.n_head_source"]),
+             "n_head": int(meta.get("a3b.n_head", n_head)), "n_head_source": n_head,
              "size": out.stat().st_size,
              "size_ratio": out.stat().st_size / base.stat().st_size, "perplexity": ppl,
              "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
