@@ -114,6 +114,26 @@ def plan_heads(wo: np.ndarray, gram: np.ndarray, n_head: int, n_head_kv: int, he
     return HeadPlan(keep, refit.astype(np.float32), energy)
 
 
+def prune_heads(src, weights: dict[str, np.ndarray], grams: list[np.ndarray], r: int,
+                student_w: dict, changed: dict) -> int:
+    """Plan every layer and put the pruned tensors into `student_w` (float32, for the student) and
+    `changed` (what the writer stores: query rows sliced from the stored bytes, the re-fitted W_o).
+    Returns the new query head count."""
+    from .writer import RawTensor
+
+    hp = src.hp
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        plan = plan_heads(weights[p + "attn_output.weight"], grams[i], hp.n_head, hp.n_head_kv, hp.head_dim, r)
+        rows = query_rows(plan.keep, hp.head_dim)
+        student_w[p + "attn_q.weight"] = weights[p + "attn_q.weight"][rows]
+        changed[p + "attn_q.weight"] = RawTensor.rows(src.raw(p + "attn_q.weight"), rows)
+        if p + "attn_q.bias" in weights:
+            student_w[p + "attn_q.bias"] = changed[p + "attn_q.bias"] = weights[p + "attn_q.bias"][rows]
+        student_w[p + "attn_output.weight"] = changed[p + "attn_output.weight"] = plan.wo
+    return hp.n_head_kv * r
+
+
 def query_rows(keep: np.ndarray, head_dim: int) -> np.ndarray:
     """Rows of attn_q (and its bias) that belong to the kept heads."""
     return np.concatenate([np.arange(h * head_dim, (h + 1) * head_dim) for h in keep])

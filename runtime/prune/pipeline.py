@@ -258,26 +258,17 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
         if plan.bias is not None:
             student_w[p + "ffn_down.bias"] = changed[p + "ffn_down.bias"] = plan.bias
     if r < group:
+        tokens = np.array(wins, dtype=np.int32)
         grams = headsmod.collect_grams(
-            teacher, np.array(wins, dtype=np.int32),
-            headsmod.gram_cache_path(cache, calibrate.stats_key(src.sha256, np.array(wins, dtype=np.int32))),
+            teacher, tokens, headsmod.gram_cache_path(cache, calibrate.stats_key(src.sha256, tokens)),
             progress=progress)
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            plan = headsmod.plan_heads(all_w[p + "attn_output.weight"], grams[i], hp.n_head, hp.n_head_kv,
-                                       hp.head_dim, r)
-            rows = headsmod.query_rows(plan.keep, hp.head_dim)
-            student_w[p + "attn_q.weight"] = all_w[p + "attn_q.weight"][rows]
-            changed[p + "attn_q.weight"] = RawTensor.rows(src.raw(p + "attn_q.weight"), rows)
-            if p + "attn_q.bias" in all_w:
-                student_w[p + "attn_q.bias"] = changed[p + "attn_q.bias"] = all_w[p + "attn_q.bias"][rows]
-            student_w[p + "attn_output.weight"] = changed[p + "attn_output.weight"] = plan.wo
-        n_head = hp.n_head_kv * r
+        n_head = headsmod.prune_heads(src, all_w, grams, r, student_w, changed)
     timings["select"] = time.perf_counter() - t
 
     losses: list[float] = []
     # The teacher's tensors are views of `all_w`: a student that trains them needs its own copies.
-    student = RefModel(replace(hp, n_head=n_head), {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
+    student = RefModel(replace(hp, n_head=n_head),
+                       {n: np.array(v, copy=True) for n, v in student_w.items()} if steps else student_w)
     if steps:
         t = time.perf_counter()
         types = {n: src.tensors[n].tensor_type.name for n in src.tensors} if cfg.qat else None
