@@ -390,7 +390,10 @@ def test_cli_sigint_exits_130_and_leaves_no_output(tiny, tmp_path):
     env = dict(os.environ, A3B_CACHE=str(tmp_path / "cache"))
     p = subprocess.Popen([sys.executable, "-m", "comfyui_a3b.cli", "prune", str(tiny["llama"]), "--keep", "0.5",
                           "--recover-steps", "100000", "--calib-windows", "8", "--seq-len", "64", "--out", str(out)],
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True, env=env,
+                         # a test run started in the background inherits SIGINT ignored; a terminal's
+                         # Ctrl-C is what this test is about, so give the child the default disposition
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     deadline = time.time() + 120
     while "distilling" not in seen and time.time() < deadline:
