@@ -56,7 +56,8 @@ class HeadPlan:
 
 def collect_grams(model, tokens: np.ndarray, cache_path: Path | None = None, batch: int = 4,
                   progress: bool = True) -> list[np.ndarray]:
-    """Per layer, the Gram matrix (float64) of the attention output before W_o, and the token count."""
+    """Per layer, the Gram matrix of the attention output before W_o (float64, averaged over tokens),
+    cached at `cache_path` (keyed by the caller on the source and the calibration tokens)."""
     torch = require_torch()
     if cache_path is not None and cache_path.is_file():
         try:
