@@ -160,8 +160,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_s
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
-        settings = {"heads_keep": heads_keep} if heads_keep != 1.0 else {}
-        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, **settings))
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e

@@ -354,6 +354,9 @@ def test_heads_keep_outside_unit_interval(heads_keep):
 def test_head_pruning_refused_where_llama_cpp_could_not_load_it(tiny, tmp_path):
     with pytest.raises(InvalidRequest, match="'qwen2'"):  # llama.cpp expects an n_embd x n_embd attn_q
         prune(tiny["qwen2"], tmp_path / "o.gguf", PruneConfig(heads_keep=0.5, **FAST), progress=False)
+    with pytest.raises(CorpusTooSmall, match="head pruning .*covariance"):  # 64 x 64 needs 128 tokens
+        prune(tiny["llama"], tmp_path / "o.gguf", PruneConfig(keep=1.0, heads_keep=0.5, calib_windows=1, seq_len=64),
+              progress=False)
     mha = write_tiny_gguf(tmp_path / "mha.gguf", "llama", n_head=4, n_head_kv=4, n_ff=128, seed=3)
     with pytest.raises(InvalidRequest, match="nothing to remove"):  # one query head per KV head
         prune(mha, tmp_path / "o.gguf", PruneConfig(heads_keep=0.5, **FAST), progress=False)

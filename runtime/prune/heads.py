@@ -16,7 +16,6 @@ average (the same compensation the a3b FFN method applies to the down projection
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +107,7 @@ def plan_heads(wo: np.ndarray, gram: np.ndarray, n_head: int, n_head_kv: int, he
         energy[h] = np.einsum("ij,jk,ik->", w, gram[s, s], w)
     keep = np.sort(np.concatenate([g * rep + np.argsort(-energy[g * rep:(g + 1) * rep], kind="stable")[:r]
                                    for g in range(n_head_kv)]))
-    cols = np.concatenate([np.arange(h * head_dim, (h + 1) * head_dim) for h in keep])
+    cols = query_rows(keep, head_dim)  # the kept heads' columns of W_o are their rows of attn_q
     gkk = gram[np.ix_(cols, cols)]
     gkk = gkk + damp * np.mean(np.diag(gkk)) * np.eye(len(cols))
     refit = np.linalg.solve(gkk, gram[cols] @ wo.astype(np.float64).T).T  # W_o G[:, K] G[K, K]^-1
@@ -141,4 +140,4 @@ def query_rows(keep: np.ndarray, head_dim: int) -> np.ndarray:
 
 
 def gram_cache_path(cache: Path, stats_key: str) -> Path:
-    return Path(os.fspath(cache)) / f"heads-v{GRAM_VERSION}-{stats_key}.npz"
+    return Path(cache) / f"heads-v{GRAM_VERSION}-{stats_key}.npz"

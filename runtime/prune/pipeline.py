@@ -159,12 +159,19 @@ def recovery_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[np.ndarray],
                     **{f"recover.windows.{k}": len(w) for k, w in kinds.items()}}
 
 
-def _check_statistics(cfg: PruneConfig, n_ff: int) -> None:
+def _check_covariance(cfg: PruneConfig, n: int, what: str) -> None:
+    """A fitted n x n covariance per layer needs at least 2n calibration tokens."""
     n_tokens = cfg.calib_windows * cfg.seq_len
-    if cfg.method in ("a3b", "obs") and n_tokens < 2 * n_ff:
-        raise CorpusTooSmall(f"method {cfg.method} fits a {n_ff}x{n_ff} activation covariance per layer and needs at "
-                             f"least {2 * n_ff} calibration tokens; {cfg.calib_windows} windows x {cfg.seq_len} "
-                             f"tokens = {n_tokens}. Raise --calib-windows.")
+    if n_tokens < 2 * n:
+        raise CorpusTooSmall(f"{what} fits a {n}x{n} covariance per layer and needs at least {2 * n} calibration "
+                             f"tokens; {cfg.calib_windows} windows x {cfg.seq_len} tokens = {n_tokens}. "
+                             "Raise --calib-windows.")
+
+
+def _check_statistics(cfg: PruneConfig, n_ff: int) -> None:
+    if cfg.method in ("a3b", "obs"):
+        _check_covariance(cfg, n_ff, f"method {cfg.method} (FFN activations)")
+    n_tokens = cfg.calib_windows * cfg.seq_len
     if cfg.method not in DATA_FREE and n_tokens < 64:
         raise CorpusTooSmall(f"method {cfg.method} needs activation statistics over at least 64 tokens; "
                              f"got {n_tokens}. Raise --calib-windows.")
@@ -191,11 +198,8 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     r = headsmod.heads_per_group(hp.arch, hp.n_head, hp.n_head_kv, cfg.heads_keep)
     group = hp.n_head // hp.n_head_kv  # query heads per KV head
     pruning = k < hp.n_ff or r < group
-    if r < group and cfg.calib_windows * cfg.seq_len < 2 * hp.n_head * hp.head_dim:
-        raise CorpusTooSmall(f"head pruning fits a {hp.n_head * hp.head_dim}-wide attention-output covariance per "
-                             f"layer and needs at least {2 * hp.n_head * hp.head_dim} calibration tokens; "
-                             f"{cfg.calib_windows} windows x {cfg.seq_len} tokens = {cfg.calib_windows * cfg.seq_len}. "
-                             "Raise --calib-windows.")
+    if r < group:
+        _check_covariance(cfg, hp.n_head * hp.head_dim, "head pruning (attention outputs)")
     from .errors import require_torch
 
     torch = require_torch()
