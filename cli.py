@@ -183,7 +183,7 @@ def cmd_lsp(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    from .runtime import prune
+    from . import prune
 
     return prune.cli_main(args)
 

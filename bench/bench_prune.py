@@ -26,7 +26,7 @@ from .common import plot, print_table, write_results
 
 
 def heldout_windows(ev, n: int, seq_len: int) -> dict[str, list[list[int]]]:
-    from ..runtime.prune import corpus
+    from ..prune import corpus
 
     return {k: corpus.windows(ev.tokenize, c, seq_len, n, ev.bos) for k, c in corpus.corpora("heldout").items()}
 
@@ -38,7 +38,7 @@ def decode_ratio(base_path, path, prompt: list[int], n_tokens: int = 64, reps: i
     On a shared machine other processes steal cores at random, so each side's best of `reps` runs
     estimates its undisturbed speed, and one thread keeps llama.cpp's thread barriers out of it.
     """
-    from ..runtime.prune.llama_eval import LlamaEval
+    from ..prune.llama_eval import LlamaEval
 
     with LlamaEval(base_path, n_ctx=256, n_threads=threads) as a, LlamaEval(path, n_ctx=256, n_threads=threads) as b:
         a.decode_speed(prompt, 8)
@@ -92,10 +92,10 @@ def agreement(path, windows: list[list[int]], stepwise: bool = True) -> dict:
     """
     import torch
 
-    from ..runtime.prune.llama_eval import LlamaEval
-    from ..runtime.prune.numerics import Emulation
-    from ..runtime.prune.reference import RefModel
-    from ..runtime.prune.source import SourceModel
+    from ..prune.llama_eval import LlamaEval
+    from ..prune.numerics import Emulation
+    from ..prune.reference import RefModel
+    from ..prune.source import SourceModel
 
     src = SourceModel(path)
     weights = {name: src.weight(name) for name in src.tensors}
@@ -142,8 +142,8 @@ def print_agreement(res: dict) -> None:
 
 def float_copy(src_path, out: Path) -> Path:
     """The same weights, dequantised to float32 (llama.cpp then does no 8-bit activation rounding)."""
-    from ..runtime.prune.source import SourceModel
-    from ..runtime.prune.writer import write_gguf
+    from ..prune.source import SourceModel
+    from ..prune.writer import write_gguf
 
     src = SourceModel(src_path)
     write_gguf(src, out, {n: src.weight(n) for n in src.tensors}, n_ff=src.hp.n_ff, a3b={"method": "float-copy"})
@@ -151,9 +151,9 @@ def float_copy(src_path, out: Path) -> Path:
 
 
 def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: np.ndarray) -> list[dict]:
-    from ..runtime.prune import gate
-    from ..runtime.prune.reference import RefModel, perplexity
-    from ..runtime.prune.source import SourceModel
+    from ..prune import gate
+    from ..prune.reference import RefModel, perplexity
+    from ..prune.source import SourceModel
 
     model = RefModel.from_source(SourceModel(path))
     base = perplexity(model, windows)
@@ -168,7 +168,7 @@ def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: n
 
 
 def main(argv=None) -> int:
-    from ..runtime.prune.pipeline import PruneConfig, default_cache_dir, prune
+    from ..prune.pipeline import PruneConfig, default_cache_dir, prune
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keeps", default="1.0,0.9,0.8,0.63,0.5")
@@ -200,9 +200,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
-    from ..runtime.prune import cached_variant
-    from ..runtime.prune.cache import variant_path
-    from ..runtime.prune.llama_eval import LlamaEval
+    from ..prune import cached_variant
+    from ..prune.cache import variant_path
+    from ..prune.llama_eval import LlamaEval
 
     base = default_model_path()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     print(f"unpruned: perplexity code {base_ppl['code']:.2f}, prose {base_ppl['prose']:.2f}")
 
     done: dict[str, dict] = {}
-    from ..runtime.prune.source import SourceModel
+    from ..prune.source import SourceModel
 
     n_head = SourceModel(base).hp.n_head  # files made before head pruning existed kept every head
     if args.resume:
@@ -358,8 +358,8 @@ def main(argv=None) -> int:
     best = next((c for c in results["configs"] if c["name"] == "a3b+r@0.63"), None)
     sp = [float(s) for s in args.gate_sparsities.split(",") if s]
     if sp:
-        from ..runtime.prune import corpus
-        from ..runtime.prune.pipeline import calibration_windows
+        from ..prune import corpus
+        from ..prune.pipeline import calibration_windows
 
         with LlamaEval(base, n_ctx=256) as ev:
             calib, _ = calibration_windows(ev.tokenize, ev.bos, PruneConfig(calib_windows=8))

@@ -16,7 +16,7 @@ from .common import plot, print_table, write_results
 
 
 def main(argv=None) -> int:
-    from ..runtime.prune.pipeline import PruneConfig
+    from ..prune.pipeline import PruneConfig
 
     d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,8 +30,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
-    from ..runtime.prune import cached_variant
-    from ..runtime.prune.llama_eval import LlamaEval
+    from ..prune import cached_variant
+    from ..prune.llama_eval import LlamaEval
     from .bench_prune import heldout_windows
 
     base = default_model_path()

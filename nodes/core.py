@@ -131,7 +131,7 @@ def serve_as_choices() -> list[str]:
 
 def prune_methods() -> list[str]:
     try:
-        from ..runtime.prune import METHODS
+        from ..prune import METHODS
     except Exception:  # noqa: BLE001
         return ["a3b"]
     return ["a3b"] + [m for m in METHODS if m != "a3b"]
@@ -146,13 +146,13 @@ def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_s
     if not 0.0 < heads_keep <= 1.0:
         raise NodeError(f"heads_keep must be in (0, 1]; got {heads_keep}. Use 1.0 to keep every attention head.")
     try:
-        from ..runtime import prune
+        from .. import prune
     except Exception as e:  # noqa: BLE001  (an optional part; any import failure means "unavailable")
         raise NodeError(f"Pruning is unavailable ({type(e).__name__}: {e}). Install the prune extra "
                         "(pip install 'comfyui-a3b[prune]', which brings torch) or set keep_ratio to 1.0.") from e
     fn = getattr(prune, "cached_variant", None)
     if fn is None:
-        raise NodeError("This installation cannot make pruned variants (runtime.prune.cached_variant is "
+        raise NodeError("This installation cannot make pruned variants (prune.cached_variant is "
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
     key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep)

@@ -232,7 +232,7 @@ def test_gpu_layers_on_a_cpu_build_says_how_to_fix():
 def test_keep_ratio_errors(monkeypatch):
     with pytest.raises(core.NodeError, match="keep_ratio"):
         core.load_model(core.DEFAULT_CHOICE, keep_ratio=1.5)
-    from comfyui_a3b.runtime import prune
+    from comfyui_a3b import prune
 
     monkeypatch.delattr(prune, "cached_variant", raising=False)
     with pytest.raises(core.NodeError, match="keep_ratio to 1.0"):

@@ -1,4 +1,4 @@
-"""The reference forward's emulation of llama.cpp's CPU activation rounding (runtime/prune/numerics.py),
+"""The reference forward's emulation of llama.cpp's CPU activation rounding (prune/numerics.py),
 checked against the installed llama.cpp: its own quantisation and dot-product kernels (through the
 public `ggml_get_type_traits_cpu` of the ggml CPU library), tiny float models, and the embedded model."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 
 from tinygguf import write_tiny_gguf  # noqa: E402
 
-from comfyui_a3b.runtime.prune import corpus, numerics  # noqa: E402
-from comfyui_a3b.runtime.prune.llama_eval import LlamaEval  # noqa: E402
-from comfyui_a3b.runtime.prune.reference import RefModel  # noqa: E402
-from comfyui_a3b.runtime.prune.source import SourceModel  # noqa: E402
+from comfyui_a3b.prune import corpus, numerics  # noqa: E402
+from comfyui_a3b.prune.llama_eval import LlamaEval  # noqa: E402
+from comfyui_a3b.prune.reference import RefModel  # noqa: E402
+from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 
 F = torch.nn.functional
 

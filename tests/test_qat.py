@@ -7,9 +7,9 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 
 from tinygguf import write_tiny_gguf  # noqa: E402
 
-from comfyui_a3b.runtime.prune import qat  # noqa: E402
-from comfyui_a3b.runtime.prune.source import SourceModel  # noqa: E402
-from comfyui_a3b.runtime.prune.writer import quantize  # noqa: E402
+from comfyui_a3b.prune import qat  # noqa: E402
+from comfyui_a3b.prune.source import SourceModel  # noqa: E402
+from comfyui_a3b.prune.writer import quantize  # noqa: E402
 
 # llama.h's LLAMA_FTYPE_MOSTLY_* values
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "F16": 1}

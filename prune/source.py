@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gguf_info import inspect_gguf, sha256_file
+from ..runtime.gguf_info import inspect_gguf, sha256_file
 from .errors import UnsupportedArchitecture
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")

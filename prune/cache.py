@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..gguf_info import sha256_file
+from ..runtime.gguf_info import sha256_file
 from .errors import InvalidRequest
 from .pipeline import PruneConfig, default_cache_dir
 

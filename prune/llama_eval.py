@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelLoadFailed
-from ..llama_engine import Weights, llama
+from ..runtime.errors import ModelLoadFailed
+from ..runtime.llama_engine import Weights, llama
 
 
 class LlamaEval:

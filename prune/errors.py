@@ -1,7 +1,7 @@
 """Errors of the pruning pipeline. All are `A3BError`s, so the CLI prints one line and exits 2."""
 from __future__ import annotations
 
-from ..errors import A3BError, InvalidRequest, UnsupportedArchitecture  # noqa: F401  (re-exported)
+from ..runtime.errors import A3BError, InvalidRequest, UnsupportedArchitecture  # noqa: F401  (re-exported)
 
 INSTALL_HINT = "pip install 'comfyui-a3b[prune]'"
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import ModelLoadFailed
+from ..runtime.errors import ModelLoadFailed
 from .errors import OutputExists
 from .source import SourceModel
 
@@ -126,7 +126,7 @@ def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.
 def quantize(src_path: str | os.PathLike, dst_path: str | os.PathLike, ftype: int | None,
              n_threads: int = 0) -> None:
     """llama.cpp's `llama_model_quantize` to `ftype` (a LLAMA_FTYPE, e.g. 3 = Q4_1); None/0 = float32 copy."""
-    from ..llama_engine import llama
+    from ..runtime.llama_engine import llama
 
     L = llama()
     params = L.llama_model_quantize_default_params()

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(args) -> int:
-    from ..locate import resolve_model
+    from ..runtime.locate import resolve_model
     from .pipeline import PruneConfig, prune
 
     ns = build_parser().parse_args(list(getattr(args, "extra", []) or []))
