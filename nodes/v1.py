@@ -42,7 +42,7 @@ def make_class(d: NodeDef) -> type:
 
     def run(self, unique_id=None, **kwargs):
         node_id = unique_id[0] if isinstance(unique_id, list) else unique_id
-        outputs, ui = d.run(node_id=node_id, **kwargs)
+        outputs, ui = d.call(node_id, **kwargs)
         return {"ui": ui, "result": outputs} if ui else outputs
 
     attrs: dict[str, Any] = {
@@ -61,8 +61,7 @@ def make_class(d: NodeDef) -> type:
         "__doc__": d.description,
     }
     if d.fingerprint is not None:
-        fp = d.fingerprint
-        attrs["IS_CHANGED"] = classmethod(lambda cls, unique_id=None, **kw: fp(**kw))
+        attrs["IS_CHANGED"] = classmethod(lambda cls, unique_id=None, **kw: d.fingerprint_of(**kw))
     return type(d.node_id, (), attrs)
 
 

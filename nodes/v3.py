@@ -50,12 +50,11 @@ def make_node(d: NodeDef) -> type[io.ComfyNode]:
         @classmethod
         def execute(cls, **kwargs) -> io.NodeOutput:
             node_id = cls.hidden.unique_id if cls.hidden is not None else None
-            outputs, ui = d.run(node_id=node_id, **kwargs)
+            outputs, ui = d.call(node_id, **kwargs)
             return io.NodeOutput(*outputs, ui=ui)
 
     if d.fingerprint is not None:
-        fp = d.fingerprint
-        Node.fingerprint_inputs = classmethod(lambda cls, **kw: fp(**kw))
+        Node.fingerprint_inputs = classmethod(lambda cls, **kw: d.fingerprint_of(**kw))
     Node.__name__ = Node.__qualname__ = d.node_id
     return Node
 

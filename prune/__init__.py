@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .config import PruneConfig
 from .errors import CorpusTooSmall, OutputExists, PruneInterrupted, TorchMissing, require_torch
 from .methods import METHODS
 from .source import SUPPORTED_ARCHITECTURES
 
-__all__ = ["METHODS", "SUPPORTED_ARCHITECTURES", "CorpusTooSmall", "OutputExists", "PruneInterrupted",
+__all__ = ["METHODS", "PruneConfig", "SUPPORTED_ARCHITECTURES", "CorpusTooSmall", "OutputExists", "PruneInterrupted",
            "TorchMissing", "cached_variant", "cli_main", "prune", "require_torch"]
 
 
@@ -27,12 +28,11 @@ def prune(source, out, config=None, **kwargs: Any):
     return _prune(source, out, config, **kwargs)
 
 
-def cached_variant(source_path, keep: float = 0.63, method: str = "a3b", recover_steps: int | None = None,
-                   **settings: Any) -> Path:
+def cached_variant(source_path, **settings: Any) -> Path:
     """Path of a pruned variant of `source_path`, made once and cached on disk (see cache.py)."""
     from .cache import cached_variant as _cv
 
-    return _cv(source_path, keep=keep, method=method, recover_steps=recover_steps, **settings)
+    return _cv(source_path, **settings)
 
 
 def cli_main(args) -> int:

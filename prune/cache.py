@@ -15,7 +15,7 @@ from typing import Any
 
 from ..runtime.gguf_info import sha256_file
 from .errors import InvalidRequest
-from .pipeline import PruneConfig, default_cache_dir
+from .config import PruneConfig, default_cache_dir
 
 _sha_memo: dict[tuple[str, int, int], str] = {}
 
@@ -49,20 +49,18 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def cached_variant(source_path: str | os.PathLike, keep: float = 0.63, method: str = "a3b",
-                   recover_steps: int | None = None, *, cache_dir: str | os.PathLike | None = None,
+def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
                    progress: bool = False, **settings: Any) -> Path:
     """Return the path of the pruned variant, making it first if it is not cached yet.
 
-    Settings left out (`recover_steps=None` included) take PruneConfig's defaults.
+    `settings` are PruneConfig fields (keep=..., method=..., ...); those left out, or given as None,
+    take PruneConfig's defaults.
     """
     known = {f.name for f in fields(PruneConfig)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidRequest(f"unknown pruning settings: {', '.join(sorted(unknown))}")
-    if recover_steps is not None:
-        settings["recover_steps"] = recover_steps
-    cfg = PruneConfig(keep=keep, method=method, **settings)
+    cfg = PruneConfig(**{k: v for k, v in settings.items() if v is not None})
     cfg.validate()
     from .source import SourceModel
 

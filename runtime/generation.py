@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from .errors import A3BError, Cancelled, InvalidRequest
+from .options import check_finite
 
 #: Priorities: higher runs first. Editor requests are interactive, workflow generations are batch.
 PRIORITY_BATCH = 0
@@ -34,6 +35,14 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            check_finite(name, getattr(self, name))
+        for name in ("top_k", "repeat_last_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidRequest(f"{name} must be an integer, got {v!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidRequest(f"seed must be an integer or None, got {self.seed!r}")
         if self.temperature < 0:
             raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -118,6 +127,9 @@ class GenerationRequest:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequest("Stop strings must be non-empty strings.")
+        check_finite("confidence threshold", self.confidence.threshold)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
             raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
         self.sampling.validate()

@@ -31,6 +31,7 @@ import numpy as np
 from .errors import (Cancelled, EmbeddingsUnsupported, InvalidRequest, LlamaCppUnavailable, ModelLoadFailed,
                      ModelUnloaded, PromptTooLong, TruncatedGGUF, UnsupportedArchitecture)
 from .gguf_info import FILE_TYPES
+from .options import POOLINGS
 from .generation import (GenerationRequest, GenerationResult, GenerationStream, TextAssembler,
                          TokenEvent)
 
@@ -43,7 +44,6 @@ _log_seq = 0
 _log_cb = None  # keep a reference: llama.cpp holds the pointer
 
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-POOLINGS = ("mean", "cls", "last")
 
 
 def llama():

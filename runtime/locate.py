@@ -60,14 +60,24 @@ def model_dirs() -> list[Path]:
     return dirs
 
 
+def _allowed_dirs(dirs: list[Path]) -> list[Path]:
+    try:
+        return dirs + [default_model_path().parent]
+    except ModelNotFound:
+        return dirs
+
+
 def list_models() -> list[str]:
-    """Names (relative to their folder) of the .gguf files in the model folders."""
+    """Names (relative to their folder) of the .gguf files in the model folders, leaving out links
+    to files outside them (a name over a network API cannot reach those, see resolve_model)."""
+    dirs = model_dirs()
+    allowed = _allowed_dirs(dirs)
     names: list[str] = []
-    for d in model_dirs():
+    for d in dirs:
         if d.is_dir():
             for p in sorted(d.rglob("*.gguf")):
                 rel = p.relative_to(d).as_posix()
-                if rel not in names:
+                if rel not in names and any(_inside(p.resolve(), a) for a in allowed):
                     names.append(rel)
     return names
 
@@ -93,16 +103,20 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, *, restrict: bo
     dirs = model_dirs()
     p = Path(ref).expanduser()
     if restrict:
-        allowed = dirs + [default_model_path().parent]
+        allowed = _allowed_dirs(dirs)
         candidates = [p] if p.is_absolute() else [d / p for d in dirs]
+        escapes = p.is_absolute() or ".." in p.parts
         for c in candidates:
             r = c.resolve()  # follows symlinks and '..' so neither escapes the folder
             if any(_inside(r, a) for a in allowed):
                 if r.is_file():
                     return r
-            elif p.is_absolute() or ".." in p.parts:
-                raise PathNotAllowed(f"Model path {ref!r} is outside the allowed model folders "
-                                     f"({', '.join(map(str, allowed))}); put the file in one of them.")
+            elif c.is_symlink():
+                raise PathNotAllowed(f"{ref!r} in {c.parent} is a link to {r}, outside the allowed model "
+                                     "folders; copy the file into the folder, or add its folder to $A3B_MODELS.")
+        if escapes:
+            raise PathNotAllowed(f"Model path {ref!r} is outside the allowed model folders "
+                                 f"({', '.join(map(str, allowed))}); put the file in one of them.")
         raise ModelNotFound(f"No model named {ref!r} in {', '.join(map(str, dirs)) or 'any model folder'}. "
                             f"Available: {', '.join(list_models()) or 'none'} (or 'default').")
     if p.is_file():

@@ -11,7 +11,7 @@ instead of 98 MB. So the runtime can serve such a re-encoded copy:
 - `serve_as="auto"`: measure prompt speed of both on this machine once (cached with the copy) and
   serve whichever is faster.
 
-Copies live in `$A3B_CACHE` (default `~/.cache/comfyui-a3b`), keyed by the source file's path,
+Copies live in `options.cache_root()/serving` (`$A3B_CACHE`, default `~/.cache/comfyui-a3b`), keyed by the source file's path,
 size and mtime, written under a temporary name and renamed, so an interrupted run leaves nothing
 half-written under the final name.
 """
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from .errors import InvalidRequest, ModelLoadFailed
+from .options import cache_root
 
 log = logging.getLogger("a3b.serving")
 
@@ -36,7 +37,7 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("A3B_CACHE") or Path.home() / ".cache" / "comfyui-a3b") / "serving"
+    d = cache_root() / "serving"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

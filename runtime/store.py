@@ -11,68 +11,23 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from .errors import ContextTooLarge, InvalidRequest
+from .errors import ContextTooLarge
 from .gguf_info import check_header
 from .llama_engine import ContextOptions, LoadedModel, Weights
+from .options import LoadSpec
 from .serving import serving_path
 
 log = logging.getLogger("a3b.store")
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    path: str
-    n_ctx: int = 2048
-    n_parallel: int = 2
-    n_gpu_layers: int = 0
-    n_threads: int = 0
-    n_batch: int = 256
-    flash_attn: str = "auto"
-    kv_cache_type: str = "f16"
-    use_mmap: bool = True
-    lora_path: str | None = None
-    lora_scale: float = 1.0
-    #: Serve the file as is, a cached re-encoded copy ("q8_0", ...), or the faster of both ("auto");
-    #: see runtime/serving.py.
-    serve_as: str = "as-is"
-    #: Longest text the embedding context takes, in tokens (RAG chunks beyond it are refused).
-    embed_n_ctx: int = 256
-    #: What to do when n_ctx exceeds the model's trained context: "warn" (load, log a warning and
-    #: report it in status) or "refuse" (raise ContextTooLarge).
-    ctx_policy: str = "warn"
-
-    def validate(self) -> None:
-        if self.n_ctx < 16:
-            raise InvalidRequest(f"n_ctx must be at least 16, got {self.n_ctx}")
-        if not 1 <= self.n_parallel <= 64:
-            raise InvalidRequest(f"n_parallel must be in 1..64, got {self.n_parallel}")
-        if not 8 <= self.embed_n_ctx <= 1 << 16:
-            raise InvalidRequest(f"embed_n_ctx must be in 8..65536, got {self.embed_n_ctx}")
-        if self.n_batch < 1:
-            raise InvalidRequest(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.flash_attn not in ("auto", "on", "off"):
-            raise InvalidRequest(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
-        if self.ctx_policy not in ("warn", "refuse"):
-            raise InvalidRequest(f"ctx_policy must be warn or refuse, got {self.ctx_policy!r}")
-        from .serving import SERVE_AS
-
-        if self.serve_as not in SERVE_AS:
-            raise InvalidRequest(f"serve_as must be one of {', '.join(SERVE_AS)}, got {self.serve_as!r}")
-        if self.n_threads < 0 or self.n_gpu_layers < -1:
-            raise InvalidRequest("n_threads must be >= 0 and n_gpu_layers >= -1")
-
-    def context_options(self) -> ContextOptions:
-        return ContextOptions(n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_batch=self.n_batch,
-                              n_threads=self.n_threads, flash_attn=self.flash_attn,
-                              kv_cache_type=self.kv_cache_type, lora_path=self.lora_path,
-                              lora_scale=self.lora_scale, embed_n_ctx=self.embed_n_ctx)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def context_options(spec: LoadSpec) -> ContextOptions:
+    return ContextOptions(n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
+                          n_threads=spec.n_threads, flash_attn=spec.flash_attn,
+                          kv_cache_type=spec.kv_cache_type, lora_path=spec.lora_path,
+                          lora_scale=spec.lora_scale, embed_n_ctx=spec.embed_n_ctx)
 
 
 _KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
@@ -164,7 +119,7 @@ class ModelStore:
                 log.warning(msg)
                 warnings.append(msg)
             self._make_room(kv_bytes(w, spec), keep=key)
-            model = LoadedModel(w, spec.context_options(), name=Path(spec.path).name)
+            model = LoadedModel(w, context_options(spec), name=Path(spec.path).name)
         except BaseException:
             if w.refs == 0:
                 self._weights.pop(key, None)

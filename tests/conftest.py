@@ -37,3 +37,13 @@ def tiny_dir(tmp_path_factory):
 def tiny_models(tiny_dir):
     """One tiny random GGUF per supported architecture."""
     return {arch: write_tiny_gguf(tiny_dir / f"tiny-{arch}.gguf", arch) for arch in ("llama", "qwen2", "qwen3")}
+
+
+@pytest.fixture(autouse=True)
+def _model_folders_restored():
+    """Folders a test registers with add_model_dir are forgotten after it (no order dependence)."""
+    from comfyui_a3b.runtime import locate
+
+    before = list(locate._extra_dirs)
+    yield
+    locate._extra_dirs[:] = before

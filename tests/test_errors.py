@@ -82,11 +82,14 @@ def test_restricted_names_refuse_paths_outside_model_folders(rt, tmp_path, monke
 
 
 def test_invalid_load_options(rt):
-    for opts in ({"n_ctx": 4}, {"n_parallel": 0}, {"flash_attn": "sometimes"}, {"ctx_policy": "maybe"}):
+    for opts in ({"n_ctx": 4}, {"n_parallel": 0}, {"flash_attn": "sometimes"}, {"ctx_policy": "maybe"},
+                 {"lora_scale": float("nan")}, {"n_ctx": 2048.5}):
         with pytest.raises(InvalidRequest):
             rt.spec(None, **opts)
-    with pytest.raises(InvalidRequest, match="KV cache type"):
-        rt.load(None, kv_cache_type="q3_weird")
+    loads = rt.store.weight_loads
+    with pytest.raises(InvalidRequest, match="kv_cache_type must be one of f16, q8_0"):
+        rt.load(None, kv_cache_type="q3_weird")  # refused before any weights load
+    assert rt.store.weight_loads == loads
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -104,8 +104,8 @@ def test_loader_twice_does_not_reload(rt, handle):
 def test_generate_is_deterministic_per_seed_and_streams(handle):
     seen: list[str] = []
     hooks = core.GenerateHooks(on_text=lambda t, n: seen.append(t))
-    g = core.generate(handle, "Write one sentence about the moon.", max_new_tokens=24, seed=11,
-                      temperature=1.0, hooks=hooks)
+    g = core.generate(handle, "Write one sentence about the moon.", max_new_tokens=24,
+                      sampling=core.sampling_params(seed=11, temperature=1.0), hooks=hooks)
     assert g.text and "".join(seen) == g.text
     out = generate(handle, "Write one sentence about the moon.", seed=11, temperature=1.0)
     assert out["result"][0] == g.text and out["ui"] == {"text": [g.text]}
@@ -135,7 +135,8 @@ def test_cancel_between_tokens_keeps_partial_and_model_clean(handle):
     seen: list[int] = []
     hooks = core.GenerateHooks(on_text=lambda t, n: seen.append(n), should_stop=lambda: len(seen) >= 4)
     with pytest.raises(Cancelled) as ei:
-        core.generate(handle, "Write a long essay about rivers.", max_new_tokens=400, temperature=0.0, hooks=hooks)
+        core.generate(handle, "Write a long essay about rivers.", max_new_tokens=400,
+                      sampling=core.sampling_params(temperature=0.0), hooks=hooks)
     partial = ei.value.partial
     assert 4 <= partial.n_tokens < 60 and partial.finish_reason == "cancelled"
     assert generate(handle, "Say hi.", max_new_tokens=4)["result"][0]
@@ -246,15 +247,15 @@ def test_model_replaced_on_disk_changes_key_and_reloads(rt, tmp_path, default_pa
     shutil.copy(default_path, target)
     add_model_dir(d)
     args = {**defs.LOADER.defaults(), "model": "swap.gguf"}
-    key1 = defs.LOADER.fingerprint(**args)
+    key1 = defs.LOADER.fingerprint_of(**args)
     h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
-    assert defs.LOADER.fingerprint(**args) == key1  # unchanged file: ComfyUI keeps its cache
+    assert defs.LOADER.fingerprint_of(**args) == key1  # unchanged file: ComfyUI keeps its cache
     first = rt.load(h)
     vocab = first.weights.n_vocab
     loads = rt.store.weight_loads
     shutil.copy(tiny_models["llama"], target)  # another model under the same name
     os.utime(target, ns=(time.time_ns(), time.time_ns()))
-    assert defs.LOADER.fingerprint(**args) != key1  # ComfyUI re-runs the loader and its dependents
+    assert defs.LOADER.fingerprint_of(**args) != key1  # ComfyUI re-runs the loader and its dependents
     out = generate(h, "Say hi.", max_new_tokens=4)["result"][0]
     assert isinstance(out, str)
     assert rt.store.weight_loads == loads + 1

@@ -1,0 +1,86 @@
+"""Pruning settings: `PruneConfig` is the one place for their defaults and checks.
+
+`a3b prune`, `cached_variant`, the A3BLoader node and the benchmarks all take their defaults from
+here, so the settings a variant was made with (and so its cache key) agree everywhere. Importing
+it does not import torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..runtime.options import cache_root, check_finite
+from .errors import InvalidRequest
+from .methods import METHODS
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "prune"
+
+
+# Settings added after variants were cached: at their defaults they leave the key (and so the cached
+# files' names) as it was, since the defaults reproduce what those files were made with.
+_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep")
+
+
+@dataclass
+class PruneConfig:
+    keep: float = 0.63
+    method: str = "a3b"
+    heads_keep: float = 1.0   # fraction of the query heads of every KV group kept (heads.py)
+    recover_steps: int = 160   # the measured setting (docs/pruning.md); the A3BLoader's default too
+    calib_windows: int = 64
+    seq_len: int = 256
+    recover_seq_len: int = 128
+    recover_batch: int = 8
+    recover_train: str = "all"
+    recover_code_share: float = 0.5
+    qat: bool = True
+    lr: float = 5e-4
+    seed: int = 0
+    gate_sparsity: float = 0.5
+    gate_windows: int = 8
+    align: int | None = None
+    calib_files: tuple[str, ...] = ()
+    threads: int = 0
+
+    def validate(self) -> None:
+        for name in ("keep", "heads_keep", "lr", "gate_sparsity", "recover_code_share"):
+            check_finite(name.replace("_", " "), getattr(self, name))
+        if not isinstance(self.keep, (int, float)) or not 0.0 < float(self.keep) <= 1.0:
+            raise InvalidRequest(f"keep ratio must be in (0, 1], got {self.keep!r}: it is the fraction of FFN "
+                                 "neurons kept in every layer (e.g. 0.63).")
+        if not isinstance(self.heads_keep, (int, float)) or not 0.0 < float(self.heads_keep) <= 1.0:
+            raise InvalidRequest(f"heads keep ratio must be in (0, 1], got {self.heads_keep!r}: it is the fraction "
+                                 "of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
+        if not self.lr > 0:
+            raise InvalidRequest(f"learning rate must be > 0, got {self.lr}")
+        if self.method not in METHODS:
+            raise InvalidRequest(f"unknown pruning method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.recover_steps < 0:
+            raise InvalidRequest(f"recover steps must be >= 0, got {self.recover_steps}")
+        if self.recover_train not in ("all", "ffn"):
+            raise InvalidRequest(f"recovery trains 'all' or 'ffn', got {self.recover_train!r}")
+        if not 0.0 < self.recover_code_share < 1.0:
+            raise InvalidRequest(f"the code share of recovery batches must be in (0, 1), got {self.recover_code_share}")
+        if self.recover_batch < 1 or self.recover_seq_len < 8:
+            raise InvalidRequest("recovery needs batches of at least 1 window of at least 8 tokens")
+        if self.calib_windows < 1 or self.seq_len < 8:
+            raise InvalidRequest("calibration needs at least 1 window of at least 8 tokens")
+        if not 0.0 <= self.gate_sparsity < 1.0:
+            raise InvalidRequest(f"gate sparsity must be in [0, 1), got {self.gate_sparsity}")
+        for f in self.calib_files:
+            if not Path(f).is_file():
+                raise InvalidRequest(f"calibration file not found: {f}")
+
+    def key(self) -> str:
+        """Hash of every setting that shapes the output (threads do not), naming cached files."""
+        d = asdict(self)
+        d.pop("threads")
+        for name in _KEY_NEUTRAL_AT_DEFAULT:
+            if d[name] == getattr(PruneConfig, name):
+                d.pop(name)
+        d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
