@@ -47,7 +47,7 @@ class PruneConfig:
     threads: int = 0
 
     def validate(self) -> None:
-        for name in ("keep", "heads_keep", "lr", "gate_sparsity", "recover_code_share"):
+        for name in ("lr", "gate_sparsity", "recover_code_share"):  # keep ratios: range checks below
             check_finite(name.replace("_", " "), getattr(self, name))
         if not isinstance(self.keep, (int, float)) or not 0.0 < float(self.keep) <= 1.0:
             raise InvalidRequest(f"keep ratio must be in (0, 1], got {self.keep!r}: it is the fraction of FFN "
