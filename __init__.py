@@ -28,7 +28,7 @@ def _inside_comfyui() -> bool:
 def _check_llama_cpp() -> None:
     """One clear log line when llama-cpp-python is missing or broken (nodes then say how to fix it)."""
     from .runtime.errors import LlamaCppUnavailable
-    from .runtime.llama_engine import llama
+    from .runtime.llama import llama
 
     try:
         llama()

@@ -88,7 +88,7 @@ def cmd_embed(args) -> int:
 
 def cmd_inspect(args) -> int:
     from .runtime import inspect_gguf
-    from .runtime.llama_engine import llama_cpp_version, probe_architecture
+    from .runtime.llama import llama_cpp_version, probe_architecture
 
     info = inspect_gguf(args.file)
     ok, why = probe_architecture(info.path)
@@ -135,7 +135,7 @@ def cmd_doctor(args) -> int:
     lines: list[tuple[str, str, bool]] = [("python", f"{platform.python_version()} ({sys.executable})", True)]
     ok_all = True
     try:
-        from .runtime.llama_engine import system_info
+        from .runtime.llama import system_info
 
         si = system_info()
         lines.append(("llama-cpp-python", si["llama_cpp_python"], True))

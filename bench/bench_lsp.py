@@ -151,7 +151,7 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
     rt = get_runtime()
     spec = rt.spec(None)
     m = rt.load(spec)
-    b = PromptBuilder(m.weights)
+    b = PromptBuilder(m.vocab)
     decoded0 = m.stats["decoded_tokens"]
     records: list[dict] = []
     threads = []
@@ -203,7 +203,7 @@ def isolated_runtime(requests_by_file, settings) -> list[dict]:
 
     rt = get_runtime()
     spec = rt.spec(None)
-    b = PromptBuilder(rt.load(spec).weights)
+    b = PromptBuilder(rt.load(spec).vocab)
     out = []
     for name, reqs in requests_by_file:
         anchor = None

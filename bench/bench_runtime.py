@@ -26,7 +26,7 @@ PROMPT = "Write a detailed story about a lighthouse keeper who finds a message i
 def _raw_llama(path: str):
     from llama_cpp import Llama
 
-    from comfyui_a3b.runtime.llama_engine import thread_counts
+    from comfyui_a3b.runtime.llama import thread_counts
 
     dec, batch = thread_counts()  # the same threads as the runtime uses, so the ratio compares code paths
     return Llama(model_path=path, n_ctx=2048, verbose=False, n_batch=256, n_threads=dec, n_threads_batch=batch)

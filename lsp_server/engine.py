@@ -98,9 +98,9 @@ class Engine:
         return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx)
 
     def builder(self, model) -> PromptBuilder:
-        b = self._builders.get(id(model.weights))
-        if b is None or b.w is not model.weights:
-            b = self._builders[id(model.weights)] = PromptBuilder(model.weights)
+        b = self._builders.get(id(model.vocab))
+        if b is None or b.vocab is not model.vocab:
+            b = self._builders[id(model.vocab)] = PromptBuilder(model.vocab)
         return b
 
     def status(self) -> dict[str, Any]:
@@ -213,10 +213,7 @@ class Session:
         return self._spec
 
     def model_if_loaded(self):
-        e = self.engine.rt.store.entry(self.spec())
-        if e is not None and not e.model.closed.is_set() and not e.model._closing:
-            return e.model
-        return None
+        return self.engine.rt.loaded(self.spec())
 
     async def model(self, progress: Callable[[str], Any] | None = None):
         m = self.model_if_loaded()
@@ -281,7 +278,7 @@ class Session:
     def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
         # the single/multi-line mode is not part of the key: it follows from the same context, and a
         # suggestion typed into stays valid when the mode at the new position differs
-        return bucket_key(m.weights.path.as_posix(), str(id(m.weights)), cur.uri, "fim" if use_fim else "pre",
+        return bucket_key(m.info.path, str(id(m.vocab)), cur.uri, "fim" if use_fim else "pre",
                           cur.line_suffix, cur.suffix[:240])
 
     def use_fim(self, builder: PromptBuilder) -> bool:

@@ -56,8 +56,8 @@ class FimIds:
     sep: int = -1     # file separator for repository-level context, when the model has one
 
     @classmethod
-    def of(cls, weights) -> "FimIds | None":
-        st = weights.special_tokens()
+    def of(cls, vocab) -> "FimIds | None":
+        st = vocab.special_tokens()
         if min(st["fim_pre"], st["fim_suf"], st["fim_mid"]) < 0:
             return None
         return cls(st["fim_pre"], st["fim_suf"], st["fim_mid"], st.get("fim_sep", -1))
@@ -76,12 +76,12 @@ class Prompt:
 class PromptBuilder:
     """Builds prompts for one loaded model; keeps no per-document state (the anchor is passed in)."""
 
-    def __init__(self, weights):
-        self.w = weights
-        self.fim = FimIds.of(weights)
+    def __init__(self, vocab):
+        self.vocab = vocab
+        self.fim = FimIds.of(vocab)
 
     def tok(self, text: str) -> list[int]:
-        return self.w.tokenize(safe_text(text), add_bos=False, special=False) if text else []
+        return self.vocab.tokenize(safe_text(text), add_bos=False, special=False) if text else []
 
     def choose_anchor(self, cur: Cursor, prev: int | None, budget: int) -> tuple[int, list[int]]:
         """Window start (a line start) and the window's tokens. The previous anchor is kept while the
@@ -115,7 +115,7 @@ class PromptBuilder:
         anchor, window = self.choose_anchor(cur, anchor, budget)
         multiline = is_multiline(cur)
         head = self.tok(context_block + self.header(cur)) if context_block else self.tok(self.header(cur))
-        bos = [self.w.bos] if self.w.add_bos and self.w.bos >= 0 else []
+        bos = [self.vocab.bos] if self.vocab.add_bos and self.vocab.bos >= 0 else []
         if use_fim and self.fim is not None:
             stoks = self.tok(cur.suffix[:suffix_tokens * 8])[:suffix_tokens]
             tokens = bos + [self.fim.pre] + head + window + [self.fim.suf] + stoks + [self.fim.mid]

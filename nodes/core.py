@@ -108,7 +108,7 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
                    **load_options)
     n_gpu_layers = spec.n_gpu_layers
     if n_gpu_layers != 0:
-        from ..runtime.llama_engine import system_info
+        from ..runtime.llama import system_info
 
         if not system_info()["gpu_offload"]:
             raise NodeError(f"n_gpu_layers={n_gpu_layers} asks for the GPU, but the installed llama-cpp-python "
@@ -284,11 +284,9 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         raise InvalidRequest("The prompt is empty: type a prompt (or connect a context) for A3BGenerate.")
     hooks = hooks or GenerateHooks()
     rt = get_runtime()
-    m = rt.load(spec)
     from ..runtime import chat as chatmod
 
-    rendered = rt.render_chat(m, chatmod.messages(text_in, system.strip() if system and system.strip() else None))
-    toks = m.tokenize(rendered, add_bos=m.weights.add_bos, special=True)
+    toks = rt.chat_tokens(chatmod.messages(text_in, system.strip() if system and system.strip() else None), model=spec)
     check_budget(spec, len(toks), max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ModelLoadFailed
-from ..runtime.llama_engine import Weights, llama
+from ..runtime.llama import Weights, fill_batch, llama, sequence
 
 
 class LlamaEval:
@@ -45,15 +45,8 @@ class LlamaEval:
 
     def _decode(self, tokens: list[int], start: int, all_logits: bool) -> None:
         L = llama()
-        b = self.batch
-        b.n_tokens = len(tokens)
-        for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = bool(all_logits or i == len(tokens) - 1)
-        rc = L.llama_decode(self.ctx, b)
+        fill_batch(self.batch, sequence(tokens, start, all_logits=all_logits))
+        rc = L.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise ModelLoadFailed(f"llama_decode failed with status {rc}")
 

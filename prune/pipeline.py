@@ -34,7 +34,7 @@ class PruneResult:
 
 
 def _tokenizer(src: SourceModel):
-    from ..runtime.llama_engine import Weights
+    from ..runtime.llama import Weights
 
     w = Weights(src.path)
     bos = w.bos if w.add_bos and w.bos >= 0 else None

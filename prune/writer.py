@@ -126,7 +126,7 @@ def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.
 def quantize(src_path: str | os.PathLike, dst_path: str | os.PathLike, ftype: int | None,
              n_threads: int = 0) -> None:
     """llama.cpp's `llama_model_quantize` to `ftype` (a LLAMA_FTYPE, e.g. 3 = Q4_1); None/0 = float32 copy."""
-    from ..runtime.llama_engine import llama
+    from ..runtime.llama import llama
 
     L = llama()
     params = L.llama_model_quantize_default_params()

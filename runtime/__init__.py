@@ -26,19 +26,28 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
-    from . import chat, errors, gguf_info, llama_engine, locate, serving, store  # noqa: F401  (eager: see above)
+    from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
+                   scheduler, serving, store, worker)
     from .core import Runtime, get_runtime
-    from .errors import *  # noqa: F401,F403
-    from .generation import (PRESETS, PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig,
-                             GenerationRequest, GenerationResult, GenerationStream, LowConfidenceSpan,
-                             SamplingParams, TokenEvent, preset)
+    from .engine import ModelInfo, register_engine, unregister_engine
+    from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, EmbeddingsUnsupported,
+                         InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
+                         NotGGUF, PathNotAllowed, PromptTooLong, TruncatedGGUF, UnsupportedArchitecture)
+    from .generation import (PRESETS, ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
+                             LowConfidenceSpan, SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
     from .locate import add_model_dir, default_model_path, list_models, resolve_model
-    from .store import LoadSpec
+    from .options import LoadSpec
+    from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+    from .worker import LoadedModel
 
     __all__ = [
-        "ConfidenceConfig", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
-        "LoadSpec", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "Runtime",
-        "SamplingParams", "TokenEvent", "add_model_dir", "default_model_path", "get_runtime",
-        "inspect_gguf", "list_models", "preset", "resolve_model", "sha256_file", "verify_sha256",
+        "A3BError", "Cancelled", "ChecksumMismatch", "ConfidenceConfig", "ContextTooLarge",
+        "EmbeddingsUnsupported", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
+        "InvalidRequest", "LlamaCppUnavailable", "LoadSpec", "LoadedModel", "LowConfidenceSpan",
+        "ModelInfo", "ModelLoadFailed", "ModelNotFound", "ModelUnloaded", "NotGGUF", "PRESETS",
+        "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "Runtime",
+        "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "add_model_dir",
+        "default_model_path", "get_runtime", "inspect_gguf", "list_models", "preset", "register_engine",
+        "resolve_model", "sha256_file", "unregister_engine", "verify_sha256",
     ]

@@ -36,7 +36,7 @@ def render_jinja(template: str, msgs: list[Message], bos: str, eos: str) -> str:
 
 def render_named(name: str, msgs: list[Message]) -> str:
     """Render with one of llama.cpp's built-in templates ("chatml", "llama3", "gemma", "phi3", ...)."""
-    from .llama_engine import llama
+    from .llama.binding import llama
 
     L = llama()
     arr = (L.llama_chat_message * len(msgs))()

@@ -1,7 +1,8 @@
 """The Runtime: the one object nodes, the language server and the CLI talk to.
 
 It resolves model references, owns the model store, renders chat prompts, and hands requests to
-the engine of the loaded model. Callers never touch llama.cpp.
+the loaded model's worker. Callers see the Runtime, requests and streams, and of a loaded model only
+its engine-neutral `info` (ModelInfo) and `vocab` (tokenizer): never llama.cpp.
 """
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from . import chat as chatmod
 from .errors import InvalidRequest
 from .generation import (ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
                          PRIORITY_BATCH, SamplingParams, TokenEvent)
-from .llama_engine import LoadedModel
+from .engine import scheme_of
+from .errors import ModelUnloaded
+from .worker import LoadedModel
 from .locate import resolve_model
-from .store import LoadSpec, ModelStore
+from .options import LoadSpec
+from .store import ModelStore
 
 log = logging.getLogger("a3b")
 
@@ -38,27 +42,55 @@ class Runtime:
     def spec(self, model: str | os.PathLike | LoadSpec | None = None, *, restrict: bool = False,
              **options: Any) -> LoadSpec:
         """A LoadSpec for a model reference (path, name in a model folder, or None = default)."""
-        if isinstance(model, LoadSpec):
-            return replace(model, **options) if options else model
-        path = resolve_model(model, restrict=restrict)
         options = {k: v for k, v in options.items() if v is not None}
-        spec = LoadSpec(path=str(path), **options)
+        if isinstance(model, LoadSpec):
+            spec = replace(model, **options) if options else model
+            spec.validate()
+            return spec
+        if model is not None and scheme_of(str(model)) is not None:
+            path = str(model)   # a registered engine's URL (engine.py): not a file
+        else:
+            path = str(resolve_model(model, restrict=restrict))
+        spec = LoadSpec(path=path, **options)
         spec.validate()
         return spec
 
     def load(self, model: str | os.PathLike | LoadSpec | None = None, **options: Any) -> LoadedModel:
         return self.store.get(self.spec(model, **options))
 
+    def loaded(self, model: LoadSpec) -> LoadedModel | None:
+        """The model loaded for `model` if it is loaded now (never loads)."""
+        return self.store.peek(model)
+
     def unload(self, model: LoadSpec | None = None) -> int:
         return self.store.unload(model)
 
+    def _with_model(self, model, fn: Callable[[LoadedModel], Any]) -> Any:
+        """fn(loaded model), loading it first; once more if an unload races the call (the weights
+        refuse use once they are being freed, so the second attempt reloads them)."""
+        try:
+            return fn(self.load(model))
+        except ModelUnloaded:
+            return fn(self.load(model))
+
+    def chat_tokens(self, messages: list[dict[str, str]], *, model: str | LoadSpec | None = None,
+                    template: str | None = None) -> list[int]:
+        """The prompt tokens of chat `messages` as `submit` would feed them (for budgets)."""
+        def run(m: LoadedModel) -> list[int]:
+            return m.vocab.tokenize(self.render_chat(m, messages, template), add_bos=m.vocab.add_bos, special=True)
+        return self._with_model(model, run)
+
+    def tokenize(self, text: str, *, model: str | LoadSpec | None = None, add_bos: bool = False,
+                 special: bool = False) -> list[int]:
+        return self._with_model(model, lambda m: m.vocab.tokenize(text, add_bos=add_bos, special=special))
+
     # -- generation ----------------------------------------------------------------------------
     def render_chat(self, model: LoadedModel, msgs: list[dict[str, str]], template: str | None = None) -> str:
-        w = model.weights
-        entry_tmpl = w.meta("tokenizer.chat_template")
-        return chatmod.render(msgs, gguf_template=entry_tmpl, template=template,
-                              bos=w.token_text(w.bos) if w.bos >= 0 else "",
-                              eos=w.token_text(w.eos) if w.eos >= 0 else "", tokenizer_adds_bos=w.add_bos)
+        """Chat messages as the prompt text the model expects (its own template, or a named one)."""
+        v = model.vocab
+        return chatmod.render(msgs, gguf_template=model.info.chat_template, template=template,
+                              bos=v.token_text(v.bos) if v.bos >= 0 else "",
+                              eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos)
 
     def submit(self, prompt: str = "", *, model: str | LoadSpec | None = None, system: str | None = None,
                messages: list[dict[str, str]] | None = None, chat: bool = True, template: str | None = None,
@@ -67,7 +99,13 @@ class Runtime:
                prompt_tokens: list[int] | None = None,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         """Start a generation and return its stream (iterate it, or call .result())."""
-        m = self.load(model)
+        return self._with_model(model, lambda m: self._submit(
+            m, prompt, system=system, messages=messages, chat=chat, template=template, max_tokens=max_tokens,
+            sampling=sampling, stop=stop, priority=priority, confidence=confidence, prompt_tokens=prompt_tokens,
+            on_token=on_token))
+
+    def _submit(self, m: LoadedModel, prompt: str, *, system, messages, chat, template, max_tokens, sampling,
+                stop, priority, confidence, prompt_tokens, on_token) -> GenerationStream:
         if prompt_tokens is None:
             if chat:
                 if messages is None:
@@ -92,20 +130,26 @@ class Runtime:
 
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = "mean",
-              normalize: bool = True, priority: int = PRIORITY_BATCH) -> np.ndarray:
+              normalize: bool = True, priority: int = PRIORITY_BATCH,
+              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """Pooled embeddings of `texts`, one row each. `cancelled` is polled between small packs of
+        texts; once true, the call raises Cancelled."""
         texts = list(texts)
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text.")
         if not texts:
             raise InvalidRequest("Nothing to embed: give at least one text.")
-        m = self.load(model)
-        toks = [m.tokenize(t, add_bos=m.weights.add_bos, special=False) for t in texts]
-        return m.embed_tokens(toks, pooling=pooling, normalize=normalize, priority=priority)
+
+        def run(m: LoadedModel) -> np.ndarray:
+            toks = [m.vocab.tokenize(t, add_bos=m.vocab.add_bos, special=False) for t in texts]
+            return m.embed_tokens(toks, pooling=pooling, normalize=normalize, priority=priority,
+                                  cancelled=cancelled)
+        return self._with_model(model, run)
 
     # -- status --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        from .llama_engine import llama_cpp_version
+        from .llama.binding import llama_cpp_version
 
         try:
             import psutil
@@ -117,9 +161,9 @@ class Runtime:
         for e in self.store.loaded():
             m = e.model
             models.append({
-                "name": m.name, "path": e.spec.path, "architecture": m.weights.architecture,
-                "file_type": m.weights.file_type, "served_file": str(m.weights.path), "n_ctx_train": m.weights.n_ctx_train, "spec": e.spec.as_dict(),
-                "weights_bytes": m.weights.size_bytes, "kv_bytes": e.est_bytes,
+                "name": m.name, "path": e.spec.path, "architecture": m.info.architecture, "engine": m.info.engine,
+                "file_type": m.info.file_type, "served_file": m.info.path, "n_ctx_train": m.info.n_ctx_train,
+                "spec": e.spec.as_dict(), "weights_bytes": m.info.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
                 "loaded_at": e.loaded_at,
             })

@@ -15,10 +15,7 @@ from typing import Any, Callable, Iterator
 
 from .errors import A3BError, Cancelled, InvalidRequest
 from .options import check_finite
-
-#: Priorities: higher runs first. Editor requests are interactive, workflow generations are batch.
-PRIORITY_BATCH = 0
-PRIORITY_INTERACTIVE = 10
+from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
 
 DEFAULT_MARKER = "# Note: This part requires verification."
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .errors import InvalidRequest, ModelLoadFailed
-from .options import cache_root
+from .options import LoadSpec, cache_root
 
 log = logging.getLogger("a3b.serving")
 
@@ -49,7 +49,7 @@ def _key(src: Path) -> str:
 
 def reencode(src: str | os.PathLike, fmt: str = "q8_0") -> Path:
     """The cached re-encoded copy of `src` in `fmt`, made now if missing."""
-    from .llama_engine import llama
+    from .llama.binding import llama
 
     if fmt not in FTYPES:
         raise InvalidRequest(f"Unknown serving format {fmt!r}; choose one of {', '.join(SERVE_AS)}")
@@ -80,22 +80,19 @@ def reencode(src: str | os.PathLike, fmt: str = "q8_0") -> Path:
 
 def _prefill_speed(path: Path, n_tokens: int = 256) -> float:
     """Prompt tokens per second of `path` on this machine (a short, fixed prompt; median of 3)."""
-    from .llama_engine import Weights, llama
+    from .llama import Weights, context_params, fill_batch, llama, sequence
 
     L = llama()
     w = Weights(path)
     try:
-        ctx = L.llama_init_from_model(w.ptr, _bench_params(n_tokens))
+        spec = LoadSpec(path=str(path), n_ctx=n_tokens, n_parallel=1, n_batch=n_tokens)
+        ctx = L.llama_init_from_model(w.ptr, context_params(spec))
         try:
             toks = (w.tokenize("def f(x):\n    return x * 2\n" * 40))[:n_tokens]
             batch = L.llama_batch_init(len(toks), 0, 1)
             times = []
             for _ in range(3):
-                for i, t in enumerate(toks):
-                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, i, 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = i == len(toks) - 1
-                batch.n_tokens = len(toks)
+                fill_batch(batch, sequence(toks))
                 L.llama_memory_clear(L.llama_get_memory(ctx), True)
                 t0 = time.perf_counter()
                 L.llama_decode(ctx, batch)
@@ -106,12 +103,6 @@ def _prefill_speed(path: Path, n_tokens: int = 256) -> float:
             L.llama_free(ctx)
     finally:
         w.free()
-
-
-def _bench_params(n_tokens: int):
-    from .llama_engine import ContextOptions, _ctx_params
-
-    return _ctx_params(ContextOptions(n_ctx=n_tokens, n_parallel=1, n_batch=n_tokens), embeddings=False)
 
 
 def choose(src: str | os.PathLike, candidate: str = "q8_0") -> Path:

@@ -1,8 +1,9 @@
-"""The model store: one loaded llama_model per (file, weight options), contexts per load spec.
+"""The model store: one copy of the weights per (file, weight options), contexts per load spec.
 
-A `LoadSpec` is everything a caller can choose when loading. Specs that differ only in context
-options (n_ctx, threads, KV cache type, LoRA, ...) share one `Weights` object: the file is loaded once.
-A file replaced on disk (size or mtime changed) is noticed on the next `get` and loaded anew.
+A `LoadSpec` is everything a caller can choose when loading (options.py). Specs that differ only in
+context options (n_ctx, threads, KV cache type, LoRA, ...) share one weights object: the file is
+loaded once. A file replaced on disk (size or mtime changed) is noticed on the next `get` and loaded
+anew. The store talks to engines through engine.py, never to llama.cpp itself.
 """
 from __future__ import annotations
 
@@ -14,31 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine import Engine, Weights, engine_for
 from .errors import ContextTooLarge
-from .gguf_info import check_header
-from .llama_engine import ContextOptions, LoadedModel, Weights
 from .options import LoadSpec
-from .serving import serving_path
+from .worker import LoadedModel
 
 log = logging.getLogger("a3b.store")
-
-
-def context_options(spec: LoadSpec) -> ContextOptions:
-    return ContextOptions(n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
-                          n_threads=spec.n_threads, flash_attn=spec.flash_attn,
-                          kv_cache_type=spec.kv_cache_type, lora_path=spec.lora_path,
-                          lora_scale=spec.lora_scale, embed_n_ctx=spec.embed_n_ctx)
-
-
-_KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-             "q4_1": 20 / 32, "q4_0": 18 / 32}
-
-
-def kv_bytes(w: Weights, spec: LoadSpec) -> int:
-    """Size of the generation context's KV cache for this spec (all slots, all cells)."""
-    n_embd_kv = w.n_embd * (w.n_head_kv or w.n_head) // max(w.n_head, 1)
-    per_token = w.n_layer * 2 * n_embd_kv * _KV_BYTES.get(spec.kv_cache_type, 2)
-    return int(per_token * spec.n_ctx * spec.n_parallel)
 
 
 @dataclass
@@ -58,6 +40,7 @@ class ModelStore:
         self._lock = threading.RLock()
         self._entries: "OrderedDict[LoadSpec, _Entry]" = OrderedDict()
         self._weights: dict[tuple, Weights] = {}
+        self._refs: dict[tuple, int] = {}        # weights key -> entries using those weights
         self.weight_loads = 0      # how many times a file was actually loaded
         self.context_creations = 0
         self.hits = 0
@@ -67,8 +50,8 @@ class ModelStore:
     # -- lookup ------------------------------------------------------------------------------
     @staticmethod
     def _weights_key(spec: LoadSpec) -> tuple:
-        st = os.stat(spec.path)
-        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as)
+        engine = engine_for(spec.path)
+        return (engine.name, *engine.weights_key(spec))
 
     def get(self, spec: LoadSpec) -> LoadedModel:
         """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
@@ -79,7 +62,7 @@ class ModelStore:
                     key = self._weights_key(spec)
                 except OSError:
                     key = None
-                if key == e.weights_key and not e.model.closed.is_set() and not e.model._closing:
+                if key == e.weights_key and e.model.alive:
                     self._entries.move_to_end(spec)
                     self.hits += 1
                     e.model.last_used = time.monotonic()
@@ -93,48 +76,54 @@ class ModelStore:
         with self._lock:
             return self._entries.get(spec)
 
+    def peek(self, spec: LoadSpec) -> LoadedModel | None:
+        """The model loaded for `spec` if it is loaded and alive; never loads."""
+        with self._lock:
+            e = self._entries.get(spec)
+            return e.model if e is not None and e.model.alive else None
+
     def _load(self, spec: LoadSpec) -> LoadedModel:
         spec.validate()
-        # Missing and foreign files fail here with a typed error. The rest of the checks come from
-        # llama.cpp's own loader (truncation, unknown architecture), which reads the metadata in a
-        # fraction of the time the `gguf` package's full reader needs (~3 s for a 49k vocabulary).
-        check_header(spec.path)
+        engine: Engine = engine_for(spec.path)
+        engine.check(spec)
         key = self._weights_key(spec)
         if key not in self._weights:
-            self._make_room(os.path.getsize(spec.path))
+            self._make_room(engine.file_bytes(spec))
         w = self._weights.get(key)
-        new_weights = w is None
-        if new_weights:
-            load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
-            w = Weights(load_path, n_gpu_layers=spec.n_gpu_layers, use_mmap=spec.use_mmap)
+        if w is None:
+            w = engine.load_weights(spec)
             self._weights[key] = w
+            self._refs[key] = 0
             self.weight_loads += 1
         try:
             warnings = []
-            if w.n_ctx_train and spec.n_ctx > w.n_ctx_train:
+            n_train = w.info.n_ctx_train
+            if n_train and spec.n_ctx > n_train:
                 msg = (f"n_ctx={spec.n_ctx} is beyond {Path(spec.path).name}'s trained context of "
-                       f"{w.n_ctx_train} tokens; output past that length degrades.")
+                       f"{n_train} tokens; output past that length degrades.")
                 if spec.ctx_policy == "refuse":
-                    raise ContextTooLarge(msg + f" Use n_ctx <= {w.n_ctx_train}.")
+                    raise ContextTooLarge(msg + f" Use n_ctx <= {n_train}.")
                 log.warning(msg)
                 warnings.append(msg)
-            self._make_room(kv_bytes(w, spec), keep=key)
-            model = LoadedModel(w, context_options(spec), name=Path(spec.path).name)
+            kv = engine.kv_bytes(w, spec)
+            self._make_room(kv, keep=key)
+            model = LoadedModel(w, engine.open(w, spec), spec)
         except BaseException:
-            if w.refs == 0:
+            if self._refs.get(key, 0) == 0:
                 self._weights.pop(key, None)
+                self._refs.pop(key, None)
                 w.free()
             raise
-        w.refs += 1
+        self._refs[key] += 1
         self.context_creations += 1
-        self._entries[spec] = _Entry(spec, model, key, kv_bytes(w, spec), warnings)
+        self._entries[spec] = _Entry(spec, model, key, kv, warnings)
         self._notify("loaded", spec)
         return model
 
     # -- memory --------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
         with self._lock:
-            return sum(w.size_bytes for w in self._weights.values()) + sum(e.est_bytes for e in self._entries.values())
+            return sum(w.info.size_bytes for w in self._weights.values()) + sum(e.est_bytes for e in self._entries.values())
 
     def _make_room(self, need: int, keep: tuple | None = None) -> None:
         if self.budget_bytes is None:
@@ -160,13 +149,13 @@ class ModelStore:
         if e is None:
             return []
         e.model.close(reason, wait=False)
-        w = self._weights.get(e.weights_key)
         todo: list = [e.model]
-        if w is not None:
-            w.refs -= 1
-            if w.refs <= 0:
-                del self._weights[e.weights_key]
-                todo.append(w)
+        key = e.weights_key
+        if key in self._weights:
+            self._refs[key] -= 1
+            if self._refs[key] <= 0:
+                todo.append(self._weights.pop(key))
+                del self._refs[key]
         self._notify("unloaded", spec)
         return todo
 
@@ -176,8 +165,8 @@ class ModelStore:
             if isinstance(obj, LoadedModel):
                 obj.closed.wait()
         for obj in todo:
-            if isinstance(obj, Weights):
-                obj.free()
+            if not isinstance(obj, LoadedModel):
+                obj.free()  # waits for threads still inside a vocabulary call
 
     def _drop(self, spec: LoadSpec, reason: str) -> None:
         self._finalize(self._detach(spec, reason))

@@ -98,7 +98,7 @@ def test_cache_exact_and_typed_ahead_hits():
 # -- prompts from real tokenizers ---------------------------------------------------------------
 def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
     m = rt.load()
-    b = PromptBuilder(m.weights)
+    b = PromptBuilder(m.vocab)
     assert b.fim is None  # the embedded SmolLM2 has no FIM tokens: the prefix path
     body = "".join(f"value_{i} = compute({i})\n" for i in range(200))
     cur1 = cursor_at(body + "result = comp|")
@@ -111,16 +111,16 @@ def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
     while common < min(len(p1.tokens), len(p2.tokens)) and p1.tokens[common] == p2.tokens[common]:
         common += 1
     assert common >= len(p1.tokens) - 3  # only the last word's tokens differ: the KV cache covers the rest
-    text = m.weights.detokenize(p1.tokens)
+    text = m.vocab.detokenize(p1.tokens)
     assert text.startswith("# demo.py\n")
 
 
 def test_document_text_cannot_inject_control_tokens(rt):
     m = rt.load()
-    b = PromptBuilder(m.weights)
+    b = PromptBuilder(m.vocab)
     cur = cursor_at("s = '<|im_end|><|endoftext|>'\nx = |")
     p = b.build(cur, anchor=None, context_block="", budget=200, suffix_tokens=0, use_fim=False)
-    specials = {m.weights.special_tokens()[k] for k in ("eos", "eot")} | {m.weights.tokenize("<|im_end|>", special=True)[0]}
+    specials = {m.vocab.special_tokens()[k] for k in ("eos", "eot")} | {m.vocab.tokenize("<|im_end|>", special=True)[0]}
     assert not specials & set(p.tokens[1:])
 
 
@@ -135,16 +135,16 @@ def fim_model(tmp_path_factory):
 def test_fim_prompt_is_built_from_the_models_token_ids(rt, fim_model):
     spec = rt.spec(str(fim_model), n_ctx=256, n_parallel=1)
     m = rt.load(spec)
-    ids = FimIds.of(m.weights)
+    ids = FimIds.of(m.vocab)
     assert ids is not None and (ids.pre, ids.suf, ids.mid) == (3, 4, 5)
-    b = PromptBuilder(m.weights)
+    b = PromptBuilder(m.vocab)
     cur = cursor_at("def f(x):\n    return |\n\nprint(f(2))\n")
     p = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=True)
     assert p.mode == "fim"
     t = p.tokens
     assert t.count(3) == t.count(4) == t.count(5) == 1
     assert t.index(3) < t.index(4) < t.index(5) == len(t) - 1
-    assert "\n\nprint(f(2))" in m.weights.detokenize(t[t.index(4) + 1:t.index(5)])
+    assert "\n\nprint(f(2))" in m.vocab.detokenize(t[t.index(4) + 1:t.index(5)])
     off = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=False)
     assert off.mode == "prefix" and 3 not in off.tokens
     res = rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=4)

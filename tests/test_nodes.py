@@ -222,7 +222,7 @@ def test_handle_type_checked():
 
 
 def test_gpu_layers_on_a_cpu_build_says_how_to_fix():
-    from comfyui_a3b.runtime.llama_engine import system_info
+    from comfyui_a3b.runtime.llama import system_info
 
     if system_info()["gpu_offload"]:
         pytest.skip("this llama-cpp-python has GPU offload; the CPU-only refusal does not apply")
@@ -251,7 +251,7 @@ def test_model_replaced_on_disk_changes_key_and_reloads(rt, tmp_path, default_pa
     h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
     assert defs.LOADER.fingerprint_of(**args) == key1  # unchanged file: ComfyUI keeps its cache
     first = rt.load(h)
-    vocab = first.weights.n_vocab
+    vocab = first.info.n_vocab
     loads = rt.store.weight_loads
     shutil.copy(tiny_models["llama"], target)  # another model under the same name
     os.utime(target, ns=(time.time_ns(), time.time_ns()))
@@ -259,7 +259,7 @@ def test_model_replaced_on_disk_changes_key_and_reloads(rt, tmp_path, default_pa
     out = generate(h, "Say hi.", max_new_tokens=4)["result"][0]
     assert isinstance(out, str)
     assert rt.store.weight_loads == loads + 1
-    assert rt.load(h) is not first and rt.load(h).weights.n_vocab != vocab  # really the new file
+    assert rt.load(h) is not first and rt.load(h).info.n_vocab != vocab  # really the new file
     rt.unload(h)
 
 

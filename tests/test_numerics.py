@@ -35,7 +35,7 @@ _VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
 def ggml_cpu():
     import llama_cpp
 
-    from comfyui_a3b.runtime.llama_engine import llama
+    from comfyui_a3b.runtime.llama import llama
 
     llama()  # loads and initialises the backends
     libdir = Path(llama_cpp.__file__).resolve().parent / "lib"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,8 @@ def test_reencoded_copy_is_made_once_and_served(cache, tiny_models):
     r = Runtime()
     spec = r.spec(tiny_models["llama"], n_ctx=64, n_parallel=1, serve_as="q8_0")
     m = r.load(spec)
-    assert m.weights.file_type == "Q8_0" and m.weights.path.parent == cache
-    copy = m.weights.path
+    assert m.info.file_type == "Q8_0" and Path(m.info.path).parent == cache
+    copy = Path(m.info.path)
     mtime = copy.stat().st_mtime_ns
     assert r.generate("the", model=spec, chat=False, max_tokens=4, sampling=preset("greedy")).n_tokens == 4
     assert r.status()["models"][0]["served_file"] == str(copy)
@@ -37,7 +38,7 @@ def test_auto_measures_once_and_records_its_choice(cache, tiny_models):
     choice = json.loads(next(cache.glob("*.choice.json")).read_text())
     assert set(choice["prefill_tokens_per_s"]) == {"as-is", "q8_0"}
     assert all(v > 0 for v in choice["prefill_tokens_per_s"].values())
-    assert str(m.weights.path) == choice["path"]
+    assert m.info.path == choice["path"]
     r.unload()
 
 

@@ -1,0 +1,205 @@
+"""Contexts over one llama_model for one LoadSpec: the generation context (one KV sequence per
+slot), the embedding contexts (one per pooling type, made on first use), samplers, and the decode,
+sample and embed calls the model worker makes. Only the worker thread calls a backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import numpy as np
+
+from ..engine import DecodeFailed
+from ..errors import EmbeddingsUnsupported, ModelLoadFailed
+from ..options import LoadSpec
+from ..scheduler import DecodeStep
+from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .weights import Weights
+
+#: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
+#: row for every output token of a pooled batch (n_vocab floats each: 192 KB for the default model),
+#: so the pack size, not the context, decides the memory an embedding pack touches.
+EMBED_PACK_TOKENS = 32
+EMBED_PACK_TEXTS = 8
+
+
+def thread_counts(n_threads: int = 0) -> tuple[int, int]:
+    """(decode threads, prompt threads). 0 = automatic: half the cores for decoding, all for prompts.
+
+    Decoding one token is memory-bound and its threads meet at a barrier after every operation: on
+    a busy machine a descheduled thread stalls the others (measured on 2 shared cores: 2 decode
+    threads gave 11-60 tokens/s, 1 thread 78-81). Prompt processing is compute-bound and uses all
+    cores. This matches llama-cpp-python's own defaults.
+    """
+    if n_threads > 0:
+        return n_threads, n_threads
+    cores = os.cpu_count() or 1
+    return max(1, cores // 2), cores
+
+
+def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "mean"):
+    """llama_context_params for the generation context of `spec`, or one of its embedding contexts."""
+    L = llama()
+    p = L.llama_context_default_params()
+    p.n_threads, p.n_threads_batch = thread_counts(spec.n_threads)
+    if embeddings:
+        # Pooling happens inside llama.cpp (pooling != NONE), so only one vector per text leaves the
+        # graph. A text must fit one micro-batch for pooling, so ubatch = context. Kept small by
+        # default (LoadSpec.embed_n_ctx): llama.cpp clears the whole KV buffer at creation, so
+        # every cell costs memory at once (256 tokens: 6 MB for the default model).
+        p.n_ctx = p.n_batch = p.n_ubatch = spec.embed_n_ctx
+        p.n_seq_max = EMBED_PACK_TEXTS
+        p.embeddings = True
+        p.pooling_type = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS,
+                          "last": L.LLAMA_POOLING_TYPE_LAST}[pooling]
+        p.kv_unified = True
+    else:
+        p.n_ctx = spec.n_ctx * spec.n_parallel
+        p.n_batch = max(spec.n_batch, spec.n_parallel)
+        p.n_ubatch = p.n_batch
+        p.n_seq_max = spec.n_parallel
+        # unified=False gives every sequence exactly n_ctx cells of its own
+        p.kv_unified = spec.n_parallel == 1
+    p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                         "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
+    p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]
+    p.no_perf = True
+    return p
+
+
+def entropy(logits: np.ndarray) -> float:
+    """Shannon entropy (nats) of softmax(logits)."""
+    z = logits - logits.max()
+    e = np.exp(z)
+    s = e.sum()
+    return float(np.log(s) - (e @ z) / s)
+
+
+class LlamaBackend:
+    def __init__(self, weights: Weights, spec: LoadSpec):
+        L = llama()
+        self.weights = weights
+        self.spec = spec
+        self.name = weights.info.name
+        mark = log_mark()
+        with weights.use():
+            self.ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
+        if not self.ctx:
+            detail = [ln.strip() for ln in log_since(mark).splitlines() if "error" in ln.lower() or "fail" in ln.lower()]
+            raise ModelLoadFailed(f"llama.cpp could not create a context (n_ctx={spec.n_ctx} x "
+                                  f"{spec.n_parallel}, kv={spec.kv_cache_type}, flash_attn={spec.flash_attn}): "
+                                  f"{' | '.join(detail[-2:]) or 'no detail'}. Try a smaller n_ctx, or kv_cache_type f16.")
+        self.mem = L.llama_get_memory(self.ctx)
+        if spec.lora_path:
+            adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(spec.lora_path))
+            scales = (ctypes.c_float * 1)(spec.lora_scale)
+            L.llama_set_adapters_lora(self.ctx, adapters, 1, scales)
+        self.n_ctx_seq = spec.n_ctx
+        self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
+        self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
+        self.ebatch = None
+        # a pack never exceeds the embedding context (a single text may fill it)
+        self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
+        self.embed_pack_texts = EMBED_PACK_TEXTS
+
+    # -- generation ---------------------------------------------------------------------------
+    def trim(self, seq_id: int, keep: int) -> None:
+        llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1)
+
+    def decode(self, step: DecodeStep) -> None:
+        L = llama()
+        fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
+                                for e in step.entries for k, t in enumerate(e.tokens())))
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            # 1 = no KV slot: should not happen since each sequence owns n_ctx cells
+            raise DecodeFailed(f"llama_decode failed with code {rc}")
+
+    def new_sampler(self, sp, seed: int):
+        L = llama()
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+
+        def add(s):
+            L.llama_sampler_chain_add(chain, s)
+
+        # top-k first when it is on: the penalty sampler is slow over the whole vocabulary
+        if sp.temperature > 0 and sp.top_k > 0:
+            add(L.llama_sampler_init_top_k(sp.top_k))
+        if sp.repeat_penalty != 1.0:
+            add(L.llama_sampler_init_penalties(self.weights.n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
+        if sp.temperature <= 0:
+            add(L.llama_sampler_init_greedy())
+        else:
+            if sp.top_p < 1.0:
+                add(L.llama_sampler_init_top_p(sp.top_p, 1))
+            if sp.min_p > 0:
+                add(L.llama_sampler_init_min_p(sp.min_p, 1))
+            add(L.llama_sampler_init_temp(sp.temperature))
+            add(L.llama_sampler_init_dist(seed))
+        return chain
+
+    def free_sampler(self, sampler) -> None:
+        if sampler:
+            llama().llama_sampler_free(sampler)
+
+    def sample(self, sampler, row: int) -> int:
+        return llama().llama_sampler_sample(sampler, self.ctx, row)
+
+    def entropy(self, row: int) -> float:
+        ptr = llama().llama_get_logits_ith(self.ctx, row)
+        return entropy(np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,)))
+
+    # -- embeddings ---------------------------------------------------------------------------
+    def _embed_ctx(self, pooling: str):
+        ctx = self.ectxs.get(pooling)
+        if ctx:
+            return ctx
+        L = llama()
+        mark = log_mark()
+        with self.weights.use():
+            ctx = L.llama_init_from_model(self.weights.ptr, context_params(self.spec, embeddings=True, pooling=pooling))
+        if not ctx:
+            detail = " | ".join(ln.strip() for ln in log_since(mark).splitlines() if "error" in ln.lower())
+            raise EmbeddingsUnsupported(f"llama.cpp could not create a {pooling}-pooling embedding context for "
+                                        f"{self.name}: {detail or 'no detail'}")
+        self.ectxs[pooling] = ctx
+        if self.ebatch is None:
+            self.ebatch = L.llama_batch_init(self.spec.embed_n_ctx, 0, 1)
+        return ctx
+
+    def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
+        L = llama()
+        ctx = self._embed_ctx(pooling)
+        # one output row per text: llama.cpp pools over the whole sequence anyway, and every
+        # flagged row would also reserve a logits row of n_vocab floats
+        fill_batch(self.ebatch, (item for s, toks in enumerate(token_lists) for item in sequence(toks, 0, s)))
+        mem = L.llama_get_memory(ctx)
+        if mem:
+            L.llama_memory_clear(mem, False)  # metadata only: zeroing would touch every page
+        rc = (L.llama_encode if self.weights.has_encoder else L.llama_decode)(ctx, self.ebatch)
+        if rc != 0:
+            raise EmbeddingsUnsupported(f"llama.cpp failed to compute embeddings (code {rc}).")
+        out = np.empty((len(token_lists), self.weights.n_embd), dtype=np.float32)
+        for s in range(len(token_lists)):
+            ptr = L.llama_get_embeddings_seq(ctx, s)
+            if not ptr:
+                raise EmbeddingsUnsupported(f"{self.name} returned no pooled embedding.")
+            out[s] = np.ctypeslib.as_array(ptr, shape=(self.weights.n_embd,))
+        return out
+
+    # -- teardown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        L = llama()
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ebatch is not None:
+            L.llama_batch_free(self.ebatch)
+            self.ebatch = None
+        for ctx in self.ectxs.values():
+            L.llama_free(ctx)
+        self.ectxs.clear()
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None

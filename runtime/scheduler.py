@@ -1,0 +1,340 @@
+"""The scheduling policy: which request runs in which sequence slot, and what the next step decodes.
+
+Plain Python with no llama.cpp (or any engine) call, so every decision is unit-tested
+deterministically in milliseconds. The model worker (worker.py) asks this policy what to do, tells
+its engine to do it (trim a slot's KV cache, decode a batch, embed a pack of texts) and reports back.
+The split follows llama.cpp's server and nano-vllm: a scheduler that composes batches, a runner that
+executes them.
+
+Rules, in the order they apply:
+
+* **Priorities.** Higher runs first. Editor requests are interactive (10), workflow generations and
+  embeddings batch (0). Only the highest priority class among running sequences decodes in a step,
+  so a long workflow generation never slows an editor request beside it.
+* **Admission.** Waiting requests take free slots, highest priority first, then oldest. A slot is
+  chosen by the longest common prefix between its cached tokens and the request's prompt (KV reuse),
+  then least recently used. When every slot is taken, a waiting request may preempt (pause) a running
+  one of lower priority; the paused request waits again and resumes later from what its slot still
+  holds.
+* **Batch composition.** Running sequences put in one token each, then prompt chunks share what is
+  left of the batch budget, shortest remainder first; a prompt longer than the budget is read over
+  several steps, so other requests keep decoding meanwhile.
+* **Embeddings** run one small pack of texts per step, and only when no running generation has a
+  higher priority: an interactive completion waits at most one pack behind indexing work.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: Priorities: higher runs first.
+PRIORITY_BATCH = 0
+PRIORITY_INTERACTIVE = 10
+
+_job_ids = itertools.count(1)
+
+
+class Slot:
+    """A sequence slot: the tokens whose KV cache it holds, and the job using it (if any)."""
+
+    def __init__(self, seq_id: int):
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+        self.job: Job | None = None
+        self.last_used = 0   # logical clock: higher is more recent
+
+    def __repr__(self) -> str:
+        return f"Slot({self.seq_id}, {len(self.tokens)} tokens, job={self.job.id if self.job else None})"
+
+
+class Job:
+    """A generation as the policy sees it: its tokens, priority and where its KV cache stands.
+
+    `seq` is the prompt followed by the generated tokens; `fed` counts the tokens of `seq` whose KV
+    is in the slot. The worker keeps its own per-request state (stream, sampler) beside these fields.
+    """
+
+    def __init__(self, prompt_tokens: list[int], priority: int = PRIORITY_BATCH,
+                 cancelled: Callable[[], bool] = lambda: False):
+        self.id = next(_job_ids)
+        self.priority = priority
+        self.prompt_tokens = list(prompt_tokens)
+        self.seq = list(prompt_tokens)
+        self.fed = 0
+        self.took = 0
+        self.slot: Slot | None = None
+        self.n_cached: int | None = None   # prompt tokens found in the slot's cache at first placement
+        self.is_cancelled = cancelled
+
+    @property
+    def remaining(self) -> int:
+        """Tokens of `seq` not yet in the KV cache."""
+        return len(self.seq) - self.fed
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, prio={self.priority}, fed={self.fed}/{len(self.seq)})"
+
+
+@dataclass
+class EmbedJob:
+    """Texts (as token lists) to embed; `done` counts the texts already embedded."""
+
+    token_lists: list[list[int]]
+    pooling: str
+    priority: int = PRIORITY_BATCH
+    cancelled: Callable[[], bool] = lambda: False
+    done: int = 0
+    id: int = field(default_factory=lambda: next(_job_ids))
+
+
+@dataclass
+class Trim:
+    """Drop a slot's KV cache from position `keep` on (`keep=0`: all of it)."""
+
+    seq_id: int
+    keep: int
+
+
+@dataclass
+class Entry:
+    """One job's share of a decode step: tokens `job.seq[start:start + count]` at their positions.
+
+    `output` is the row of the step's logits for the job's last token when the step ends its prompt
+    (or it is decoding), else None: only those rows are sampled.
+    """
+
+    job: Job
+    start: int
+    count: int
+    output: int | None = None
+
+    def tokens(self) -> list[int]:
+        return self.job.seq[self.start:self.start + self.count]
+
+
+@dataclass
+class DecodeStep:
+    entries: list[Entry]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(e.count for e in self.entries)
+
+
+@dataclass
+class EmbedStep:
+    job: EmbedJob
+    first: int          # index of the first text of this pack
+    count: int
+
+
+@dataclass
+class Admission:
+    """What `admit` decided: trims to apply before the next decode, and jobs that left the queue."""
+
+    trims: list[Trim] = field(default_factory=list)
+    dropped: list[Job] = field(default_factory=list)      # cancelled while waiting: finish them
+    dropped_embeds: list[EmbedJob] = field(default_factory=list)   # likewise
+    preempted: list[Job] = field(default_factory=list)    # paused, back in the queue
+    first_placed: list[Job] = field(default_factory=list) # placed for the first time (n_cached is set)
+
+
+class Policy:
+    """Slots, the waiting queue and the embedding queue of one loaded model. Not thread-safe: the
+    worker calls it under its own lock."""
+
+    def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8):
+        if n_slots < 1 or batch_tokens < 1:
+            raise ValueError("a policy needs at least one slot and one batch token")
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.batch_tokens = max(batch_tokens, n_slots)
+        self.embed_pack_tokens = embed_pack_tokens
+        self.embed_pack_texts = embed_pack_texts
+        self.pending: list[Job] = []
+        self.embeds: deque[EmbedJob] = deque()
+        self._clock = itertools.count(1)
+        self.preemptions = 0
+        self._embed_turn = True
+
+    # -- queue ----------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        self.pending.append(job)
+
+    def submit_embed(self, job: EmbedJob) -> None:
+        self.embeds.append(job)
+
+    def running(self) -> list[Job]:
+        return [s.job for s in self.slots if s.job is not None]
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.embeds or self.running())
+
+    def top_priority(self) -> int | None:
+        prios = [j.priority for j in self.running()]
+        return max(prios) if prios else None
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self) -> Admission:
+        """Place waiting jobs into slots (preempting lower priorities when all are taken)."""
+        out = Admission()
+        for job in [j for j in self.pending if j.is_cancelled()]:
+            self.pending.remove(job)
+            out.dropped.append(job)
+        for ejob in [j for j in self.embeds if j.cancelled()]:
+            self.embeds.remove(ejob)
+            out.dropped_embeds.append(ejob)
+        self.pending.sort(key=lambda j: (-j.priority, j.id))
+        while self.pending:
+            job = self.pending[0]
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                victims = [s for s in self.slots if s.job is not None and s.job.priority < job.priority]
+                if not victims:
+                    break
+                victim = min(victims, key=lambda s: (s.job.priority, -s.job.id))  # newest of the lowest
+                out.preempted.append(self._preempt(victim))
+                free = [victim]
+            self.pending.pop(0)
+            if job.n_cached is None:
+                out.first_placed.append(job)
+            trim = self._place(job, free)
+            if trim is not None:
+                out.trims.append(trim)
+        return out
+
+    def _preempt(self, slot: Slot) -> Job:
+        job = slot.job
+        assert job is not None
+        job.slot = None
+        slot.job = None
+        slot.last_used = next(self._clock)
+        self.pending.append(job)
+        self.preemptions += 1
+        return job
+
+    def _place(self, job: Job, free: list[Slot]) -> Trim | None:
+        best = max(free, key=lambda s: (common_prefix(s.tokens, job.seq), s.last_used))
+        # keep at least one token to decode: its logits give the next token
+        common = min(common_prefix(best.tokens, job.seq), len(job.seq) - 1)
+        trim = None
+        if common < len(best.tokens):
+            trim = Trim(best.seq_id, common)
+            del best.tokens[common:]
+        job.fed = common
+        if job.n_cached is None:
+            job.n_cached = min(common, len(job.prompt_tokens))
+        job.slot = best
+        best.job = job
+        return trim
+
+    def release(self, job: Job, keep_cache: bool = True) -> Trim | None:
+        """Free the job's slot; its KV stays for a later request with the same prefix unless
+        `keep_cache` is False (then the returned Trim clears it)."""
+        slot = job.slot
+        if slot is None:
+            return None
+        slot.job = None
+        slot.last_used = next(self._clock)
+        job.slot = None
+        if keep_cache:
+            return None
+        slot.tokens.clear()
+        return Trim(slot.seq_id, 0)
+
+    # -- planning -------------------------------------------------------------------------------
+    def cancelled_running(self) -> list[Job]:
+        """Running jobs whose request was cancelled: release them before the next step."""
+        return [j for j in self.running() if j.is_cancelled()]
+
+    def next_step(self) -> DecodeStep | EmbedStep | None:
+        """The next unit of work: a pack of texts to embed, a batch to decode, or nothing.
+
+        An embedding of higher priority than every running generation goes first; one of the same
+        priority takes turns with the decode steps; one of lower priority waits."""
+        ejob = self._embed_candidate()
+        top = self.top_priority()
+        if ejob is not None and (top is None or ejob.priority > top or (ejob.priority == top and self._embed_turn)):
+            self._embed_turn = False
+            return self._pack(ejob)
+        self._embed_turn = True
+        return self._next_decode()
+
+    def _embed_candidate(self) -> EmbedJob | None:
+        live = [j for j in self.embeds if not j.cancelled()]   # cancelled ones leave at the next admit
+        return max(live, key=lambda j: (j.priority, -j.id)) if live else None
+
+    def _pack(self, job: EmbedJob) -> EmbedStep:
+        """The next texts of `job` that fit one pack (at least one text, however long)."""
+        lists = job.token_lists
+        first = job.done
+        total, n = 0, 0
+        while (first + n < len(lists) and n < self.embed_pack_texts
+               and (n == 0 or total + len(lists[first + n]) <= self.embed_pack_tokens)):
+            total += len(lists[first + n])
+            n += 1
+        return EmbedStep(job, first, n)
+
+    def _next_decode(self) -> DecodeStep | None:
+        top = self.top_priority()
+        if top is None:
+            return None
+        jobs = [j for j in self.running() if j.priority == top and j.remaining > 0]
+        budget = self.batch_tokens
+        entries: list[Entry] = []
+        row = 0
+        for job in sorted(jobs, key=lambda j: (j.remaining, j.id)):
+            take = min(job.remaining, budget)
+            if take <= 0:
+                break
+            e = Entry(job, job.fed, take)
+            row += take
+            if take == job.remaining:
+                e.output = row - 1
+            entries.append(e)
+            job.took = take
+            budget -= take
+        return DecodeStep(entries) if entries else None
+
+    def embedded(self, step: EmbedStep) -> bool:
+        """Record a finished pack; True when the job has embedded all its texts."""
+        step.job.done = step.first + step.count
+        if step.job.done >= len(step.job.token_lists):
+            if step.job in self.embeds:
+                self.embeds.remove(step.job)
+            return True
+        return False
+
+    def drop_embed(self, job: EmbedJob) -> None:
+        if job in self.embeds:
+            self.embeds.remove(job)
+
+    def decoded(self, step: DecodeStep) -> None:
+        """Record a successful decode: the step's tokens are now in their slots' KV caches."""
+        for e in step.entries:
+            job = e.job
+            if job.slot is not None:
+                job.slot.tokens.extend(e.tokens())
+            job.fed += e.count
+            job.took = 0
+
+    def drain(self) -> tuple[list[Job], list[EmbedJob]]:
+        """Everything still queued or running (at shutdown); the policy is empty afterwards."""
+        jobs = self.running() + self.pending
+        for s in self.slots:
+            s.job = None
+        for j in jobs:
+            j.slot = None
+        self.pending.clear()
+        embeds = list(self.embeds)
+        self.embeds.clear()
+        return jobs, embeds
+
+
+def common_prefix(a: list[Any], b: list[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

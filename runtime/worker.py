@@ -1,0 +1,326 @@
+"""A loaded model: its weights, its engine backend, and the one worker thread that drives both.
+
+Engine contexts are not thread-safe, so each `LoadedModel` has one worker thread, the only caller of
+its backend. Callers on any thread submit generations (and get a `GenerationStream` back) or
+embeddings (and wait for the vectors). The worker loop is short: ask the scheduling policy
+(scheduler.py) what to do, apply its KV trims, run the step on the backend (a batch to decode, or a
+pack of texts to embed), then sample each finished row, stream the text and finish requests.
+Cancellation is checked between steps, so a cancelled or unloaded request stops between two tokens
+and an embedding between two packs.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .engine import Backend, DecodeFailed, Weights
+from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
+from .generation import GenerationRequest, GenerationResult, GenerationStream, TextAssembler, TokenEvent
+from .options import POOLINGS, LoadSpec
+from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
+
+log = logging.getLogger("a3b.worker")
+
+
+class GenJob(Job):
+    """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
+
+    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int):
+        super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled)
+        self.stream = stream
+        self.req: GenerationRequest = stream.request
+        self.seed = seed
+        self.sampler: Any = None   # made on the worker thread at the first sample
+        self.n_gen = 0
+        self.asm = TextAssembler(self.req.stop, self.req.confidence)
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+
+
+@dataclass(eq=False)
+class EmbedRequest(EmbedJob):
+    normalize: bool = True
+    out: np.ndarray | None = None
+    error: BaseException | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+class LoadedModel:
+    """Weights + backend (contexts for one LoadSpec) + the worker thread. What the store hands out.
+
+    Public, engine-neutral surface: `info` (ModelInfo), `vocab` (tokenizer), `submit`,
+    `embed_tokens`, `tokenize`, `busy`, `stats`, `close`.
+    """
+
+    def __init__(self, weights: Weights, backend: Backend, spec: LoadSpec):
+        self.weights = weights
+        self.info = weights.info
+        self.vocab = weights.vocab
+        self.backend = backend
+        self.spec = spec
+        self.name = self.info.name
+        self.n_ctx_seq = backend.n_ctx_seq
+        self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
+        self._lock = threading.Condition()
+        self._closing: str | None = None
+        self.closed = threading.Event()
+        self.stats: collections.Counter = collections.Counter()
+        self.created = time.time()
+        self.last_used = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
+        self._thread.start()
+
+    # -- public, any thread ------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._closing and not self.closed.is_set()
+
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, add_bos=add_bos, special=special)
+
+    def submit(self, request: GenerationRequest, on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
+        request.validate()
+        if request.prompt_tokens is not None:
+            tokens = list(request.prompt_tokens)
+        else:
+            tokens = self.vocab.tokenize(request.prompt, add_bos=request.add_bos and self.vocab.add_bos,
+                                         special=request.parse_special)
+        if not tokens:
+            raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
+        if len(tokens) >= self.n_ctx_seq:
+            raise PromptTooLong(f"The prompt has {len(tokens)} tokens but the context holds {self.n_ctx_seq} "
+                                "(including the answer). Shorten the prompt or load the model with a larger n_ctx.")
+        n_vocab = self.info.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidRequest(f"Token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
+        stream = GenerationStream(request, on_token)
+        sp = request.sampling
+        job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32))
+        with self._lock:
+            if self._closing:
+                raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
+            self.policy.submit(job)
+            self.stats["submitted"] += 1
+            self._lock.notify()
+        return stream
+
+    def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
+                     priority: int = 0, timeout: float | None = None,
+                     cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """Pooled embeddings, one row per text. `cancelled` is polled between packs: once it turns
+        true the call raises Cancelled without embedding the rest."""
+        if pooling not in POOLINGS:
+            raise InvalidRequest(f"Unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        for i, toks in enumerate(token_lists):
+            if not toks:
+                raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
+            if len(toks) > self.spec.embed_n_ctx:
+                raise PromptTooLong(f"Text #{i} has {len(toks)} tokens; embeddings take at most "
+                                    f"{self.spec.embed_n_ctx} per text. Split it into chunks, or load "
+                                    "the model with a larger embed_n_ctx.")
+        job = EmbedRequest(token_lists, pooling, priority, cancelled or (lambda: False), normalize=normalize)
+        job.out = np.zeros((len(token_lists), self.info.n_embd), dtype=np.float32)
+        with self._lock:
+            if self._closing:
+                raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
+            self.policy.submit_embed(job)
+            self._lock.notify()
+        if not job.finished.wait(timeout):
+            raise TimeoutError("embedding still running")
+        if job.error is not None:
+            raise job.error
+        assert job.out is not None
+        return job.out
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self.policy.busy()
+
+    def wake(self) -> None:
+        """Re-check cancellations now (a caller cancelled a request that is still waiting)."""
+        with self._lock:
+            self._lock.notify()
+
+    def close(self, reason: str = "unloaded", wait: bool = True) -> None:
+        """Stop: running and queued requests fail with ModelUnloaded, then the backend is closed."""
+        with self._lock:
+            if not self._closing:
+                self._closing = reason
+            self._lock.notify()
+        if wait and threading.current_thread() is not self._thread:
+            self.closed.wait()
+
+    # -- worker ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._closing and not self.policy.busy():
+                        self._lock.wait()
+                    if self._closing:
+                        break
+                    adm = self.policy.admit()
+                    for job in self.policy.cancelled_running():
+                        adm.dropped.append(job)
+                        self.policy.release(job)
+                    step = self.policy.next_step()
+                self._apply(adm)
+                if isinstance(step, EmbedStep):
+                    self._embed(step)
+                elif isinstance(step, DecodeStep):
+                    self._decode(step)
+                elif not (adm.dropped or adm.dropped_embeds):
+                    with self._lock:   # nothing runnable yet: do not spin
+                        self._lock.wait(0.05)
+        except BaseException as e:  # never leave callers hanging
+            log.exception("worker of %s crashed", self.name)
+            self._closing = self._closing or f"worker error: {e}"
+        finally:
+            self._shutdown()
+
+    def _apply(self, adm: Admission) -> None:
+        for trim in adm.trims:
+            self.backend.trim(trim.seq_id, trim.keep)
+        self.stats["preempted"] += len(adm.preempted)
+        for job in adm.dropped:
+            if isinstance(job, GenJob):
+                self._finish(job, "cancelled")
+        for ej in adm.dropped_embeds:
+            self._end_embed(ej, Cancelled("Embedding cancelled."))
+        for job in adm.first_placed:
+            self.stats["prompt_tokens"] += len(job.prompt_tokens)
+            self.stats["cached_prompt_tokens"] += job.n_cached or 0
+
+    def _trim(self, trim: Trim | None) -> None:
+        if trim is not None:
+            self.backend.trim(trim.seq_id, trim.keep)
+
+    def _decode(self, step: DecodeStep) -> None:
+        try:
+            self.backend.decode(step)
+        except DecodeFailed as e:
+            err = ModelLoadFailed(str(e))
+            for entry in step.entries:
+                with self._lock:
+                    trim = self.policy.release(entry.job, keep_cache=False)
+                self._trim(trim)
+                self._finish(entry.job, "error", err)
+            return
+        with self._lock:
+            self.policy.decoded(step)
+        self.stats["decode_calls"] += 1
+        self.stats["decoded_tokens"] += step.n_tokens
+        now = time.perf_counter()
+        for entry in step.entries:
+            if entry.output is not None:
+                self._sample(entry.job, entry.output, now)
+
+    def _sample(self, job: GenJob, row: int, now: float) -> None:
+        if job.sampler is None:
+            job.sampler = self.backend.new_sampler(job.req.sampling, job.seed)
+        ent = self.backend.entropy(row) if job.req.confidence.enabled else None
+        tok = self.backend.sample(job.sampler, row)
+        if job.t_first is None:
+            job.t_first = now
+        job.t_last = now
+        job.n_gen += 1
+        self.stats["generated_tokens"] += 1
+        if self.vocab.is_eog(tok):
+            if ent is not None:
+                job.asm.entropies.append(ent)
+            return self._finish_slot(job, "stop")
+        job.seq.append(tok)
+        text = job.asm.add(self.vocab.piece(tok), ent)
+        job.stream._emit(TokenEvent(text, tok, ent))
+        if job.asm.stopped:
+            return self._finish_slot(job, "stop")
+        if job.n_gen >= job.req.max_tokens or len(job.seq) >= self.n_ctx_seq:
+            return self._finish_slot(job, "length")
+
+    def _finish_slot(self, job: GenJob, reason: str) -> None:
+        with self._lock:
+            self.policy.release(job)
+        self._finish(job, reason)
+
+    def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
+        tail = job.asm.flush()
+        if tail:
+            job.stream._emit(TokenEvent(tail, -1, None))
+        text, spans = job.asm.final_text()
+        end = time.perf_counter()
+        gen = job.seq[len(job.prompt_tokens):]
+        result = GenerationResult(
+            text=text, tokens=gen, finish_reason=reason, n_prompt_tokens=len(job.prompt_tokens),
+            n_cached_prompt_tokens=job.n_cached or 0, seed=job.seed, spans=spans,
+            entropies=list(job.asm.entropies),
+            time_to_first_token=(job.t_first - job.stream.submitted_at) if job.t_first else 0.0,
+            total_time=end - job.stream.submitted_at,
+            decode_time=(job.t_last - job.t_first) if job.t_first and job.t_last else 0.0)
+        if job.sampler is not None:
+            self.backend.free_sampler(job.sampler)
+            job.sampler = None
+        self.last_used = time.monotonic()
+        self.stats[f"finished_{reason}"] += 1
+        if reason == "cancelled" and error is None:
+            if job.stream.cancel_reason.startswith("unloaded"):
+                error = ModelUnloaded(f"{self.name} was unloaded while this request ran; "
+                                      f"{len(gen)} tokens were generated before it stopped.")
+            else:
+                error = Cancelled(f"Generation cancelled after {len(gen)} tokens.")
+            error.partial = result  # nothing is lost: the text so far travels with the error
+        job.stream._finish(result if error is None else None, error)
+
+    # -- embeddings ------------------------------------------------------------------------------
+    def _embed(self, step: EmbedStep) -> None:
+        job = step.job
+        assert isinstance(job, EmbedRequest) and job.out is not None
+        try:
+            lists = job.token_lists[step.first:step.first + step.count]
+            job.out[step.first:step.first + step.count] = self.backend.embed(lists, job.pooling)
+        except BaseException as e:
+            with self._lock:
+                self.policy.drop_embed(job)
+            self._end_embed(job, e)
+            return
+        self.stats["embedded_texts"] += step.count
+        self.stats["embedded_tokens"] += sum(len(t) for t in lists)
+        with self._lock:
+            complete = self.policy.embedded(step)
+        if complete:
+            if job.normalize:
+                norms = np.linalg.norm(job.out, axis=1, keepdims=True)
+                job.out = job.out / np.maximum(norms, 1e-12)
+            self._end_embed(job, None)
+
+    @staticmethod
+    def _end_embed(job: EmbedJob, error: BaseException | None) -> None:
+        assert isinstance(job, EmbedRequest)
+        job.error = error
+        job.finished.set()
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        reason = self._closing or "unloaded"
+        with self._lock:
+            jobs, embeds = self.policy.drain()
+        for job in jobs:
+            assert isinstance(job, GenJob)
+            job.stream.cancel(f"unloaded: {reason}")
+            try:
+                self._finish(job, "cancelled")
+            except Exception as e:  # the stream must end even if building its result fails
+                job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
+        for ej in embeds:
+            self._end_embed(ej, ModelUnloaded(f"{self.name} was unloaded ({reason}) before the embedding finished."))
+        try:
+            self.backend.close()
+        finally:
+            self.closed.set()
