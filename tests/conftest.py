@@ -1,7 +1,11 @@
-"""Shared fixtures. Everything runs on the real embedded model and real llama.cpp; nothing is mocked."""
+"""Shared fixtures.
+
+Two tiers: tests marked `slow` run the real embedded model on real llama.cpp (nothing mocked); the
+rest form the fast tier, pure logic and the real runtime over a small fake engine at the engine seam
+(fakeengine.py). `python -m pytest -m "not slow"` runs the fast tier alone.
+"""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -11,6 +15,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tinygguf helpers
 
 from tinygguf import write_tiny_gguf  # noqa: E402
+
+
+class _RootIsNotATestPackage:
+    """Collect the repository root as a plain directory, not as a Python package.
+
+    The root holds the pack's `__init__.py` (ComfyUI imports the folder as a package), so pytest
+    would collect it as a package and import that file under the folder's name to look for setup
+    functions. A clone named `comfyui-a3b` is not an importable name, and the file's relative
+    imports then fail. The tests import the pack as the installed package `comfyui_a3b` instead.
+    """
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collect_directory(self, path, parent):
+        if Path(path).resolve() == ROOT:
+            return pytest.Dir.from_parent(parent, path=path)
+        return None
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_RootIsNotATestPackage(), "a3b-root-is-not-a-test-package")
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +71,11 @@ def _model_folders_restored():
     before = list(locate._extra_dirs)
     yield
     locate._extra_dirs[:] = before
+
+
+@pytest.fixture(scope="session")
+def fake_engine():
+    """The fake engine (tests/fakeengine.py), registered for `fake://` model references."""
+    import fakeengine
+
+    return fakeengine.install()

@@ -1,0 +1,263 @@
+"""A small fake engine at the runtime's engine seam (runtime/engine.py), for the fast test tier.
+
+Everything above the seam is real: the Runtime, the model store, the worker thread, the scheduling
+policy, streams, stop strings, confidence spans, the nodes and the language server. Only the model is
+fake: a byte-level vocabulary and a deterministic "language model" whose next token is a function of
+the sequence so far, so tests know exactly what a request must produce.
+
+The fake also checks the worker's bookkeeping: every decode must continue each sequence's KV cache
+exactly where it stands (no gap, no overlap), and sampling reads the logits of the rows the step
+asked for, as llama.cpp would.
+
+Model references: `fake://NAME[?key=value&...]` with keys
+    text=...          the continuation the model writes (default: a pangram, repeated)
+    eos_after=N       end with EOS after N generated tokens (default: never)
+    delay_ms=N        sleep this long in every decode (a slow model)
+    fim=1             give the vocabulary fill-in-the-middle tokens
+    n_ctx_train=N     the trained context (default 4096)
+    fail_decode=N     the N-th decode call (1-based) fails
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+
+from comfyui_a3b.runtime.engine import DecodeFailed, ModelInfo, register_engine
+from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
+
+BOS, EOS, EOT, FIM_PRE, FIM_SUF, FIM_MID = 0, 1, 2, 3, 4, 5
+OFFSET = 8                         # byte b is token OFFSET + b
+N_VOCAB = OFFSET + 256
+N_EMBD = 32
+SPECIALS = {"<s>": BOS, "</s>": EOS, "<|eot|>": EOT}
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. "
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{{ '<|im_start|>assistant\\n' }}")
+
+
+@dataclass
+class FakeSettings:
+    name: str
+    text: str = DEFAULT_TEXT
+    eos_after: int | None = None
+    delay_ms: float = 0.0
+    fim: bool = False
+    n_ctx_train: int = 4096
+    fail_decode: int | None = None
+
+    @classmethod
+    def parse(cls, ref: str) -> "FakeSettings":
+        u = urlsplit(ref)
+        if u.scheme != "fake" or not u.netloc:
+            raise ModelNotFound(f"Not a fake model reference: {ref!r}")
+        q = {k: v[-1] for k, v in parse_qs(u.query).items()}
+        return cls(name=u.netloc, text=q.get("text", DEFAULT_TEXT),
+                   eos_after=int(q["eos_after"]) if "eos_after" in q else None,
+                   delay_ms=float(q.get("delay_ms", 0)), fim=q.get("fim") == "1",
+                   n_ctx_train=int(q.get("n_ctx_train", 4096)),
+                   fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None)
+
+
+class FakeVocab:
+    """Bytes as tokens, plus a few specials. Thread-safe (no state)."""
+
+    def __init__(self, fim: bool = False):
+        self.n_vocab = N_VOCAB
+        self.add_bos = True
+        self.bos, self.eos = BOS, EOS
+        self.fim = fim
+        self.freed = False
+
+    def _check(self) -> None:
+        if self.freed:
+            raise ModelUnloaded("fake model was unloaded; load it again.")
+
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        self._check()
+        out = [BOS] if add_bos else []
+        i = 0
+        while i < len(text):
+            if special:
+                hit = next((s for s in SPECIALS if text.startswith(s, i)), None)
+                if hit:
+                    out.append(SPECIALS[hit])
+                    i += len(hit)
+                    continue
+            out.extend(OFFSET + b for b in text[i].encode("utf-8", "surrogatepass"))
+            i += 1
+        return out
+
+    def piece(self, token: int) -> bytes:
+        self._check()
+        if token >= OFFSET:
+            return bytes([token - OFFSET])
+        return {BOS: b"<s>", EOS: b"</s>", EOT: b"<|eot|>"}.get(token, b"")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return token in (EOS, EOT)
+
+    def token_text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", "replace")
+
+    def special_tokens(self) -> dict[str, int]:
+        fim = (FIM_PRE, FIM_SUF, FIM_MID) if self.fim else (-1, -1, -1)
+        return {"bos": BOS, "eos": EOS, "eot": EOT, "fim_pre": fim[0], "fim_suf": fim[1], "fim_mid": fim[2],
+                "fim_pad": -1, "fim_rep": -1, "fim_sep": -1}
+
+
+class FakeWeights:
+    def __init__(self, spec, settings: FakeSettings):
+        self.settings = settings
+        self.vocab = FakeVocab(settings.fim)
+        self.size_bytes = 1 << 20
+        self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
+                              n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
+                              size_bytes=self.size_bytes, chat_template=CHATML,
+                              special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake")
+        self.freed = False
+
+    def free(self) -> None:
+        self.freed = self.vocab.freed = True
+
+
+class FakeBackend:
+    """Decodes by bookkeeping: the KV cache is the list of tokens each sequence holds."""
+
+    embed_pack_tokens = 32
+    embed_pack_texts = 8
+
+    def __init__(self, weights: FakeWeights, spec):
+        self.weights = weights
+        self.settings = weights.settings
+        self.n_ctx_seq = spec.n_ctx
+        self.kv: dict[int, list[int]] = {i: [] for i in range(spec.n_parallel)}
+        self.rows: dict[int, list[int]] = {}
+        self.decodes = 0
+        self.batch_sizes: list[int] = []
+        self.embedded: list[list[int]] = []
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def _same_thread(self) -> None:
+        # the worker thread is the only caller of a backend: fail loudly otherwise
+        if self.thread is None:
+            self.thread = threading.current_thread()
+        assert threading.current_thread() is self.thread, "a backend was called from two threads"
+
+    def trim(self, seq_id: int, keep: int) -> None:
+        self._same_thread()
+        del self.kv[seq_id][keep:]
+
+    def decode(self, step) -> None:
+        self._same_thread()
+        self.decodes += 1
+        if self.settings.delay_ms:
+            time.sleep(self.settings.delay_ms / 1000.0)
+        if self.settings.fail_decode == self.decodes:
+            raise DecodeFailed("fake decode failure")
+        self.batch_sizes.append(step.n_tokens)
+        self.rows = {}   # batch index -> the sequence's tokens up to it (what its logits depend on)
+        n = 0
+        for e in step.entries:
+            kv = self.kv[e.job.slot.seq_id]
+            assert e.start == len(kv), f"decode at position {e.start} but the sequence holds {len(kv)} tokens"
+            kv.extend(e.tokens())
+            assert len(kv) <= self.n_ctx_seq, "a sequence outgrew its slot"
+            n += e.count
+            if e.output is not None:
+                assert e.output == n - 1, "an output row that is not the entry's last token"
+                self.rows[e.output] = list(kv)
+
+    def _history(self, row: int) -> list[int]:
+        return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
+
+    def new_sampler(self, sampling, seed: int):
+        return {"sampling": sampling, "rng": random.Random(seed)}
+
+    def free_sampler(self, sampler) -> None:
+        sampler.clear()
+
+    def _next(self, history: list[int], n_gen: int) -> int:
+        s = self.settings
+        if s.eos_after is not None and n_gen >= s.eos_after:
+            return EOS
+        data = s.text.encode("utf-8")
+        return OFFSET + data[n_gen % len(data)]
+
+    def sample(self, sampler, row: int) -> int:
+        history = self._history(row)
+        n_gen = sampler.setdefault("n_gen", 0)
+        sampler["n_gen"] = n_gen + 1
+        tok = self._next(history, n_gen)
+        sp = sampler["sampling"]
+        if sp.temperature > 0 and tok >= OFFSET and sampler["rng"].random() < min(sp.temperature, 1.0) * 0.5:
+            # a "creative" choice: an uppercase letter, chosen by the seeded generator
+            tok = OFFSET + ord("A") + sampler["rng"].randrange(26)
+        return tok
+
+    def entropy(self, row: int) -> float:
+        # uncertain after a digit, sure otherwise: lets tests place low-confidence spans
+        last = self._history(row)[-1]
+        return 3.0 if OFFSET + ord("0") <= last <= OFFSET + ord("9") else 0.2
+
+    def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
+        self._same_thread()
+        if self.settings.delay_ms:
+            time.sleep(self.settings.delay_ms / 1000.0)
+        self.embedded.extend(token_lists)
+        out = np.zeros((len(token_lists), N_EMBD), dtype=np.float32)
+        for i, toks in enumerate(token_lists):
+            for t in toks:  # a hashed bag of tokens: similar texts get similar vectors
+                h = int(hashlib.blake2b(bytes([t % 256, t // 256]), digest_size=2).hexdigest(), 16)
+                out[i, h % N_EMBD] += 1.0
+            if pooling == "mean":
+                out[i] /= max(len(toks), 1)
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeEngine:
+    name: str = "fake"
+    loads: int = 0
+    backends: list = field(default_factory=list)
+
+    def check(self, spec) -> None:
+        FakeSettings.parse(spec.path)
+
+    def weights_key(self, spec) -> tuple:
+        return (spec.path,)
+
+    def file_bytes(self, spec) -> int:
+        return 1 << 20
+
+    def load_weights(self, spec) -> FakeWeights:
+        self.loads += 1
+        return FakeWeights(spec, FakeSettings.parse(spec.path))
+
+    def open(self, weights: FakeWeights, spec) -> FakeBackend:
+        b = FakeBackend(weights, spec)
+        self.backends.append(b)
+        return b
+
+    def kv_bytes(self, weights, spec) -> int:
+        return spec.n_ctx * spec.n_parallel * 64
+
+
+ENGINE = FakeEngine()
+
+
+def install() -> FakeEngine:
+    register_engine("fake", ENGINE)
+    return ENGINE

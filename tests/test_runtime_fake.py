@@ -1,0 +1,263 @@
+"""The runtime (store, worker, policy, streams) over the fake engine: the fast tier's core checks.
+
+The fake engine (fakeengine.py) writes a known text and checks the worker's KV bookkeeping on every
+decode, so these tests say exactly what a request must produce.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ConfidenceConfig, InvalidRequest,
+                                 ModelLoadFailed, ModelUnloaded, PromptTooLong, Runtime, preset)
+
+GREEDY = preset("greedy")
+NO_CONF = ConfidenceConfig(enabled=False)
+
+
+@pytest.fixture
+def rt(fake_engine):
+    r = Runtime()
+    yield r
+    r.unload()
+
+
+def wait_until(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def test_raw_generation_streams_the_models_text_and_ends_by_length(rt):
+    stream = rt.submit("Hello", model="fake://m", chat=False, max_tokens=9, sampling=GREEDY)
+    chunks = list(stream.text_chunks())
+    res = stream.result()
+    assert "".join(chunks) == res.text == "The quick"
+    assert res.finish_reason == "length" and res.n_tokens == 9 and res.n_prompt_tokens == 6  # BOS + 5 bytes
+
+
+def test_eos_ends_with_stop_and_stop_strings_are_never_streamed(rt):
+    res = rt.generate("x", model="fake://m?eos_after=3", chat=False, max_tokens=50, sampling=GREEDY)
+    assert res.text == "The" and res.finish_reason == "stop"
+    seen = []
+    res = rt.generate("x", model="fake://m", chat=False, max_tokens=50, sampling=GREEDY, stop=["brown"],
+                      on_token=lambda ev: seen.append(ev.text))
+    assert res.text == "The quick " and "".join(seen) == "The quick " and res.finish_reason == "stop"
+
+
+def test_chat_prompt_uses_the_models_template(rt):
+    m = rt.load("fake://m")
+    text = rt.render_chat(m, [{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    toks = rt.chat_tokens([{"role": "user", "content": "hi"}], model="fake://m")
+    assert toks[0] == m.vocab.bos and len(toks) == 1 + len(text.encode())
+
+
+def test_same_seed_same_text_and_seeds_differ(rt):
+    def gen(seed):
+        return rt.generate("x", model="fake://m", chat=False, max_tokens=30,
+                           sampling=preset("creative", seed=seed)).text
+    assert gen(1) == gen(1)
+    assert len({gen(s) for s in (1, 2, 3)}) > 1
+
+
+def test_shared_prefix_reuses_the_kv_cache(rt):
+    spec = rt.spec("fake://m", n_parallel=1)
+    prompt = "A long shared prefix of a prompt. " * 3
+    first = rt.generate(prompt + "one", model=spec, chat=False, max_tokens=2, sampling=GREEDY)
+    second = rt.generate(prompt + "two", model=spec, chat=False, max_tokens=2, sampling=GREEDY)
+    assert first.n_cached_prompt_tokens == 0
+    assert second.n_cached_prompt_tokens == 1 + len(prompt)
+    assert rt.loaded(spec).stats["cached_prompt_tokens"] == second.n_cached_prompt_tokens
+
+
+def test_cancel_between_tokens_keeps_the_text_so_far(rt):
+    spec = rt.spec("fake://m?delay_ms=2")
+    stream = rt.submit("x", model=spec, chat=False, max_tokens=500, sampling=GREEDY)
+    n = 0
+    for ev in stream:
+        n += 1
+        if n == 5:
+            stream.cancel()
+    with pytest.raises(Cancelled) as ei:
+        stream.result()
+    partial = ei.value.partial
+    assert 5 <= partial.n_tokens < 20 and partial.finish_reason == "cancelled"
+    assert partial.text == ("The quick brown fox " * 2)[:len(partial.text)]
+    # the model is clean for the next request
+    assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
+
+
+def test_a_request_cancelled_while_waiting_never_takes_a_slot(rt):
+    spec = rt.spec("fake://m?delay_ms=5", n_parallel=1)
+    busy = rt.submit("x", model=spec, chat=False, max_tokens=40, sampling=GREEDY)
+    waiting = rt.submit("y", model=spec, chat=False, max_tokens=40, sampling=GREEDY)
+    waiting.cancel()
+    with pytest.raises(Cancelled) as ei:
+        waiting.result(10)
+    assert ei.value.partial.n_tokens == 0
+    assert busy.result(10).n_tokens == 40
+
+
+def test_concurrent_requests_share_decode_steps(rt, fake_engine):
+    spec = rt.spec("fake://m?delay_ms=1", n_parallel=4)
+    streams = [rt.submit(f"prompt {i}", model=spec, chat=False, max_tokens=20, sampling=GREEDY) for i in range(4)]
+    results = [s.result(10) for s in streams]
+    assert all(r.text == "The quick brown fox " for r in results)
+    backend = fake_engine.backends[-1]
+    assert max(backend.batch_sizes) >= 2            # several sequences in one decode
+    assert backend.decodes < 4 * 20                 # fewer decodes than tokens
+
+
+def test_interactive_request_preempts_a_batch_generation_and_both_finish(rt):
+    spec = rt.spec("fake://m?delay_ms=2", n_parallel=1)
+    slow = rt.submit("batch job", model=spec, chat=False, max_tokens=60, sampling=GREEDY)
+    wait_until(lambda: rt.loaded(spec).stats["generated_tokens"] >= 3, what="the batch job to start")
+    fast = rt.submit("editor", model=spec, chat=False, max_tokens=5, sampling=GREEDY, priority=PRIORITY_INTERACTIVE)
+    r_fast = fast.result(10)
+    assert not slow.done                            # the editor request did not wait for the workflow
+    r_slow = slow.result(10)
+    assert r_fast.text == "The q" and r_slow.n_tokens == 60 and r_slow.text.startswith("The quick brown")
+    assert rt.loaded(spec).stats["preempted"] >= 1
+
+
+def test_confidence_spans_and_marker(rt):
+    conf = ConfidenceConfig(threshold=1.0, min_run=2, insert_marker=True)
+    res = rt.generate("x", model="fake://m?text=abc%0A12345%0Adef", chat=False, max_tokens=14,
+                      sampling=GREEDY, confidence=conf)
+    # entropy is high after a digit: the tokens following "1", "2", ... form one span
+    assert len(res.spans) == 1 and res.spans[0].n_tokens >= 2
+    assert conf.marker in res.text and res.text.index(conf.marker) < res.text.index("12345")
+
+
+def test_unload_while_running_fails_cleanly_and_the_next_request_reloads(rt, fake_engine):
+    spec = rt.spec("fake://m?delay_ms=2")
+    m = rt.load(spec)
+    stream = rt.submit("x", model=spec, chat=False, max_tokens=500, sampling=GREEDY)
+    wait_until(lambda: m.stats["generated_tokens"] >= 3, what="generation")
+    assert rt.unload(spec) == 1
+    with pytest.raises(ModelUnloaded) as ei:
+        stream.result(10)
+    assert ei.value.partial.n_tokens >= 3
+    assert m.closed.is_set() and fake_engine.backends[-1].closed and m.weights.freed
+    loads = fake_engine.loads
+    assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
+    assert fake_engine.loads == loads + 1
+
+
+def test_unload_racing_generations_and_embeddings_never_breaks_a_request(rt):
+    """Unloads from one thread while others generate and embed: every call either succeeds (after a
+    reload) or fails with ModelUnloaded; nothing else, no hang."""
+    spec = rt.spec("fake://race")
+    errors: list[BaseException] = []
+    ok = [0]
+    stop = threading.Event()
+
+    def work(i):
+        while not stop.is_set():
+            try:
+                if i % 2:
+                    rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+                else:
+                    rt.embed(["a", "b", "c"], model=spec)
+                ok[0] += 1
+            except ModelUnloaded:
+                pass
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(40):
+        rt.unload(spec)
+        time.sleep(0.002)
+    stop.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert not errors, errors[:3]
+    assert ok[0] > 0
+
+
+def test_embeddings_pool_normalize_and_match_across_calls(rt):
+    v = rt.embed(["the cat sat", "the cat sat", "stock markets fell"], model="fake://m")
+    assert v.shape == (3, 32) and np.allclose(np.linalg.norm(v, axis=1), 1.0)
+    assert np.allclose(v[0], v[1]) and not np.allclose(v[0], v[2])
+    raw = rt.embed(["the cat sat"], model="fake://m", normalize=False)
+    assert not np.isclose(np.linalg.norm(raw), 1.0)
+
+
+def test_an_interactive_generation_overtakes_a_long_embedding(rt):
+    spec = rt.spec("fake://m?delay_ms=10", n_parallel=1)
+    texts = [f"chunk number {i}" for i in range(40)]       # 40 texts: many packs
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("v", rt.embed(texts, model=spec)))
+    t.start()
+    m = rt.load(spec)
+    wait_until(lambda: m.stats["embedded_texts"] > 0, what="embedding to start")
+    t0 = time.perf_counter()
+    res = rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY, priority=PRIORITY_INTERACTIVE)
+    waited = time.perf_counter() - t0
+    embedded_then = m.stats["embedded_texts"]
+    t.join(30)
+    assert res.text == "The" and box["v"].shape == (40, 32)
+    assert embedded_then < 40, "the completion waited for the whole embedding"
+    assert waited < 0.5
+
+
+def test_cancelled_embedding_stops_between_packs(rt):
+    spec = rt.spec("fake://m?delay_ms=10")
+    flag = threading.Event()
+    texts = [f"text {i}" for i in range(64)]
+    m = rt.load(spec)
+    threading.Timer(0.05, flag.set).start()
+    with pytest.raises(Cancelled):
+        rt.embed(texts, model=spec, cancelled=flag.is_set)
+    assert m.stats["embedded_texts"] < 64
+    assert rt.embed(["after"], model=spec).shape == (1, 32)    # the model still serves
+
+
+def test_a_failed_decode_fails_its_requests_and_the_model_survives(rt):
+    spec = rt.spec("fake://m?fail_decode=1")
+    with pytest.raises(ModelLoadFailed, match="fake decode failure"):
+        rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
+
+
+def test_bad_requests_get_clear_errors(rt):
+    spec = rt.spec("fake://m", n_ctx=32)
+    with pytest.raises(PromptTooLong, match="context holds 32"):
+        rt.generate("x" * 40, model=spec, chat=False)
+    with pytest.raises(InvalidRequest, match="prompt is empty"):
+        rt.generate("   ", model=spec)
+    with pytest.raises(InvalidRequest, match="temperature must be a finite number"):
+        rt.generate("x", model=spec, sampling=preset("default", temperature=float("nan")))
+    with pytest.raises(InvalidRequest, match="Token ids outside the vocabulary"):
+        rt.generate(model=spec, prompt_tokens=[1, 99999], chat=False)
+    with pytest.raises(InvalidRequest, match="not text"):
+        rt.embed(["ok", 3], model=spec)        # type: ignore[list-item]
+    with pytest.raises(PromptTooLong, match="embeddings take at most"):
+        rt.embed(["y" * 300], model=spec)
+
+
+def test_memory_budget_evicts_the_least_recently_used_idle_model(fake_engine):
+    rt = Runtime(budget_bytes=(1 << 20) * 2 + 300_000)
+    try:
+        a, b = rt.spec("fake://a"), rt.spec("fake://b")
+        rt.load(a)
+        rt.load(b)                      # does not fit beside a: a goes
+        assert rt.loaded(a) is None and rt.loaded(b) is not None and rt.store.evictions == 1
+    finally:
+        rt.unload()
+
+
+def test_status_reports_engine_neutral_model_facts(rt):
+    rt.generate("x", model="fake://status", chat=False, max_tokens=2, sampling=GREEDY)
+    st = rt.status()
+    [m] = [m for m in st["models"] if m["name"] == "status"]
+    assert m["engine"] == "fake" and m["architecture"] == "fake" and m["stats"]["generated_tokens"] == 2

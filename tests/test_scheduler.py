@@ -1,0 +1,204 @@
+"""The scheduling policy alone: plain Python, deterministic, milliseconds (runtime/scheduler.py)."""
+from __future__ import annotations
+
+import pytest
+
+from comfyui_a3b.runtime.scheduler import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, DecodeStep, EmbedJob, EmbedStep,
+                                           Job, Policy, Trim, common_prefix)
+
+
+def job(tokens, prio=PRIORITY_BATCH, cancelled=False):
+    flag = [cancelled]
+    j = Job(list(tokens), prio, cancelled=lambda: flag[0])
+    j.flag = flag
+    return j
+
+
+def decode_all(p: Policy, step: DecodeStep, sample: int = 7) -> None:
+    """What the worker does after a decode: record it, then append a sampled token to outputs."""
+    p.decoded(step)
+    for e in step.entries:
+        if e.output is not None:
+            e.job.seq.append(sample)
+
+
+def test_waiting_jobs_take_free_slots_highest_priority_then_oldest():
+    p = Policy(n_slots=2, batch_tokens=64)
+    a, b, c = job([1, 2]), job([3, 4], PRIORITY_INTERACTIVE), job([5, 6])
+    for j in (a, b, c):
+        p.submit(j)
+    adm = p.admit()
+    assert {s.job for s in p.slots} == {a, b} and p.pending == [c]
+    assert adm.first_placed == [b, a] and not adm.trims and not adm.preempted
+
+
+def test_slot_with_the_longest_common_prefix_is_chosen_and_trimmed():
+    p = Policy(n_slots=3, batch_tokens=64)
+    p.slots[0].tokens = [9, 9, 9]
+    p.slots[1].tokens = [1, 2, 3, 4, 5]
+    p.slots[2].tokens = [1, 2]
+    j = job([1, 2, 3, 7])
+    p.submit(j)
+    adm = p.admit()
+    assert j.slot is p.slots[1]
+    assert adm.trims == [Trim(1, 3)] and p.slots[1].tokens == [1, 2, 3]
+    assert j.fed == 3 and j.n_cached == 3
+
+
+def test_an_identical_prompt_keeps_one_token_to_decode():
+    p = Policy(n_slots=1, batch_tokens=64)
+    p.slots[0].tokens = [1, 2, 3]
+    j = job([1, 2, 3])
+    p.submit(j)
+    adm = p.admit()
+    assert j.fed == 2 and adm.trims == [Trim(0, 2)]   # its logits give the first new token
+    step = p.next_step()
+    assert [(e.start, e.count, e.output) for e in step.entries] == [(2, 1, 0)]
+
+
+def test_interactive_request_preempts_the_newest_lowest_priority_job():
+    p = Policy(n_slots=2, batch_tokens=64)
+    a, b = job([1]), job([2])
+    p.submit(a)
+    p.submit(b)
+    p.admit()
+    urgent = job([3], PRIORITY_INTERACTIVE)
+    p.submit(urgent)
+    adm = p.admit()
+    assert adm.preempted == [b] and b.slot is None and urgent.slot is not None and p.pending == [b]
+    assert p.preemptions == 1
+    c = job([4], PRIORITY_INTERACTIVE)
+    p.submit(c)
+    assert p.admit().preempted == [a]
+    # a job of the same priority never preempts
+    d = job([5], PRIORITY_INTERACTIVE)
+    p.submit(d)
+    assert not p.admit().preempted and d in p.pending
+
+
+def test_only_the_top_priority_class_decodes_in_a_step():
+    p = Policy(n_slots=3, batch_tokens=64)
+    lo, hi = job([1, 2, 3]), job([4, 5], PRIORITY_INTERACTIVE)
+    p.submit(lo)
+    p.submit(hi)
+    p.admit()
+    step = p.next_step()
+    assert [e.job for e in step.entries] == [hi]
+
+
+def test_decoding_sequences_go_first_and_prompt_chunks_share_the_rest_of_the_budget():
+    p = Policy(n_slots=3, batch_tokens=8)
+    a = job([1, 2])
+    p.submit(a)
+    p.admit()
+    decode_all(p, p.next_step())           # a is now decoding: one token per step
+    big, small = job(list(range(100, 120))), job([50, 51, 52])
+    p.submit(big)
+    p.submit(small)
+    p.admit()
+    step = p.next_step()
+    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (small, 3), (big, 4)]
+    assert step.n_tokens == 8
+    out = {e.job: e.output for e in step.entries}
+    assert out[a] == 0 and out[small] == 3 and out[big] is None   # big's prompt is not read to its end yet
+    decode_all(p, step)
+    assert big.fed == 4 and big.remaining == 16
+    # the long prompt goes on over the next steps while the others keep decoding
+    step = p.next_step()
+    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (small, 1), (big, 6)]
+
+
+def test_cancelled_jobs_are_dropped_from_the_queue_and_reported_running():
+    p = Policy(n_slots=1, batch_tokens=8)
+    running, waiting = job([1]), job([2])
+    p.submit(running)
+    p.admit()
+    p.submit(waiting)
+    waiting.flag[0] = True
+    adm = p.admit()
+    assert adm.dropped == [waiting] and not p.pending
+    running.flag[0] = True
+    assert p.cancelled_running() == [running]
+
+
+def test_release_keeps_the_cache_for_the_next_request_unless_told_not_to():
+    p = Policy(n_slots=1, batch_tokens=8)
+    j = job([1, 2, 3])
+    p.submit(j)
+    p.admit()
+    decode_all(p, p.next_step())
+    assert p.release(j) is None and p.slots[0].tokens == [1, 2, 3] and p.slots[0].job is None
+    j2 = job([1, 2, 3, 4])
+    p.submit(j2)
+    p.admit()
+    assert j2.fed == 3 and j2.n_cached == 3       # the prefix is reused
+    assert p.release(j2, keep_cache=False) == Trim(0, 0) and p.slots[0].tokens == []
+
+
+def test_embeddings_run_in_small_packs_and_yield_to_interactive_generation():
+    p = Policy(n_slots=1, batch_tokens=8, embed_pack_tokens=6, embed_pack_texts=2)
+    e = EmbedJob([[1, 2], [3, 4], [5, 6, 7, 8, 9, 10, 11], [12]], "mean")
+    p.submit_embed(e)
+    p.admit()
+    s1 = p.next_step()
+    assert isinstance(s1, EmbedStep) and (s1.first, s1.count) == (0, 2)
+    assert not p.embedded(s1)
+    s2 = p.next_step()
+    assert (s2.first, s2.count) == (2, 1)          # a long text goes alone, however long
+    p.embedded(s2)
+    urgent = job([1, 2], PRIORITY_INTERACTIVE)     # an editor request arrives between two packs
+    p.submit(urgent)
+    p.admit()
+    step = p.next_step()
+    assert isinstance(step, DecodeStep) and step.entries[0].job is urgent
+    p.release(urgent)
+    s3 = p.next_step()
+    assert (s3.first, s3.count) == (3, 1) and p.embedded(s3) and not p.embeds
+
+
+def test_embedding_and_generation_of_the_same_priority_take_turns():
+    p = Policy(n_slots=1, batch_tokens=8, embed_pack_tokens=2, embed_pack_texts=1)
+    g = job([1, 2])
+    p.submit(g)
+    p.submit_embed(EmbedJob([[1]] * 4, "mean"))
+    p.admit()
+    kinds = []
+    for _ in range(6):
+        step = p.next_step()
+        kinds.append(type(step).__name__)
+        if isinstance(step, DecodeStep):
+            decode_all(p, step)
+        else:
+            p.embedded(step)
+    assert kinds == ["EmbedStep", "DecodeStep"] * 3
+
+
+def test_cancelled_embedding_is_dropped_at_admission():
+    p = Policy(n_slots=1, batch_tokens=8)
+    flag = [False]
+    e = EmbedJob([[1]] * 3, "mean", cancelled=lambda: flag[0])
+    p.submit_embed(e)
+    flag[0] = True
+    assert p.next_step() is None
+    assert p.admit().dropped_embeds == [e] and not p.busy()
+
+
+def test_drain_returns_everything_and_leaves_the_policy_empty():
+    p = Policy(n_slots=1, batch_tokens=8)
+    a, b = job([1]), job([2])
+    p.submit(a)
+    p.submit(b)
+    p.admit()
+    e = EmbedJob([[1]], "mean")
+    p.submit_embed(e)
+    jobs, embeds = p.drain()
+    assert set(jobs) == {a, b} and embeds == [e] and not p.busy() and a.slot is None
+
+
+def test_bad_policy_sizes_are_refused():
+    with pytest.raises(ValueError):
+        Policy(n_slots=0, batch_tokens=8)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([], [1]) == 0
