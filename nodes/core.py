@@ -11,7 +11,7 @@ import logging
 import os
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
+from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
 from ..runtime.locate import DEFAULT_MODEL_NAME
 
@@ -71,6 +72,8 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
                       lora_folders: Sequence[str | os.PathLike] = (), *extra: Any) -> tuple:
     """Changes when the model file (or LoRA) is replaced on disk, so ComfyUI re-runs the loader."""
     out: list[Any] = [model, lora, keep_ratio, *extra]
+    if scheme_of(str(model)):
+        return tuple(out)   # not a file: nothing on disk to watch
     try:
         p = resolve_model(None if model == DEFAULT_CHOICE else model, restrict=True)
         st = p.stat()
@@ -99,13 +102,16 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
     """
     rt = get_runtime()
     ref = None if model in (DEFAULT_CHOICE, "", None) else model
-    path = resolve_model(ref, restrict=True)
+    spec = rt.spec(ref, restrict=True, lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength,
+                   **load_options)
     keep_ratio = 1.0 if keep_ratio is None else keep_ratio
     heads_keep = 1.0 if heads_keep is None else heads_keep
     if keep_ratio != 1.0 or heads_keep != 1.0:
-        path = pruned_variant(path, keep_ratio, prune_method, recover_steps, heads_keep)
-    spec = rt.spec(str(path), lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength,
-                   **load_options)
+        if scheme_of(spec.path):
+            raise NodeError(f"{spec.path} is served by another engine; pruning works on local GGUF files. "
+                            "Set keep_ratio and heads_keep to 1.0.")
+        pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep)
+        spec = rt.spec(replace(spec, path=str(pruned)))
     n_gpu_layers = spec.n_gpu_layers
     if n_gpu_layers != 0:
         from ..runtime.llama import system_info

@@ -27,7 +27,7 @@ EXAMPLES = ROOT / "examples"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 A3B_NODES = {"A3BLoader", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
 
-pytestmark = [pytest.mark.comfyui,
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow,
               pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout")]
 
 

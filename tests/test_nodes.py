@@ -1,5 +1,9 @@
-"""The node contract without ComfyUI: schemas, execution on the real embedded model, cache keys,
-interruption and every bad input the nodes must refuse with a clear message."""
+"""The node contract without ComfyUI: schemas, execution, cache keys, interruption and every bad input
+the nodes must refuse with a clear message.
+
+Execution tests run twice: over the fake engine (fast tier) and on the real embedded model (`slow`).
+Tests of what only a real model can show (retrieval quality, a stop string it really writes) are
+slow only."""
 from __future__ import annotations
 
 import json
@@ -28,8 +32,24 @@ def node(name):
     return NODE_CLASS_MAPPINGS[name]()
 
 
+@pytest.fixture(scope="module", params=["fake://nodes?delay_ms=1",
+                                        pytest.param(core.DEFAULT_CHOICE, marks=pytest.mark.slow)],
+                ids=["fake", "real"])
+def model_choice(request, fake_engine):
+    return request.param
+
+
+def loader_args(model=core.DEFAULT_CHOICE, **kw):
+    return {**defs.LOADER.defaults(), "model": model, **kw}
+
+
 @pytest.fixture(scope="module")
-def handle():
+def handle(model_choice):
+    return node("A3BLoader").run(unique_id="1", **loader_args(model_choice))["result"][0]
+
+
+@pytest.fixture(scope="module")
+def real_handle():
     return node("A3BLoader").run(unique_id="1", **defs.LOADER.defaults())["result"][0]
 
 
@@ -92,10 +112,10 @@ def test_model_folder_files_appear_in_the_dropdown(tmp_path, default_path):
 
 
 # -- execution ------------------------------------------------------------------------------------------
-def test_loader_twice_does_not_reload(rt, handle):
+def test_loader_twice_does_not_reload(rt, handle, model_choice):
     loads = rt.store.weight_loads
     t0 = time.perf_counter()
-    again = node("A3BLoader").run(unique_id="1", **defs.LOADER.defaults())["result"][0]
+    again = node("A3BLoader").run(unique_id="1", **loader_args(model_choice))["result"][0]
     assert time.perf_counter() - t0 < 0.5
     assert again == handle and isinstance(again, LoadSpec)
     assert rt.store.weight_loads == loads
@@ -114,7 +134,9 @@ def test_generate_is_deterministic_per_seed_and_streams(handle):
     assert len(texts | {g.text}) > 1  # the seed reaches the sampler
 
 
-def test_generate_context_system_stop_and_spans(handle):
+@pytest.mark.slow
+def test_generate_context_system_stop_and_spans(real_handle):
+    handle = real_handle
     free = generate(handle, "List five fruits.", max_new_tokens=24, temperature=0.0)["result"][0]
     stop = free.split()[2]  # a word the model really writes
     cut = generate(handle, "List five fruits.", max_new_tokens=24, temperature=0.0,
@@ -142,7 +164,23 @@ def test_cancel_between_tokens_keeps_partial_and_model_clean(handle):
     assert generate(handle, "Say hi.", max_new_tokens=4)["result"][0]
 
 
-def test_embed_topk_and_torch_output(handle):
+def test_embed_outputs_a_tensor_and_the_texts(handle):
+    emb, texts = node("A3BEmbed").run(unique_id=["3"], model=[handle], text=["one\n\n two \nthree"], pooling=["mean"],
+                                      normalize=[True])["result"]
+    import torch
+
+    assert isinstance(emb, torch.Tensor) and emb.dtype == torch.float32 and emb.shape[0] == 3
+    assert texts == ["one", "two", "three"]
+    assert np.allclose(emb.norm(dim=1).numpy(), 1.0, atol=1e-5)
+    # a connected list of STRING works like lines
+    emb2, texts2 = node("A3BEmbed").run(unique_id=["6"], model=[handle], text=texts, pooling=["mean"],
+                                        normalize=[True])["result"]
+    assert texts2 == texts and np.allclose(emb2.numpy(), emb.numpy(), atol=2e-3)
+
+
+@pytest.mark.slow
+def test_embed_topk_retrieves_by_meaning(real_handle):
+    handle = real_handle
     docs = "The cat sat on the mat.\nStock markets fell sharply today.\nA kitten slept on the rug.\n"
     emb, texts = node("A3BEmbed").run(unique_id=["3"], model=[handle], text=[docs], pooling=["mean"],
                                       normalize=[True])["result"]
@@ -156,10 +194,6 @@ def test_embed_topk_and_torch_output(handle):
                                           separator=["\\n"])["result"]
     assert context.split("\n")[0] == texts[0] and "Stock" not in context
     assert len(scores.splitlines()) == 2
-    # a connected list of STRING works like lines
-    (emb2, texts2) = node("A3BEmbed").run(unique_id=["6"], model=[handle], text=texts, pooling=["mean"],
-                                          normalize=[True])["result"]
-    assert texts2 == texts and np.allclose(emb2.numpy(), emb.numpy(), atol=2e-3)
 
 
 def test_unload_node_then_handle_reloads(rt, handle):
@@ -191,8 +225,8 @@ def test_empty_prompt(handle):
         generate(handle, "   ")
 
 
-def test_max_new_tokens_beyond_context(rt):
-    small = node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "n_ctx": 256})["result"][0]
+def test_max_new_tokens_beyond_context(rt, model_choice):
+    small = node("A3BLoader").run(unique_id="1", **loader_args(model_choice, n_ctx=256))["result"][0]
     with pytest.raises(InvalidRequest, match="n_ctx") as ei:
         generate(small, "Tell a story.", max_new_tokens=1000)
     assert "Lower max_new_tokens" in str(ei.value)
@@ -240,6 +274,7 @@ def test_keep_ratio_errors(monkeypatch):
         core.load_model(core.DEFAULT_CHOICE, keep_ratio=0.5)
 
 
+@pytest.mark.slow
 def test_model_replaced_on_disk_changes_key_and_reloads(rt, tmp_path, default_path, tiny_models):
     d = tmp_path / "models"
     d.mkdir()
@@ -285,13 +320,15 @@ def test_broken_llama_cpp_gives_one_clear_line_and_node_error(tmp_path):
     assert "NODE ERROR LlamaCppUnavailable" in p.stdout and "pip install" in p.stdout, p.stdout
 
 
+@pytest.mark.slow
 def test_second_import_copy_shares_one_runtime(tmp_path):
-    """ComfyUI imports the pack under its folder path; that copy must use the same runtime."""
+    """ComfyUI imports the pack under its folder path, dots replaced (nodes.py's load_custom_node);
+    that copy must use the same runtime, wherever the pack is installed (site-packages has dots)."""
     root = os.path.dirname(comfyui_a3b.__file__)
     code = textwrap.dedent(f"""
         import importlib.util, sys
         import comfyui_a3b.runtime as canonical
-        name = {os.path.join(root)!r}
+        name = {root.replace(".", "_x_")!r}
         spec = importlib.util.spec_from_file_location(name, {os.path.join(root, "__init__.py")!r},
                                                       submodule_search_locations=[{root!r}])
         mod = importlib.util.module_from_spec(spec); sys.modules[name] = mod; spec.loader.exec_module(mod)
@@ -307,6 +344,7 @@ def test_second_import_copy_shares_one_runtime(tmp_path):
     assert p.stdout.split() == ["True", "1", "1", "True"], p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     assert "q8_0" in input_types(defs.LOADER)["optional"]["serve_as"][0]
@@ -318,6 +356,7 @@ def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     rt.unload(h)
 
 
+@pytest.mark.slow
 def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_models):
     """keep_ratio < 1 loads the pruned copy (made once, cached on disk); without torch, a clear error."""
     import importlib.util
@@ -341,6 +380,7 @@ def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_
     rt.unload(h)
 
 
+@pytest.mark.slow
 def test_heads_keep_serves_a_head_pruned_variant(rt, tmp_path, monkeypatch, tiny_models):
     """heads_keep < 1 alone (keep_ratio 1.0) still makes a pruned copy: fewer query heads, same KV heads."""
     pytest.importorskip("torch", reason="the prune extra (torch) is not installed")

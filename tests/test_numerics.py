@@ -18,6 +18,8 @@ from comfyui_a3b.prune.llama_eval import LlamaEval  # noqa: E402
 from comfyui_a3b.prune.reference import RefModel  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch and the real embedded model
+
 F = torch.nn.functional
 
 

@@ -25,6 +25,8 @@ from comfyui_a3b.prune.pipeline import PruneConfig  # noqa: E402
 from comfyui_a3b.prune.reference import RefModel  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch, calibration and distillation
+
 ARCHS = ("llama", "qwen2", "qwen3")
 FAST = dict(calib_windows=8, seq_len=64, recover_seq_len=32, recover_batch=2, gate_windows=2)
 

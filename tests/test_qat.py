@@ -11,6 +11,8 @@ from comfyui_a3b.prune import qat  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 from comfyui_a3b.prune.writer import quantize  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch and llama.cpp's quantiser
+
 # llama.h's LLAMA_FTYPE_MOSTLY_* values
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "F16": 1}
 

@@ -12,6 +12,8 @@ from comfyui_a3b.runtime import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, Confidenc
                                  preset)
 from comfyui_a3b.runtime.errors import Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong
 
+pytestmark = pytest.mark.slow  # the real embedded model
+
 GREEDY = preset("greedy")
 
 

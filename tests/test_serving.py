@@ -9,6 +9,8 @@ import pytest
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.errors import InvalidRequest
 
+pytestmark = pytest.mark.slow  # re-encodes the real embedded model
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ def run(code: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("installed_first", [True, False])
 def test_two_module_names_share_one_runtime_and_one_model(installed_first):
     out = run(f"""

@@ -13,6 +13,7 @@ from comfyui_a3b.runtime.errors import ModelLoadFailed
 from tinygguf import write_tiny_gguf
 
 
+@pytest.mark.slow
 def test_cache_hit_is_fast_and_returns_the_same_model(rt):
     m1 = rt.load()
     t0 = time.perf_counter()

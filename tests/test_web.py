@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
 
-pytestmark = [pytest.mark.comfyui,
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow,
               pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout")]
 
 
