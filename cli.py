@@ -1,25 +1,92 @@
 """The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, prune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
-server together, which runtime/ itself must not do. Every user error exits with status 2 and one line
-on stderr that says what to do.
+server together, which runtime/ itself must not do.
+
+Exit status: 0 on success; 2 for a user error, either a usage error argparse reports or a typed
+runtime error (`A3BError`), printed as one line `a3b: error: ...`; 1 when a check fails (`inspect`
+of an architecture llama.cpp does not know, `doctor`) and for anything else, which is a bug and
+prints its traceback; 130 after Ctrl-C.
+
+Every default and choice list in the help comes from where the runtime and the pruning tool define
+it (PRESETS, ConfidenceConfig, LoadSpec, the lists in runtime/options.py, PruneConfig), so the help
+cannot drift from what a command does.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
+
+# prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
+from .prune import cli as prune_cli
+from .runtime.errors import A3BError, InvalidRequest
+from .runtime.generation import PRESETS, ConfidenceConfig
+from .runtime.options import CTX_POLICIES, POOLINGS, LoadSpec
+
+DESCRIPTION = ("One local GGUF model for ComfyUI and your editor: generate and embed text with it, inspect and "
+               "verify GGUF files, check the installation, run the language server, and A3B-prune a model.")
+
+EPILOG = """\
+examples:
+  a3b generate "Write a haiku about the sea." --preset creative --seed 7
+  a3b embed "first text" "second text" --npy vectors.npy
+  a3b inspect model.gguf
+  a3b lsp --tcp 127.0.0.1:7011 --token SECRET
+  a3b prune model.gguf --keep 0.63 --out model.a3b.gguf
+
+`a3b COMMAND --help` documents every option of a command and its default.
+
+exit status: 0 success; 1 a failed check (inspect, doctor) or an internal error, with a traceback; \
+2 a usage or user error, explained in one line on stderr; 130 interrupted."""
+
+#: The sampling settings a preset fixes and the command line can override, as shown in the help.
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Ends every option's help with its default, and keeps examples and tables as written.
+
+    An option whose default is None, or whose help already says what happens without it, is left
+    as is: its help text explains the default in words.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS, []):
+            return text
+        return text + " (default: %(default)s)"
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        # Paragraphs with indented lines (examples, tables) keep their lines; prose is wrapped.
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(out)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None, help="GGUF path or name in $A3B_MODELS (default: embedded SmolLM2-135M)")
-    p.add_argument("--n-ctx", type=int, default=None, help="context tokens per request (default 2048)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=None, help="layers to offload to a GPU (-1 = all)")
-    p.add_argument("--ctx-policy", choices=["warn", "refuse"], default=None,
-                   help="n_ctx beyond the trained context: warn (default) or refuse")
+    """The model and its load options; the defaults are LoadSpec's."""
+    p.add_argument("--model", "-m", default=None,
+                   help="GGUF path, or a name in ComfyUI's models/LLM or $A3B_MODELS "
+                        "(default: the embedded SmolLM2-135M)")
+    p.add_argument("--n-ctx", type=int, default=LoadSpec.n_ctx, metavar="N",
+                   help="context tokens per request: prompt and answer together")
+    p.add_argument("--threads", type=int, default=LoadSpec.n_threads, metavar="N",
+                   help="CPU threads; 0 = automatic (half the cores for decoding, all for prompts)")
+    p.add_argument("--n-gpu-layers", type=int, default=LoadSpec.n_gpu_layers, metavar="N",
+                   help="layers offloaded to a GPU (0 = CPU only, -1 = all)")
+    p.add_argument("--ctx-policy", choices=CTX_POLICIES, default=LoadSpec.ctx_policy,
+                   help="when --n-ctx exceeds the model's trained context: load and log a warning (warn), "
+                        "or stop with an error (refuse)")
 
 
 def _spec(rt, args):
@@ -27,8 +94,45 @@ def _spec(rt, args):
                    ctx_policy=args.ctx_policy)
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).splitlines()) or type(error).__name__
+
+
+def _read_text_lines(path: str) -> list[str]:
+    """The non-empty lines of an `embed --file`, or InvalidRequest saying why it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except FileNotFoundError as e:
+        raise InvalidRequest(f"--file {path}: no such file; give a text file with one text per line.") from e
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"--file {path} is not UTF-8 text (byte {e.start}); give a text file "
+                             "with one text per line.") from e
+    except OSError as e:
+        raise InvalidRequest(f"Cannot read --file {path}: {e.strerror or e}.") from e
+
+
+def _check_readable(path: str) -> None:
+    """InvalidRequest for an existing file this user may not read; a missing file is left to the
+    runtime, whose ModelNotFound says where models are looked for."""
+    if os.path.isfile(path) and not os.access(path, os.R_OK):
+        raise InvalidRequest(f"Cannot read {path}: permission denied.")
+
+
+def _address(text: str) -> str:
+    """argparse type of --tcp/--ws: a loopback HOST:PORT, checked while parsing so that a typo is a
+    usage error. Returns the text unchanged; the language server parses it again."""
+    from .lsp_server.transport import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return text
+
+
 def cmd_generate(args) -> int:
-    from .runtime import ConfidenceConfig, get_runtime, preset
+    from .runtime import get_runtime, preset
 
     rt = get_runtime()
     spec = _spec(rt, args)
@@ -69,14 +173,14 @@ def cmd_embed(args) -> int:
 
     from .runtime import get_runtime
 
+    texts = list(args.texts) + (_read_text_lines(args.file) if args.file else [])
     rt = get_runtime()
-    texts = list(args.texts)
-    if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            texts += [line.rstrip("\n") for line in f if line.strip()]
     vecs = rt.embed(texts, model=_spec(rt, args), pooling=args.pooling, normalize=not args.no_normalize)
     if args.npy:
-        np.save(args.npy, vecs)
+        try:
+            np.save(args.npy, vecs)
+        except OSError as e:
+            raise InvalidRequest(f"Cannot write --npy {args.npy}: {e.strerror or e}.") from e
         print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} float32 to {args.npy}", file=sys.stderr)
     else:
         print(json.dumps({"model": rt.spec(args.model).path, "pooling": args.pooling,
@@ -90,6 +194,7 @@ def cmd_inspect(args) -> int:
     from .runtime import inspect_gguf
     from .runtime.llama import llama_cpp_version, probe_architecture
 
+    _check_readable(args.file)
     info = inspect_gguf(args.file)
     ok, why = probe_architecture(info.path)
     d = info.as_dict()
@@ -124,12 +229,15 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     from .runtime import verify_sha256
 
+    _check_readable(args.file)
     digest = verify_sha256(args.file, args.sha256, progress=not args.quiet)
     print(f"OK {digest}  {args.file}")
     return 0
 
 
 def cmd_doctor(args) -> int:
+    """Each check catches whatever its step raises and reports it in its line: a broken installation
+    is what doctor is for, and every check should run rather than stop at the first failure."""
     import platform
 
     lines: list[tuple[str, str, bool]] = [("python", f"{platform.python_version()} ({sys.executable})", True)]
@@ -141,7 +249,7 @@ def cmd_doctor(args) -> int:
         lines.append(("llama-cpp-python", si["llama_cpp_python"], True))
         lines.append(("llama.cpp build", si["system_info"], True))
         lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else "no (CPU only build)", True))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
         lines.append(("llama-cpp-python", str(e), False))
         ok_all = False
     try:
@@ -150,7 +258,7 @@ def cmd_doctor(args) -> int:
         p = default_model_path()
         info = inspect_gguf(p)
         lines.append(("default model", f"{p} ({info.architecture}, {info.file_type}, {info.file_size / 1e6:.0f} MB)", True))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
         lines.append(("default model", str(e), False))
         ok_all = False
     if ok_all:
@@ -163,12 +271,12 @@ def cmd_doctor(args) -> int:
             load_s = time.perf_counter() - t0
             res = rt.generate("Say hello.", max_tokens=16, sampling=preset("greedy"))
             lines.append(("model load", f"{load_s * 1000:.0f} ms", True))
-            lines.append(("generation", f"{res.n_tokens} tokens at {res.tokens_per_second:.0f} tokens/s, "
-                          f"first token after {res.time_to_first_token * 1000:.0f} ms: {res.text.strip()[:60]!r}",
+            lines.append(("generation", (f"{res.n_tokens} tokens at {res.tokens_per_second:.0f} tokens/s, "
+                          f"first token after {res.time_to_first_token * 1000:.0f} ms: {res.text.strip()[:60]!r}"),
                           res.n_tokens > 0))
             vec = rt.embed(["hello"])
             lines.append(("embedding", f"dim {vec.shape[1]}", True))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
             lines.append(("generation", f"{type(e).__name__}: {e}", False))
             ok_all = False
     for name, value, ok in lines:
@@ -177,101 +285,162 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_lsp(args) -> int:
-    from .lsp_server import main as lsp_main  # the language server is an adapter over the runtime
+    # The language server is an adapter over the runtime, imported only by this command.
+    from .lsp_server import main as lsp_main
 
-    return lsp_main(args)
+    try:
+        return lsp_main(args)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise InvalidRequest(f"{args.tcp or args.ws} is already in use; stop what listens there or choose "
+                             "another port.") from e
 
 
 def cmd_prune(args) -> int:
-    from . import prune
-
-    return prune.cli_main(args)
+    return prune_cli.run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="a3b", description="One local GGUF model for ComfyUI and your editor.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and runtime details")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _presets_epilog() -> str:
+    rows = [f"  {name:<9} " + ", ".join(f"{opt.replace('_', '-')} {getattr(params, opt):g}" for opt in SAMPLING_OPTIONS)
+            for name, params in PRESETS.items()]
+    return "sampling presets (--temperature and the options after it override single values):\n" + "\n".join(rows)
 
-    g = sub.add_parser("generate", help="stream text from a model")
-    g.add_argument("prompt")
+
+def _command(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter, **kwargs)
+
+
+def _add_generate(sub) -> None:
+    g = _command(sub, "generate", "stream text from a model",
+                 "Stream a model's answer to PROMPT (or, with --raw, its continuation of PROMPT), then print "
+                 "one line on stderr: tokens, tokens/s, time to first token, prompt tokens, the seed, the "
+                 "finish reason and the number of low-confidence spans. The same seed and settings give "
+                 "the same text.", epilog=_presets_epilog())
+    g.add_argument("prompt", help="text to answer, or to continue with --raw")
     _add_model_args(g)
-    g.add_argument("--system", default=None, help="system prompt")
+    g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
-    g.add_argument("--template", default=None, help="llama.cpp chat template name instead of the model's own")
-    g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--preset", default="default", help="sampling preset: default, greedy, code, creative, precise")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repeat-penalty", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None, help="sampler seed: same seed and settings, same text")
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--entropy-threshold", type=float, default=2.1, help="nats; low-confidence threshold")
-    g.add_argument("--entropy-run", type=int, default=5, help="consecutive tokens that make a low-confidence span")
-    g.add_argument("--mark-low-confidence", action="store_true", help="insert a verification marker before low-confidence spans")
+    g.add_argument("--template", default=None, metavar="NAME",
+                   help="llama.cpp chat template name, e.g. chatml (default: the model's own template)")
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate")
+    g.add_argument("--preset", choices=list(PRESETS), default="default",
+                   help="sampling preset; its values are listed below")
+    sampling = {"temperature": (float, "T", "sampling temperature; 0 = always the likeliest token"),
+                "top_p": (float, "P", "nucleus sampling: the smallest set of tokens whose probabilities sum to P"),
+                "top_k": (int, "K", "sample among the K likeliest tokens (0 = off)"),
+                "min_p": (float, "P", "drop tokens below P times the likeliest token's probability"),
+                "repeat_penalty": (float, "R", "penalty on recently seen tokens (1 = off)")}
+    for opt in SAMPLING_OPTIONS:
+        kind, metavar, text = sampling[opt]
+        g.add_argument("--" + opt.replace("_", "-"), type=kind, default=None, metavar=metavar,
+                       help=f"{text} (default: the preset's value)")
+    g.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="sampler seed: the same seed and settings give the same text "
+                        "(default: a fresh seed per run, printed at the end)")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop before this text (repeatable; default: none)")
+    g.add_argument("--entropy-threshold", type=float, default=ConfidenceConfig.threshold, metavar="NATS",
+                   help="entropy of the next-token distribution above which a token is low-confidence")
+    g.add_argument("--entropy-run", type=int, default=ConfidenceConfig.min_run, metavar="N",
+                   help="consecutive low-confidence tokens that make a low-confidence span")
+    g.add_argument("--mark-low-confidence", action="store_true",
+                   help="after the streamed text, print it again with a verification marker before "
+                        "each low-confidence span")
     g.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
     g.set_defaults(func=cmd_generate)
 
-    e = sub.add_parser("embed", help="print embeddings of texts")
-    e.add_argument("texts", nargs="*")
+
+def _add_embed(sub) -> None:
+    e = _command(sub, "embed", "print embeddings of texts",
+                 "Embed each TEXT and each non-empty line of --file with the model: one vector per text, "
+                 "printed as JSON or written as a float32 .npy array.")
+    e.add_argument("texts", nargs="*", metavar="TEXT", help="a text to embed")
     _add_model_args(e)
-    e.add_argument("--file", help="also embed each non-empty line of this file")
-    e.add_argument("--pooling", choices=["mean", "cls", "last"], default="mean")
-    e.add_argument("--no-normalize", action="store_true")
-    e.add_argument("--npy", help="write a float32 .npy file instead of JSON")
+    e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file (default: none)")
+    e.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token vectors become one vector")
+    e.add_argument("--no-normalize", action="store_true", help="keep the vectors' lengths instead of scaling them to 1")
+    e.add_argument("--npy", metavar="FILE",
+                   help="write a float32 .npy array, one row per text, instead of JSON (default: JSON on stdout)")
     e.set_defaults(func=cmd_embed)
 
-    i = sub.add_parser("inspect", help="show a GGUF's metadata and whether llama.cpp supports it")
-    i.add_argument("file")
-    i.add_argument("--json", action="store_true")
+
+def _add_inspect(sub) -> None:
+    i = _command(sub, "inspect", "show a GGUF's metadata and whether llama.cpp supports it",
+                 "Show a GGUF's architecture, sizes, context length, quantisation, RoPE base, chat template "
+                 "and a3b.* keys, and whether the installed llama.cpp supports its architecture (exit "
+                 "status 1 when it does not).")
+    i.add_argument("file", metavar="FILE", help="the GGUF file")
+    i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_inspect)
 
-    v = sub.add_parser("verify", help="check a file's SHA-256")
-    v.add_argument("file")
-    v.add_argument("--sha256", required=True)
-    v.add_argument("--quiet", action="store_true")
+
+def _add_verify(sub) -> None:
+    v = _command(sub, "verify", "check a file's SHA-256",
+                 "Stream FILE's SHA-256 (constant memory, with a progress bar) and compare it with the "
+                 "expected digest; a mismatch is an error (exit status 2).")
+    v.add_argument("file", metavar="FILE", help="the file to check")
+    v.add_argument("--sha256", required=True, metavar="HEX", help="expected digest: 64 hex characters")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_verify)
 
-    d = sub.add_parser("doctor", help="check the installation and run a minimal generation")
+
+def _add_doctor(sub) -> None:
+    d = _command(sub, "doctor", "check the installation and run a minimal generation",
+                 "Check Python, llama-cpp-python, the llama.cpp build (CPU features, GPU offload) and the "
+                 "default model, then load it and run a minimal generation and embedding. Exit status 1 "
+                 "when a check fails.")
     d.set_defaults(func=cmd_doctor)
 
-    lsp = sub.add_parser("lsp", help="run the language server")
+
+def _add_lsp(sub) -> None:
+    lsp = _command(sub, "lsp", "run the language server",
+                   "Run the language server (inline completions, quick fixes, embeddings from the local model) for "
+                   "VS Code, Neovim and other LSP editors: over stdin/stdout for one editor, or on a "
+                   "loopback TCP or WebSocket address several editors share.")
     mode = lsp.add_mutually_exclusive_group()
-    mode.add_argument("--stdio", action="store_true", help="talk over stdin/stdout (default)")
-    mode.add_argument("--tcp", metavar="HOST:PORT", help="listen for editors over TCP")
-    mode.add_argument("--ws", metavar="HOST:PORT", help="listen for editors over WebSocket")
-    lsp.add_argument("--token", default=None, help="shared secret TCP/WS clients must send (default: $A3B_LSP_TOKEN)")
-    lsp.add_argument("--model", "-m", default=None)
+    mode.add_argument("--stdio", action="store_true", help="talk to one editor over stdin/stdout (the default)")
+    mode.add_argument("--tcp", type=_address, metavar="HOST:PORT",
+                      help="listen for editors over TCP on a loopback address, e.g. 127.0.0.1:7011 "
+                           "(default: --stdio)")
+    mode.add_argument("--ws", type=_address, metavar="HOST:PORT",
+                      help="listen for editors over WebSocket on a loopback address (default: --stdio)")
+    lsp.add_argument("--token", default=None,
+                     help="shared secret TCP/WebSocket clients must send (default: $A3B_LSP_TOKEN; "
+                          "without either, any local user can connect)")
+    lsp.add_argument("--model", "-m", default=None,
+                     help="model for editors whose settings name none (default: the embedded SmolLM2-135M)")
     lsp.set_defaults(func=cmd_lsp)
 
-    # add_help=False: `a3b prune --help` is answered by the pruning tool's own parser (args.extra)
-    pr = sub.add_parser("prune", help="A3B gated-FFN pruning (needs the 'prune' extra: torch)", add_help=False)
-    pr.add_argument("model", nargs="?", default=None)
-    pr.set_defaults(func=cmd_prune, _prune_parser=pr)
+
+def _add_prune(sub) -> None:
+    pr = _command(sub, "prune", "A3B gated-FFN pruning (needs the 'prune' extra: torch)", prune_cli.DESCRIPTION)
+    prune_cli.add_arguments(pr)
+    pr.set_defaults(func=cmd_prune)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and runtime details to stderr")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
+                         help="`a3b COMMAND --help` documents its options")
+    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_prune):
+        add(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Typed user errors become one line on stderr and status 2; any other
+    exception propagates (a traceback, status 1), since it is a bug to report, not a user mistake."""
     import logging
 
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.cmd != "prune":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from .runtime.errors import A3BError
-
     try:
         return int(args.func(args) or 0)
     except A3BError as e:
-        print(f"a3b: error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as e:
-        print(f"a3b: error: {e}", file=sys.stderr)
+        print(f"a3b: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -36,6 +36,7 @@ def cached_variant(source_path, **settings: Any) -> Path:
 
 
 def cli_main(args) -> int:
-    from .cli import main
+    """Run `a3b prune` with arguments parsed by the `a3b` parser (see cli.py and prune/cli.py)."""
+    from .cli import run
 
-    return main(args)
+    return run(args)

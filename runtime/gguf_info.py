@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ChecksumMismatch, ModelNotFound, NotGGUF, TruncatedGGUF
+from .errors import ChecksumMismatch, InvalidRequest, ModelNotFound, NotGGUF, TruncatedGGUF
 
 GGUF_MAGIC = b"GGUF"
 
@@ -184,7 +184,7 @@ def sha256_file(path: str | os.PathLike, progress: bool = False, chunk: int = 1 
 def verify_sha256(path: str | os.PathLike, expected: str, progress: bool = False) -> str:
     expected = expected.strip().lower()
     if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
-        raise ValueError(f"Not a SHA-256 hex digest: {expected!r} (expected 64 hex characters)")
+        raise InvalidRequest(f"Not a SHA-256 hex digest: {expected!r} (expected 64 hex characters)")
     actual = sha256_file(path, progress=progress)
     if actual != expected:
         raise ChecksumMismatch(f"Checksum mismatch for {path}: expected {expected}, got {actual}. "
