@@ -64,7 +64,7 @@ def test_checksum(tmp_path):
     assert verify_sha256(p, good) == good
     with pytest.raises(ChecksumMismatch, match="mismatch"):
         verify_sha256(p, "0" * 64)
-    with pytest.raises(ValueError, match="64 hex"):
+    with pytest.raises(InvalidRequest, match="64 hex"):
         verify_sha256(p, "xyz")
 
 
