@@ -28,10 +28,16 @@ def _check(msgs: list[Message]) -> None:
 
 def render_jinja(template: str, msgs: list[Message], bos: str, eos: str) -> str:
     """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter."""
+    import jinja2
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-    return fmt(messages=msgs).prompt
+    try:
+        fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+        return fmt(messages=msgs).prompt
+    except jinja2.TemplateError as e:
+        raise InvalidRequest(f"The model's chat template does not work ({type(e).__name__}: {e}). Use one of "
+                             "llama.cpp's templates instead (template='chatml'; on the command line "
+                             "--template chatml), or fix tokenizer.chat_template in the GGUF.") from e
 
 
 def render_named(name: str, msgs: list[Message]) -> str:

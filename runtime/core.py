@@ -106,6 +106,11 @@ class Runtime:
 
     def _submit(self, m: LoadedModel, prompt: str, *, system, messages, chat, template, max_tokens, sampling,
                 stop, priority, confidence, prompt_tokens, on_token) -> GenerationStream:
+        for what, text in (("The prompt", prompt), ("The system prompt", system),
+                           *((f"Message #{i}", msg.get("content")) for i, msg in enumerate(messages or [])
+                             if isinstance(msg, dict))):
+            if isinstance(text, str):
+                check_text(what, text)
         if prompt_tokens is None:
             if chat:
                 if messages is None:
@@ -138,6 +143,7 @@ class Runtime:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text.")
+            check_text(f"Item #{i} to embed", t)
         if not texts:
             raise InvalidRequest("Nothing to embed: give at least one text.")
 
@@ -179,6 +185,16 @@ class Runtime:
             except Exception as e:  # status must never fail
                 out[name] = {"error": str(e)}
         return out
+
+
+def check_text(what: str, text: str) -> None:
+    """InvalidRequest for text that is not valid Unicode (a lone surrogate, as a UTF-16 client or a
+    careless decoder can produce), instead of a UnicodeEncodeError from deep inside tokenization."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequest(f"{what} is not valid Unicode: {e.reason} at character {e.start} "
+                             f"({text[max(0, e.start - 20):e.start]!r} ...). Remove or replace that character.") from None
 
 
 _runtime: Runtime | None = None

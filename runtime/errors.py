@@ -33,6 +33,12 @@ class TruncatedGGUF(A3BError):
     code = "truncated_gguf"
 
 
+class CorruptGGUF(A3BError):
+    """A GGUF whose structure is invalid, or that makes llama.cpp's loader crash."""
+
+    code = "corrupt_gguf"
+
+
 class UnsupportedArchitecture(A3BError):
     code = "unsupported_architecture"
 

@@ -1,9 +1,16 @@
-"""GGUF inspection and verification with the `gguf` package (no llama.cpp needed).
+"""GGUF inspection and verification (no llama.cpp needed).
 
-`inspect_gguf` reads only the header, metadata and tensor index (memory-mapped), so it is cheap even
-for multi-GB files, and it is the first thing the store does before handing a file to llama.cpp:
-llama.cpp's own errors for a truncated or foreign file are a NULL pointer and a log line, ours say
-what is wrong.
+Two readers, for two jobs:
+
+* `scan_header` walks the header, the metadata and the tensor index with every count and length
+  checked against the file's size before anything is allocated. It keeps only small values (no
+  vocabulary arrays) and is cheap even for multi-GB files and 262k-token vocabularies. A crafted
+  file (a string type changed to an array whose "length" is eight random bytes, say) gets a
+  `CorruptGGUF` error here instead of sending a reader after gigabytes that are not there.
+* `inspect_gguf` runs the scan, then the `gguf` package's full reader for the complete picture
+  (`a3b inspect`). The model store does not use it before loading: the full reader takes seconds on a
+  large vocabulary, and llama.cpp reads the same metadata in milliseconds (see runtime/vet.py for how
+  a file llama.cpp could crash on is checked first).
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ChecksumMismatch, InvalidRequest, ModelNotFound, NotGGUF, TruncatedGGUF
+from .errors import ChecksumMismatch, CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF, TruncatedGGUF
 
 GGUF_MAGIC = b"GGUF"
 
@@ -99,9 +106,160 @@ def check_header(path: str | os.PathLike) -> None:
                       "Convert it with llama.cpp's convert_hf_to_gguf.py, or pick a .gguf file.")
 
 
+# GGUF value types: size in bytes of a scalar (None: a string or an array)
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+MAX_KEY_BYTES = 1 << 16
+MAX_DIMS = 4            # GGML_MAX_DIMS
+#: a size beyond this cannot be a cut-off file, only a damaged field
+PLAUSIBLE_BYTES = 1 << 40
+#: metadata keys whose value must be a string for llama.cpp (and for us)
+_STRING_KEYS = ("general.architecture",)
+#: arrays kept by scan_header (small ones); larger arrays are checked and skipped
+_KEEP_ARRAY_LEN = 64
+
+
+@dataclass
+class HeaderScan:
+    version: int
+    n_tensors: int
+    metadata: dict[str, Any]            # scalars, strings, and arrays of at most 64 items
+    array_lengths: dict[str, int]       # every array's length (vocabularies included)
+    tensors: list[tuple[str, tuple[int, ...], int, int]]   # (name, shape, ggml type, offset)
+    data_start: int
+
+
+def scan_header(path: str | os.PathLike) -> HeaderScan:
+    """Walk a GGUF's header, metadata and tensor index with every size checked against the file.
+
+    Raises NotGGUF, TruncatedGGUF or CorruptGGUF with what is wrong. Reads through a memory map, so
+    only the pages it looks at are read.
+    """
+    import mmap
+    import struct
+
+    check_header(path)
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        if size < 24:
+            raise TruncatedGGUF(f"{p} is truncated: {size} bytes is less than a GGUF header. "
+                                "Copy or download the file again.")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        pos = 4
+
+        def cut(what: str) -> TruncatedGGUF:
+            return TruncatedGGUF(f"{p} is truncated or damaged: {what} runs past the end of the file "
+                                 f"({size} bytes). Copy or download the file again.")
+
+        def bad(what: str) -> CorruptGGUF:
+            return CorruptGGUF(f"{p} is not a valid GGUF: {what}. The file is damaged or was not made by a "
+                               "GGUF writer; download or convert it again.")
+
+        def overrun(nbytes: int, what: str, claim: str) -> Exception:
+            """Past the end: a plausible size means a cut file, an absurd one a damaged field."""
+            return cut(what) if nbytes <= PLAUSIBLE_BYTES else bad(f"{what} claims {claim}")
+
+        def take(fmt: str, what: str):
+            nonlocal pos
+            n = struct.calcsize(fmt)
+            if pos + n > size:
+                raise cut(what)
+            v = struct.unpack_from(fmt, mm, pos)[0]
+            pos += n
+            return v
+
+        def string(what: str, limit: int | None = None) -> str:
+            nonlocal pos
+            n = take("<Q", what)
+            if limit is not None and n > limit:
+                raise bad(f"{what} is {n} bytes long (at most {limit})")
+            if pos + n > size:
+                raise overrun(n, what, f"{n} bytes")
+            v = bytes(mm[pos:pos + n]).decode("utf-8", "replace")
+            pos += n
+            return v
+
+        def skip_strings(count: int, what: str) -> None:
+            nonlocal pos
+            for _ in range(count):
+                n = take("<Q", what)
+                if pos + n > size:
+                    raise cut(what)
+                pos += n
+
+        version = take("<I", "the version")
+        if version not in (2, 3):
+            raise bad(f"version {version} (llama.cpp reads versions 2 and 3)")
+        n_tensors = take("<Q", "the tensor count")
+        n_kv = take("<Q", "the metadata count")
+        # every entry takes at least 12 bytes (an empty key and a type), every tensor 24
+        if n_kv * 12 > size or n_tensors * 24 > size:
+            raise overrun(n_kv * 12 + n_tensors * 24, "the metadata", f"{n_kv} entries and {n_tensors} tensors")
+        meta: dict[str, Any] = {}
+        lengths: dict[str, int] = {}
+        for _ in range(n_kv):
+            key = string("a metadata key", MAX_KEY_BYTES)
+            vtype = take("<I", f"the type of {key!r}")
+            if vtype == STRING:
+                meta[key] = string(f"the value of {key!r}")
+            elif vtype == ARRAY:
+                etype = take("<I", f"the element type of {key!r}")
+                count = take("<Q", f"the length of {key!r}")
+                lengths[key] = count
+                if etype == STRING:
+                    if count * 8 > size - pos:
+                        raise overrun(count * 8, repr(key), f"{count} strings")
+                    if count <= _KEEP_ARRAY_LEN:
+                        meta[key] = [string(f"an item of {key!r}") for _ in range(count)]
+                    else:
+                        skip_strings(count, f"the items of {key!r}")
+                elif etype in _SCALAR:
+                    nbytes = count * _SCALAR[etype]
+                    if nbytes > size - pos:
+                        raise overrun(nbytes, repr(key), f"{count} items")
+                    if count <= _KEEP_ARRAY_LEN:
+                        meta[key] = [v[0] for v in struct.iter_unpack(_FMT[etype], mm[pos:pos + nbytes])]
+                    pos += nbytes
+                else:
+                    raise bad(f"{key!r} is an array of type {etype} (nested or unknown)")
+            elif vtype in _SCALAR:
+                meta[key] = take(_FMT[vtype], f"the value of {key!r}")
+            else:
+                raise bad(f"{key!r} has the unknown value type {vtype}")
+        for key in _STRING_KEYS:
+            if key in meta and not isinstance(meta[key], str):
+                raise bad(f"{key} must be a string, not {type(meta[key]).__name__}")
+            if key in lengths:
+                raise bad(f"{key} must be a string, not an array")
+        tensors = []
+        for _ in range(n_tensors):
+            name = string("a tensor name", MAX_KEY_BYTES)
+            n_dims = take("<I", f"the rank of {name!r}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise bad(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS})")
+            shape = tuple(take("<Q", f"the shape of {name!r}") for _ in range(n_dims))
+            if any(d <= 0 or d > 1 << 40 for d in shape):
+                raise bad(f"tensor {name!r} has the shape {shape}")
+            ttype = take("<I", f"the type of {name!r}")
+            offset = take("<Q", f"the offset of {name!r}")
+            tensors.append((name, shape, ttype, offset))
+        align = meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise bad(f"general.alignment is {align!r} (a power of two)")
+        data_start = (pos + align - 1) // align * align
+        if n_tensors and data_start > size:
+            raise cut("the tensor data")
+        return HeaderScan(version, n_tensors, meta, lengths, tensors, data_start)
+    finally:
+        mm.close()
+
+
 def inspect_gguf(path: str | os.PathLike) -> GGUFInfo:
     """Read a GGUF's metadata and tensor index; raise a typed error for missing/foreign/cut files."""
-    check_header(path)
+    scan_header(path)   # bounded: what the full reader below would choke on is refused here
     p = Path(path)
     size = p.stat().st_size
     from gguf import GGUFReader

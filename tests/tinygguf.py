@@ -26,8 +26,14 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
 def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, n_layer: int = 2,
                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 256,
-                    seed: int = 0, dtype=np.float32, extra_kv: dict | None = None) -> Path:
-    """Write a random-weight model of `arch` (llama, qwen2, qwen3, or any name for unknown-arch tests)."""
+                    seed: int = 0, dtype=np.float32, extra_kv: dict | None = None,
+                    block_count: int | None = None, duplicate_token: bool = False,
+                    chat_template: str | None = None) -> Path:
+    """Write a random-weight model of `arch` (llama, qwen2, qwen3, or any name for unknown-arch tests).
+
+    `block_count` writes that layer count into the metadata whatever the tensors hold, and
+    `duplicate_token` gives two vocabulary entries the same text: files llama.cpp's loader asserts on.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -37,7 +43,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
+    w.add_block_count(n_layer if block_count is None else block_count)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
@@ -48,6 +54,8 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
         w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == np.float32 else gguf.LlamaFileType.MOSTLY_F16)
     tokens, scores, types = _vocab()
+    if duplicate_token:
+        tokens[-1] = tokens[-2]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -56,7 +64,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_chat_template("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    w.add_chat_template(chat_template or "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     for k, v in (extra_kv or {}).items():
         if isinstance(v, str):

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import vet
 from ..engine import ModelInfo
 from ..errors import ModelLoadFailed, ModelUnloaded, TruncatedGGUF, UnsupportedArchitecture
 from ..gguf_info import FILE_TYPES
@@ -51,6 +52,7 @@ def probe_architecture(path) -> tuple[bool, str]:
     A vocab-only load reads the metadata and builds the tokenizer; an unknown architecture fails
     there, before any tensor is touched.
     """
+    vet.check_file(path)   # a file llama.cpp could crash on is refused before it reaches it here
     L = llama()
     params = L.llama_model_default_params()
     params.vocab_only = True
@@ -71,6 +73,7 @@ class Weights:
     """A loaded llama_model and its vocabulary (the `Vocab` of engine.py)."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None):
+        vet.check_file(path)   # first load of a file: in a child process, see runtime/vet.py
         L = llama()
         self.path = Path(path)
         params = L.llama_model_default_params()

@@ -1,0 +1,137 @@
+"""The vetting server: loads GGUF files llama.cpp has not seen yet, where a crash cannot hurt.
+
+Run by runtime/vet.py as a separate process (`python vetchild.py`), standalone on purpose: it
+imports only the standard library and llama_cpp, never the comfyui_a3b package. It reads one JSON
+request per line on stdin, forks a child per file (forking is safe here: this process has a single
+thread and never loads a model itself), and the child loads the file with llama.cpp on the CPU,
+creates a small context and decodes one token. The child's stderr and llama.cpp's log go to a pipe;
+its last line is the result. An abort (llama.cpp's GGML_ASSERT), a segmentation fault or a timeout
+kills only the child; the server reports it as one JSON line on stdout and goes on.
+"""
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+RESULT = b"A3B-VET-RESULT "
+
+
+def _check(path: str, decode: bool) -> dict:
+    import ctypes
+
+    import llama_cpp as L
+
+    @L.llama_log_callback
+    def _log(level, text, user_data):
+        os.write(2, text)
+
+    L.llama_log_set(_log, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.n_gpu_layers = 0
+    model = L.llama_model_load_from_file(path.encode("utf-8"), params)
+    if not model:
+        return {"ok": True, "loads": False}   # a clean refusal: the host's own load reports it
+    vocab = L.llama_model_get_vocab(model)
+    buf = (L.llama_token * 64)()
+    text = b"Hello world"
+    n = L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
+    if not decode or n <= 0:
+        return {"ok": True, "loads": True, "decoded": False}
+    cp = L.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
+    cp.n_threads = cp.n_threads_batch = 1
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        return {"ok": True, "loads": True, "decoded": False}
+    batch = L.llama_batch_init(64, 0, 1)
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = buf[i], i, 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = i == n - 1
+    batch.n_tokens = n
+    rc = L.llama_decode(ctx, batch)
+    return {"ok": True, "loads": True, "decoded": rc == 0}
+
+
+def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> None:
+    os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
+    os.dup2(w, 1)
+    signal.alarm(max(1, int(timeout)))
+    if mem_limit > 0:
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+        except (ValueError, OSError):
+            pass
+    try:
+        result = _check(path, decode)
+    except BaseException as e:  # a Python error in the check is not the file's fault
+        result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
+    os.write(w, b"\n" + RESULT + json.dumps(result).encode() + b"\n")
+    os._exit(0)
+
+
+def _vet(req: dict) -> dict:
+    path = req["path"]
+    timeout = float(req.get("timeout", 120))
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _child(path, bool(req.get("decode", True)), timeout, int(req.get("mem_limit", 0)), w)
+        finally:
+            os._exit(70)
+    os.close(w)
+    out = bytearray()
+    deadline = t0 + timeout + 5
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            break
+        ready, _, _ = select.select([r], [], [], left)
+        if ready:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            if len(out) < 1 << 20:
+                out += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    seconds = round(time.monotonic() - t0, 3)
+    text = bytes(out)
+    if RESULT in text:
+        head, _, tail = text.rpartition(RESULT)
+        result = json.loads(tail.split(b"\n", 1)[0])
+        result.update(seconds=seconds, log=head.decode("utf-8", "replace")[-4000:])
+        return result
+    log = text.decode("utf-8", "replace")[-4000:]
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        why = "timeout" if sig in (signal.SIGALRM, signal.SIGKILL) else "crashed"
+        return {"ok": False, "status": why, "signal": name, "seconds": seconds, "log": log}
+    return {"ok": False, "status": "crashed", "exit_code": os.WEXITSTATUS(status), "seconds": seconds, "log": log}
+
+
+def main() -> None:
+    import llama_cpp  # noqa: F401  (imported once here, so each fork starts warm)
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = _vet(json.loads(line))
+        except Exception as e:  # a bad request must not end the server
+            reply = {"ok": False, "status": "server_error", "log": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
