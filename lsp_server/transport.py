@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlparse
 from pygls.exceptions import JsonRpcException
 
 from .engine import Engine
+from .pygls_compat import pending_requests, send_raw
 from .server import A3BServer
 
 log = logging.getLogger("a3b.lsp")
@@ -103,7 +104,7 @@ class Connection:
 
     # -- incoming ------------------------------------------------------------------------------
     def send_error(self, msg_id, code: int, message: str) -> None:
-        self.server.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        send_raw(self.server.protocol, {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     def feed(self, body: bytes | str) -> None:
         if self.done:
@@ -169,7 +170,7 @@ class Connection:
         self.done = True
         self.exit_code = code
         self.server.session.close()
-        for fut in list(self.server.protocol._request_futures.values()):
+        for fut in pending_requests(self.server.protocol):
             fut.cancel()
         log.info("%s closed", self.label)
         if self._on_close:

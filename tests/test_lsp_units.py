@@ -1,9 +1,14 @@
 """The language server's parts without a client: documents, prompts (real tokenizers), suggestion
-cleanup, the cache, settings, traceback parsing and message framing."""
+cleanup, the cache, settings, traceback parsing, message framing and the pygls internals it uses."""
 from __future__ import annotations
+
+import inspect
+import json
+from importlib.metadata import version
 
 import pytest
 from comfyui_a3b.lsp_server import config as cfg
+from comfyui_a3b.lsp_server import pygls_compat
 from comfyui_a3b.lsp_server.cache import CompletionCache
 from comfyui_a3b.lsp_server.context import chunk_text
 from comfyui_a3b.lsp_server.documents import Document, DocumentError
@@ -19,6 +24,7 @@ from comfyui_a3b.lsp_server.transport import (
     parse_address,
 )
 from lsprotocol import types as T
+from pygls.lsp.server import LanguageServer
 from tinygguf import write_tiny_gguf
 
 
@@ -259,6 +265,53 @@ def test_messages_before_bad_bytes_are_kept_and_the_error_sticks():
     with pytest.raises(FramingError, match="Not an LSP header") as e:
         p.feed(frame(b"{}"))
     assert e.value.messages == []
+
+
+# -- the pygls internals behind lsp_server/pygls_compat.py --------------------------------------
+class _Writer:
+    def __init__(self):
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+def _require(ok: bool, attribute: str, shape: str) -> None:
+    assert ok, (f"pygls {version('pygls')}: {attribute} is no longer {shape}. "
+                "lsp_server/pygls_compat.py relies on it and must be updated for this pygls version.")
+
+
+def test_pygls_private_attributes_the_adapter_relies_on_still_exist():
+    shapes = {
+        "_send_data": ("a method taking one message (data)",
+                       lambda v: callable(v) and list(inspect.signature(v).parameters) == ["data"]),
+        "_request_futures": ("a dict of message id -> future", lambda v: isinstance(v, dict)),
+    }
+    assert set(shapes) == set(pygls_compat.PRIVATE_ATTRIBUTES), \
+        "every private attribute pygls_compat uses needs its shape checked here"
+    proto = LanguageServer("shape-check", "0").protocol
+    for attr, (shape, ok) in shapes.items():
+        _require(hasattr(proto, attr) and ok(getattr(proto, attr)), f"JsonRPCProtocol.{attr}", shape)
+
+
+def test_pygls_compat_functions_do_what_they_say():
+    ls = LanguageServer("shape-check", "0")
+    proto, out = ls.protocol, _Writer()
+    proto.set_writer(out, include_headers=True)
+    error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
+    pygls_compat.send_raw(proto, error)
+    _require([json.loads(b) for w in out.written for b in FrameParser().feed(w)] == [error],
+             "JsonRPCProtocol._send_data", "writing a message dict as one framed JSON body")
+    fut = proto.send_request(T.WORKSPACE_CONFIGURATION, T.ConfigurationParams(items=[]))
+    _require(pygls_compat.pending_requests(proto) == [fut], "JsonRPCProtocol._request_futures",
+             "holding the future of a request awaiting its reply")
+    _require(not pygls_compat.has_workspace(ls), "LanguageServer.workspace", "raising RuntimeError before initialize")
+    proto.handle_message(proto.structure_message(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
+    _require(pygls_compat.has_workspace(ls), "LanguageServer.workspace", "available after initialize")
 
 
 def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
