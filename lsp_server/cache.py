@@ -2,13 +2,18 @@
 
 Two kinds of hit:
 
-* exact: the same text before and after the cursor as a cached completion;
+* exact: the text before the cursor ends as it did when a suggestion was cached (its last TAIL
+  characters, or all of it when it was shorter), in the same bucket;
 * typed ahead: the user has typed the first characters of a cached suggestion since it was made;
   the rest of the suggestion is still right, so it is answered at once.
 
-Entries live in buckets keyed by everything that must be equal for a hit (model, mode, document,
-the text after the cursor); inside a bucket, an entry matches when the text before the cursor ends
-with the entry's prefix tail plus the typed part of its suggestion.
+Entries live in buckets named by `bucket_key` over everything else that must be equal for a hit.
+The completion engine (`Session.cache_key` in engine.py) builds it from the loaded model (its file
+path and the identity of its loaded weights), the document URI, the prompt kind (fill-in-the-middle
+or plain prefix), the rest of the cursor's line, and the first 240 characters after the cursor.
+The single/multi-line mode is not part of it: it follows from the same context. Inside a bucket,
+an entry matches when the text before the cursor ends with the entry's tail plus the typed part of
+its suggestion.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ class Entry:
 
 
 def bucket_key(*parts: str) -> str:
+    """A bucket's name: a hash of `parts`, in order."""
     h = hashlib.blake2b(digest_size=16)
     for p in parts:
         h.update(p.encode("utf-8", "surrogatepass"))
@@ -38,7 +44,7 @@ def bucket_key(*parts: str) -> str:
 class CompletionCache:
     def __init__(self, max_buckets: int = 512):
         self.max_buckets = max_buckets
-        self._b: "OrderedDict[str, deque[Entry]]" = OrderedDict()
+        self._b: OrderedDict[str, deque[Entry]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits_exact = 0
         self.hits_typed = 0

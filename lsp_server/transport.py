@@ -8,7 +8,8 @@ What this adds to pygls' own loops:
   a message that is not a JSON-RPC 2.0 object an Invalid request (-32600), a request whose params do
   not match the LSP types an Invalid params (-32602) naming the field; all with the request's id when
   there is one, so a client never waits for an answer that will not come;
-* strict framing: only Content-Length / Content-Type headers, bounded sizes;
+* strict framing: only Content-Length / Content-Type headers, bounded sizes. One parser without I/O
+  (FrameParser) serves stdio and TCP: their readers only read bytes and feed it;
 * security for TCP/WS: listening on loopback addresses only, refusing peers that are not loopback,
   refusing WebSocket handshakes that carry a browser Origin (a web page could otherwise reach a
   loopback port), and an optional token (initializationOptions.token, or for WebSocket also
@@ -23,23 +24,33 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from pygls.exceptions import JsonRpcException
 
 from .engine import Engine
+from .pygls_compat import pending_requests, send_raw
 from .server import A3BServer
 
 log = logging.getLogger("a3b.lsp")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # a 10 MB document, JSON-escaped, fits with room to spare
 MAX_HEADER_BYTES = 8192
+READ_BYTES = 1 << 16                     # what one read of stdin or a socket asks for
 UNAUTHORIZED = -32001
 
 
 class FramingError(Exception):
-    pass
+    """Bytes that are not LSP framing; the connection cannot continue.
+
+    `messages`: the bodies completed before those bytes (see FrameParser.feed).
+    """
+
+    def __init__(self, message: str, messages: list[bytes] | None = None):
+        super().__init__(message)
+        self.messages = messages or []
 
 
 def is_loopback(host: str) -> bool:
@@ -93,7 +104,7 @@ class Connection:
 
     # -- incoming ------------------------------------------------------------------------------
     def send_error(self, msg_id, code: int, message: str) -> None:
-        self.server.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        send_raw(self.server.protocol, {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     def feed(self, body: bytes | str) -> None:
         if self.done:
@@ -159,7 +170,7 @@ class Connection:
         self.done = True
         self.exit_code = code
         self.server.session.close()
-        for fut in list(self.server.protocol._request_futures.values()):
+        for fut in pending_requests(self.server.protocol):
             fut.cancel()
         log.info("%s closed", self.label)
         if self._on_close:
@@ -171,12 +182,76 @@ def _describe(exc: BaseException) -> str:
         import cattrs
 
         return "; ".join(cattrs.transform_error(exc)) or str(exc)
-    except Exception:
+    except Exception:  # noqa: BLE001 - not a cattrs error: its own message will do
         return str(exc)
 
 
 # -- framing ------------------------------------------------------------------------------------
-def _headers_done(headers: dict[str, str]) -> int:
+class FrameParser:
+    """LSP base-protocol framing without I/O: bytes in, complete message bodies out.
+
+    A message is header lines ("Name: value" ending in \\r\\n or \\n), a blank line, then
+    Content-Length bytes of body. Only Content-Length and Content-Type headers are accepted (anything
+    else is not an LSP stream: an HTTP request, say), a header line longer than MAX_HEADER_BYTES or
+    a body larger than MAX_MESSAGE_BYTES is refused, and blank lines between messages are skipped.
+    Bytes can arrive split anywhere; an incomplete message waits for the next `feed`.
+    """
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._headers: dict[str, str] = {}
+        self._length: int | None = None     # body length, once the headers are complete
+        self._failed: FramingError | None = None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The bodies of the messages that `data` completes, in order.
+
+        Raises FramingError at bytes that break the framing; its `messages` are the bodies completed
+        before them, for the caller to serve first. The stream cannot be resynchronised after that:
+        every later `feed` raises the same error.
+        """
+        if self._failed is not None:
+            raise FramingError(str(self._failed))
+        self._buf += data
+        bodies: list[bytes] = []
+        try:
+            while (body := self._next()) is not None:
+                bodies.append(body)
+        except FramingError as e:
+            self._failed = FramingError(str(e), bodies)
+            raise self._failed from None
+        return bodies
+
+    def _next(self) -> bytes | None:
+        while self._length is None:
+            line = self._line()
+            if line is None:
+                return None
+            if line in (b"\r\n", b"\n"):
+                if self._headers:
+                    self._length = _content_length(self._headers)
+                continue
+            _header(line, self._headers)
+        if len(self._buf) < self._length:
+            return None
+        body = bytes(self._buf[:self._length])
+        del self._buf[:self._length]
+        self._headers, self._length = {}, None
+        return body
+
+    def _line(self) -> bytes | None:
+        """The next header line with its line end, or None until it is complete."""
+        i = self._buf.find(b"\n", 0, MAX_HEADER_BYTES + 1)
+        if i < 0:
+            if len(self._buf) > MAX_HEADER_BYTES:
+                raise FramingError("A header line is too long.")
+            return None
+        line = bytes(self._buf[:i + 1])
+        del self._buf[:i + 1]
+        return line
+
+
+def _content_length(headers: dict[str, str]) -> int:
     if "content-length" not in headers:
         raise FramingError("A message header without Content-Length.")
     try:
@@ -198,50 +273,9 @@ def _header(line: bytes, headers: dict[str, str]) -> None:
     headers[name] = value.strip()
 
 
-async def read_frames(reader: asyncio.StreamReader):
-    while True:
-        headers: dict[str, str] = {}
-        while True:
-            try:
-                line = await reader.readline()
-            except ValueError:
-                raise FramingError("A header line is too long.") from None
-            if not line:
-                return
-            if line in (b"\r\n", b"\n"):
-                if headers:
-                    break
-                continue
-            _header(line, headers)
-        n = _headers_done(headers)
-        try:
-            yield await reader.readexactly(n)
-        except asyncio.IncompleteReadError:
-            return
-
-
-def read_frames_sync(stream):
-    while True:
-        headers: dict[str, str] = {}
-        while True:
-            line = stream.readline(MAX_HEADER_BYTES + 1)
-            if not line:
-                return
-            if line in (b"\r\n", b"\n"):
-                if headers:
-                    break
-                continue
-            _header(line, headers)
-        n = _headers_done(headers)
-        body = stream.read(n)
-        if len(body) < n:
-            return
-        yield body
-
-
 # -- stdio --------------------------------------------------------------------------------------
 class FdReader:
-    """readline/read over a raw file descriptor with its own buffer.
+    """Reads a raw file descriptor with os.read, for the stdin reader thread.
 
     Python's buffered stdin holds a lock while it blocks; a daemon thread blocked there makes the
     interpreter abort at exit. os.read holds nothing, so the reading thread can simply be abandoned.
@@ -249,39 +283,10 @@ class FdReader:
 
     def __init__(self, fd: int):
         self.fd = fd
-        self.buf = bytearray()
-        self.eof = False
 
-    def _fill(self) -> bool:
-        if self.eof:
-            return False
-        chunk = os.read(self.fd, 1 << 16)
-        if not chunk:
-            self.eof = True
-            return False
-        self.buf += chunk
-        return True
-
-    def readline(self, limit: int = -1) -> bytes:
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0 or (0 < limit <= len(self.buf)):
-                n = i + 1 if i >= 0 else limit
-                n = min(n, limit) if limit > 0 else n
-                out = bytes(self.buf[:n])
-                del self.buf[:n]
-                return out
-            if not self._fill():
-                out = bytes(self.buf)
-                self.buf.clear()
-                return out
-
-    def read(self, n: int) -> bytes:
-        while len(self.buf) < n and self._fill():
-            pass
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+    def read1(self, size: int) -> bytes:
+        """At most `size` bytes, as soon as any are available; b"" at end of input."""
+        return os.read(self.fd, size)
 
 
 class _StdoutWriter:
@@ -297,21 +302,31 @@ class _StdoutWriter:
 
 
 async def serve_stdio(engine: Engine, stdin, stdout) -> int:
-    """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code."""
+    """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code.
+
+    `stdin` is anything with `read1(size)` (an FdReader over the real stdin); `stdout` a binary file.
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stopped = asyncio.Event()
     conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
 
+    def deliver(item) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
     def pump():  # a daemon thread: a blocked read never keeps the process alive
+        parser = FrameParser()
         try:
-            for body in read_frames_sync(stdin):
-                loop.call_soon_threadsafe(queue.put_nowait, body)
+            while chunk := stdin.read1(READ_BYTES):
+                for body in parser.feed(chunk):
+                    deliver(body)
         except FramingError as e:
-            loop.call_soon_threadsafe(queue.put_nowait, e)
-        except Exception as e:  # closed pipe
+            for body in e.messages:
+                deliver(body)
+            deliver(e)
+        except Exception as e:  # noqa: BLE001 - a closed pipe, whatever the platform calls it
             log.info("stdin: %s", e)
-        loop.call_soon_threadsafe(queue.put_nowait, None)
+        deliver(None)
 
     threading.Thread(target=pump, name="a3b-lsp-stdin", daemon=True).start()
     while not conn.done:
@@ -362,12 +377,14 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
         conn = Connection(engine, f"tcp {peer[0]}:{peer[1]}", writer, token=token,
                           on_close=lambda: writer.close())
         lst.connections.add(conn)
+        parser = FrameParser()
         try:
-            async for body in read_frames(reader):
-                conn.feed(body)
-                if conn.done:
-                    break
+            while not conn.done and (chunk := await reader.read(READ_BYTES)):
+                for body in parser.feed(chunk):
+                    conn.feed(body)         # ignored once the connection is done
         except FramingError as e:
+            for body in e.messages:
+                conn.feed(body)
             conn.send_error(None, -32700, f"Parse error: {e} Closing the connection.")
         except (ConnectionError, OSError):
             pass
@@ -375,7 +392,7 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
             conn.close()
             lst.connections.discard(conn)
 
-    lst.server = await asyncio.start_server(handle, host, port, limit=MAX_HEADER_BYTES * 2)
+    lst.server = await asyncio.start_server(handle, host, port)
     lst.port = lst.server.sockets[0].getsockname()[1]
     return lst
 

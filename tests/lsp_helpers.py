@@ -108,33 +108,42 @@ class RawClient:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     async def recv(self, timeout: float = 30.0) -> dict | None:
-        async def one():
-            n = None
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    return None
-                if line in (b"\r\n", b"\n"):
-                    if n is not None:
-                        break
-                    continue
-                k, _, v = line.decode().partition(":")
-                if k.strip().lower() == "content-length":
-                    n = int(v)
-            return json.loads(await self.reader.readexactly(n))
+        """The next message, or None once the server has closed the connection."""
         try:
-            return await asyncio.wait_for(one(), timeout)
+            return await asyncio.wait_for(self._read_message(), timeout)
         except (ConnectionResetError, asyncio.IncompleteReadError):
             return None  # the server closed the connection
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the server sent nothing within {timeout:g} s") from None
+
+    async def _read_message(self) -> dict | None:
+        n = None
+        while True:     # header lines, up to the blank line after Content-Length (recv has the deadline)
+            line = await self.reader.readline()
+            if not line:
+                return None
+            if line in (b"\r\n", b"\n"):
+                if n is not None:
+                    break
+                continue
+            k, _, v = line.decode().partition(":")
+            if k.strip().lower() == "content-length":
+                n = int(v)
+        return json.loads(await self.reader.readexactly(n))
 
     async def response(self, id_, timeout: float = 60.0) -> dict:
         """The response to request `id_`, skipping notifications and server requests."""
-        while True:
-            msg = await self.recv(timeout)
-            if msg is None:
-                raise EOFError("the server closed the connection")
-            if msg.get("id") == id_ and "method" not in msg:
-                return msg
+        async def wait() -> dict:
+            while True:     # wait_for below is the deadline
+                msg = await self.recv(timeout)
+                if msg is None:
+                    raise EOFError("the server closed the connection")
+                if msg.get("id") == id_ and "method" not in msg:
+                    return msg
+        try:
+            return await asyncio.wait_for(wait(), timeout)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"no response to request {id_!r} within {timeout:g} s") from None
 
     async def initialize(self, options=None, capabilities=None) -> dict:
         self.request(0, "initialize", {"processId": None, "rootUri": None, "capabilities": capabilities or {},

@@ -29,12 +29,19 @@ async def start_server(kind: str, *extra: str, env_token: str | None = None):
         env["A3B_LSP_TOKEN"] = env_token
     proc = await asyncio.create_subprocess_exec(*SERVER, f"--{kind}", "127.0.0.1:0", *extra,
                                                 stderr=asyncio.subprocess.PIPE, env=env)
-    while True:
-        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        assert line, "the server exited before listening"
-        m = re.search(r"listening on (tcp|ws)://127\.0\.0\.1:(\d+)", line)
-        if m:
-            return proc, int(m.group(2))
+
+    async def port() -> int:
+        while line := (await proc.stderr.readline()).decode():
+            m = re.search(r"listening on (tcp|ws)://127\.0\.0\.1:(\d+)", line)
+            if m:
+                return int(m.group(2))
+        raise AssertionError("the server exited before listening")
+
+    try:
+        return proc, await asyncio.wait_for(port(), 60)
+    except asyncio.TimeoutError:
+        await stop_server(proc)
+        raise AssertionError(f"the {kind} server did not say it was listening within 60 s") from None
 
 
 async def stop_server(proc) -> None:

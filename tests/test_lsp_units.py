@@ -1,18 +1,30 @@
 """The language server's parts without a client: documents, prompts (real tokenizers), suggestion
-cleanup, the cache, settings and traceback parsing."""
+cleanup, the cache, settings, traceback parsing, message framing and the pygls internals it uses."""
 from __future__ import annotations
 
-import pytest
-from lsprotocol import types as T
+import inspect
+import json
+from importlib.metadata import version
 
+import pytest
 from comfyui_a3b.lsp_server import config as cfg
+from comfyui_a3b.lsp_server import pygls_compat
 from comfyui_a3b.lsp_server.cache import CompletionCache
 from comfyui_a3b.lsp_server.context import chunk_text
 from comfyui_a3b.lsp_server.documents import Document, DocumentError
 from comfyui_a3b.lsp_server.fixes import extract_code, parse_traceback
 from comfyui_a3b.lsp_server.postprocess import finish
 from comfyui_a3b.lsp_server.prompt import FimIds, PromptBuilder, is_multiline
-from comfyui_a3b.lsp_server.transport import is_loopback, parse_address
+from comfyui_a3b.lsp_server.transport import (
+    MAX_HEADER_BYTES,
+    MAX_MESSAGE_BYTES,
+    FrameParser,
+    FramingError,
+    is_loopback,
+    parse_address,
+)
+from lsprotocol import types as T
+from pygls.lsp.server import LanguageServer
 from tinygguf import write_tiny_gguf
 
 
@@ -193,6 +205,113 @@ def test_only_loopback_addresses_are_accepted():
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address("7011")
     assert is_loopback("::ffff:127.0.0.1") and not is_loopback("10.0.0.1")
+
+
+# -- framing: bytes in, message bodies out, no I/O ----------------------------------------------
+def frame(body: bytes, *headers: str, eol: str = "\r\n") -> bytes:
+    head = "".join(h + eol for h in headers or (f"Content-Length: {len(body)}",))
+    return (head + eol).encode() + body
+
+
+BODIES = [b'{"jsonrpc": "2.0", "method": "initialized", "params": {}}', "é😀 \r\n\n".encode(), b""]
+STREAM = (frame(BODIES[0]) + b"\r\n\n"     # blank lines between messages are tolerated
+          + frame(BODIES[1], "Content-Type: application/vscode-jsonrpc; charset=utf-8",
+                  f"content-length:{len(BODIES[1])}")
+          + frame(BODIES[2], eol="\n"))
+
+
+def test_frames_split_at_every_byte_boundary():
+    assert FrameParser().feed(STREAM) == BODIES         # several messages in one chunk
+    for i in range(len(STREAM) + 1):
+        p = FrameParser()
+        assert p.feed(STREAM[:i]) + p.feed(STREAM[i:]) == BODIES, f"split at byte {i}"
+    p = FrameParser()
+    assert [b for i in range(len(STREAM)) for b in p.feed(STREAM[i:i + 1])] == BODIES   # byte by byte
+
+
+def test_an_incomplete_message_waits_for_its_bytes():
+    p = FrameParser()
+    assert p.feed(b"Content-Length: 5\r\n\r\nabc") == []
+    assert p.feed(b"de" + b"Content-Len") == [b"abcde"]
+    assert p.feed(b"gth: 2\r\n\r\n{}") == [b"{}"]
+
+
+def test_bad_framing_is_refused_with_a_reason():
+    padding = b"x" * (MAX_HEADER_BYTES - len(b"Content-Type: \r\n"))
+    assert FrameParser().feed(b"Content-Type: " + padding + b"\r\nContent-Length: 2\r\n\r\n{}") == [b"{}"]
+    for data, reason in (
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "Not an LSP header"),
+        (b"Content-Length 5\r\n", "Not an LSP header"),
+        (b"Content-Type: text/plain\r\n\r\n{}", "without Content-Length"),
+        (b"Content-Length: ten\r\n\r\n", "not a number"),
+        (b"Content-Length: -1\r\n\r\n", "larger than the limit"),
+        (f"Content-Length: {MAX_MESSAGE_BYTES + 1}\r\n\r\n".encode(), "larger than the limit"),
+        (b"Content-Type: " + padding + b"x\r\n", "too long"),           # one byte over, line end included
+        (b"C" * (MAX_HEADER_BYTES + 1), "too long"),                    # no line end in sight
+    ):
+        with pytest.raises(FramingError, match=reason):
+            FrameParser().feed(data)
+        p = FrameParser()
+        with pytest.raises(FramingError, match=reason):       # the same, a byte at a time
+            for i in range(len(data)):
+                p.feed(data[i:i + 1])
+
+
+def test_messages_before_bad_bytes_are_kept_and_the_error_sticks():
+    p = FrameParser()
+    with pytest.raises(FramingError, match="Not an LSP header") as e:
+        p.feed(frame(b"{}") + frame(b"[]") + b"GET / HTTP/1.1\r\n")
+    assert e.value.messages == [b"{}", b"[]"]
+    with pytest.raises(FramingError, match="Not an LSP header") as e:
+        p.feed(frame(b"{}"))
+    assert e.value.messages == []
+
+
+# -- the pygls internals behind lsp_server/pygls_compat.py --------------------------------------
+class _Writer:
+    def __init__(self):
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+def _require(ok: bool, attribute: str, shape: str) -> None:
+    assert ok, (f"pygls {version('pygls')}: {attribute} is no longer {shape}. "
+                "lsp_server/pygls_compat.py relies on it and must be updated for this pygls version.")
+
+
+def test_pygls_private_attributes_the_adapter_relies_on_still_exist():
+    shapes = {
+        "_send_data": ("a method taking one message (data)",
+                       lambda v: callable(v) and list(inspect.signature(v).parameters) == ["data"]),
+        "_request_futures": ("a dict of message id -> future", lambda v: isinstance(v, dict)),
+    }
+    assert set(shapes) == set(pygls_compat.PRIVATE_ATTRIBUTES), \
+        "every private attribute pygls_compat uses needs its shape checked here"
+    proto = LanguageServer("shape-check", "0").protocol
+    for attr, (shape, ok) in shapes.items():
+        _require(hasattr(proto, attr) and ok(getattr(proto, attr)), f"JsonRPCProtocol.{attr}", shape)
+
+
+def test_pygls_compat_functions_do_what_they_say():
+    ls = LanguageServer("shape-check", "0")
+    proto, out = ls.protocol, _Writer()
+    proto.set_writer(out, include_headers=True)
+    error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
+    pygls_compat.send_raw(proto, error)
+    _require([json.loads(b) for w in out.written for b in FrameParser().feed(w)] == [error],
+             "JsonRPCProtocol._send_data", "writing a message dict as one framed JSON body")
+    fut = proto.send_request(T.WORKSPACE_CONFIGURATION, T.ConfigurationParams(items=[]))
+    _require(pygls_compat.pending_requests(proto) == [fut], "JsonRPCProtocol._request_futures",
+             "holding the future of a request awaiting its reply")
+    _require(not pygls_compat.has_workspace(ls), "LanguageServer.workspace", "raising RuntimeError before initialize")
+    proto.handle_message(proto.structure_message(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
+    _require(pygls_compat.has_workspace(ls), "LanguageServer.workspace", "available after initialize")
 
 
 def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):

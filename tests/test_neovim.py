@@ -49,7 +49,7 @@ local ok, err = pcall(function()
   local done = false
   local t0 = vim.uv.hrtime()
   a3b.request(function(text) out.suggestion = text; done = true end, { 8, 14 })  -- the end of the line
-  vim.wait(120000, function() return done end, 50)
+  out.inline_done = vim.wait(120000, function() return done end, 50)
   out.inline_ms = (vim.uv.hrtime() - t0) / 1e6
   out.accepted = a3b.accept()
   out.line8 = vim.api.nvim_buf_get_lines(0, 7, 8, false)[1]
@@ -92,7 +92,9 @@ def test_headless_neovim_inline_completion_and_quick_fix(tmp_path):
     res = json.loads(out.read_text())
     print({k: v for k, v in res.items() if k.endswith("_ms")})
     assert res["ok"], res.get("err")
-    assert res["attached"] and res["inline_capability"]
+    assert res["attached"], "the a3b client did not attach to the buffer within 60 s"
+    assert res["inline_capability"]
+    assert res["inline_done"], "no inline completion came back within 120 s"
     assert res["suggestion"] and res["accepted"]
     assert res["line8"] == "    return len" + res["suggestion"].split("\n")[0]
     assert res["fix_applied"], "the quick fix did not change the buffer"
