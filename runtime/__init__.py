@@ -27,10 +27,10 @@ else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
     from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
-                   scheduler, serving, store, worker)
+                   scheduler, serving, store, vet, worker)
     from .core import Runtime, get_runtime
     from .engine import ModelInfo, register_engine, unregister_engine
-    from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, EmbeddingsUnsupported,
+    from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
                          InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
                          NotGGUF, PathNotAllowed, PromptTooLong, TruncatedGGUF, UnsupportedArchitecture)
     from .generation import (PRESETS, ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
@@ -42,7 +42,7 @@ else:
     from .worker import LoadedModel
 
     __all__ = [
-        "A3BError", "Cancelled", "ChecksumMismatch", "ConfidenceConfig", "ContextTooLarge",
+        "A3BError", "Cancelled", "ChecksumMismatch", "ConfidenceConfig", "ContextTooLarge", "CorruptGGUF",
         "EmbeddingsUnsupported", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
         "InvalidRequest", "LlamaCppUnavailable", "LoadSpec", "LoadedModel", "LowConfidenceSpan",
         "ModelInfo", "ModelLoadFailed", "ModelNotFound", "ModelUnloaded", "NotGGUF", "PRESETS",
