@@ -24,9 +24,9 @@ def main(args) -> int:
         kind = "tcp" if args.tcp else "ws"
         host, port = parse_address(args.tcp or args.ws)
         if model:
-            from .. import runtime
+            from ..runtime import get_runtime
 
-            runtime.resolve_model(model)  # a clear error now rather than at the first request
+            get_runtime().spec(model)  # a clear error now rather than at the first request
         engine = Engine(default_model=model)
         if token is None:
             print("a3b lsp: warning: no --token or A3B_LSP_TOKEN: any local user can use this server.",

@@ -79,3 +79,11 @@ def fake_engine():
     import fakeengine
 
     return fakeengine.install()
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("real", marks=pytest.mark.slow)])
+def srv(request, fake_engine):
+    """A language server to start: over the fake engine (fast tier) or the embedded model (slow)."""
+    from lsp_helpers import SERVERS
+
+    return SERVERS[request.param]

@@ -4,10 +4,41 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from lsprotocol import types as T
 
 SERVER = [sys.executable, "-m", "comfyui_a3b.cli", "lsp"]
+#: the same server over the fake engine (fast tier): add "--model", "fake://..."
+FAKE_SERVER = [sys.executable, str(Path(__file__).resolve().parent / "fakeserver.py"), "lsp"]
+#: the fake model of the language server tests writes this line (it completes "    return len"),
+#: 8 ms a token, so a long generation can be caught and cancelled
+FAKE_MODEL = "fake://code?text=(text.split())%0A&delay_ms=8"
+
+
+@dataclass
+class Server:
+    """How to start a language server for a test: over the fake engine, or the embedded model."""
+
+    kind: str
+    command: list[str]     # the command line without the transport flag
+    model_name: str
+
+    @property
+    def fake(self) -> bool:
+        return self.kind == "fake"
+
+
+SERVERS = {"fake": Server("fake", FAKE_SERVER + ["--model", FAKE_MODEL], "code"),
+           "real": Server("real", SERVER, "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def real_only(srv: Server) -> None:
+    if srv.fake:
+        import pytest
+
+        pytest.skip("what this checks needs the embedded model's own text (it runs in the slow tier)")
 
 SAMPLE = '''import os
 import sys
@@ -85,8 +116,8 @@ class RawClient:
         self.reader, self.writer, self.proc = reader, writer, proc
 
     @classmethod
-    async def stdio(cls, *extra: str, env=None) -> "RawClient":
-        proc = await asyncio.create_subprocess_exec(*SERVER, "--stdio", *extra, stdin=asyncio.subprocess.PIPE,
+    async def stdio(cls, *extra: str, env=None, server=SERVER) -> "RawClient":
+        proc = await asyncio.create_subprocess_exec(*server, "--stdio", *extra, stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE, env=env, limit=1 << 26)
         return cls(proc.stdout, proc.stdin, proc)
 

@@ -1,5 +1,9 @@
-"""The language server end to end over stdio: a real pytest-lsp client, a real server process, the
-embedded model. Bad inputs each get their clear error."""
+"""The language server end to end over stdio: a real pytest-lsp client and a real server process.
+Bad inputs each get their clear error.
+
+Every test runs twice: with the server over the fake engine (fast tier; the model writes a known
+line, see fakeengine.py) and over the embedded model (`slow`). Tests of what only a real model shows
+(a multi-line block that stays in its indentation) run on the embedded model only."""
 from __future__ import annotations
 
 import asyncio
@@ -7,29 +11,30 @@ import hashlib
 import time
 
 import pytest
-import pytest_lsp
+import pytest_asyncio
 from lsprotocol import types as T
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
-from lsp_helpers import (MULTI, SAMPLE, SERVER, SINGLE, RawClient, configure, counters, inline, inline_params,
-                         insert, model_stats, open_doc, status)
+from lsp_helpers import (MULTI, SAMPLE, SINGLE, RawClient, Server, configure, counters, inline, inline_params,
+                         insert, model_stats, open_doc, real_only, status)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-
-@pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER + ["--stdio"]))
-async def client(lsp_client: LanguageClient):
-    await lsp_client.initialize_session(T.InitializeParams(
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(srv: Server):
+    c = await ClientServerConfig(server_command=srv.command + ["--stdio"]).start(devtools=None)
+    await c.initialize_session(T.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"),
         initialization_options={"a3b": {"debounceMs": 0}}))
-    yield
-    await lsp_client.shutdown_session()
+    yield c
+    await c.shutdown_session()
+    await c.stop()
 
 
-async def test_model_loading_is_reported_as_progress(client: LanguageClient):
+async def test_model_loading_is_reported_as_progress(client: LanguageClient, srv: Server):
     st = await status(client)
-    assert st["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert st["model"] == srv.model_name
     for _ in range(100):
         reports = [p for reps in client.progress_reports.values() for p in reps]
         if any(getattr(p, "kind", None) == "end" for p in reports):
@@ -37,11 +42,11 @@ async def test_model_loading_is_reported_as_progress(client: LanguageClient):
         await asyncio.sleep(0.05)
     kinds = [getattr(p, "kind", None) for p in reports]
     assert kinds[:1] == ["begin"] and "end" in kinds
-    assert "loading SmolLM2" in reports[0].message
+    assert f"loading {srv.model_name[:8]}" in reports[0].message
 
 
-async def test_capabilities_on_a_fresh_connection():
-    raw = await RawClient.stdio()
+async def test_capabilities_on_a_fresh_connection(srv: Server):
+    raw = await RawClient.stdio(server=srv.command)
     try:
         res = await raw.initialize()
         caps = res["result"]["capabilities"]
@@ -91,7 +96,8 @@ async def test_completion_for_clients_without_inline_completion(client: Language
     assert edit.new_text.startswith("len") and len(edit.new_text) > 3
 
 
-async def test_multi_line_suggestion_stays_in_its_block(client: LanguageClient):
+async def test_multi_line_suggestion_stays_in_its_block(client: LanguageClient, srv: Server):
+    real_only(srv)
     uri = "file:///w/multi_demo.py"
     open_doc(client, uri, SAMPLE)
     [text] = await inline(client, uri, MULTI) or [""]
@@ -251,7 +257,7 @@ async def test_low_confidence_spans_become_information_diagnostics(client: Langu
     assert len(client.diagnostics[uri]) == 0
 
 
-async def test_configuration_changes_and_bad_values(client: LanguageClient):
+async def test_configuration_changes_and_bad_values(client: LanguageClient, srv: Server):
     n = len(client.messages)
     await configure(client, debounceMs=5, maxTokens="lots", contextChunks=99, nope=1)
     st = await status(client)
@@ -263,7 +269,7 @@ async def test_configuration_changes_and_bad_values(client: LanguageClient):
     await configure(client, model="/etc/passwd")
     msgs = [m.message for m in client.messages[n:]]
     assert any("model setting rejected" in m and "outside the allowed model folders" in m for m in msgs)
-    assert (await status(client))["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (await status(client))["model"] == srv.model_name
     await configure(client, model=None, debounceMs=0)
 
 
@@ -349,8 +355,8 @@ async def test_did_change_storm_keeps_up_and_answers_only_the_latest(client: Lan
         await configure(client, debounceMs=0)
 
 
-async def test_malformed_json_rpc_gets_answers_not_silence():
-    raw = await RawClient.stdio()
+async def test_malformed_json_rpc_gets_answers_not_silence(srv: Server):
+    raw = await RawClient.stdio(server=srv.command)
     try:
         await raw.initialize()
         raw.send_bytes(b"{this is not json")
@@ -376,8 +382,8 @@ async def test_malformed_json_rpc_gets_answers_not_silence():
         await raw.close()
 
 
-async def test_client_disconnect_mid_generation_ends_the_server_promptly():
-    raw = await RawClient.stdio()
+async def test_client_disconnect_mid_generation_ends_the_server_promptly(srv: Server):
+    raw = await RawClient.stdio(server=srv.command)
     await raw.initialize(options={"maxTokens": 512, "debounceMs": 0})
     raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/d.py", "languageId": "python",
                                                          "version": 1, "text": SAMPLE + "\n\nclass A:\n"}})
@@ -416,7 +422,7 @@ async def test_fim_model_end_to_end(tmp_path):
         await raw.close()
 
 
-async def test_clients_without_resolve_get_the_fix_as_a_command():
+async def test_clients_without_resolve_get_the_fix_as_a_command(srv: Server):
     from pytest_lsp.client import make_test_lsp_client
 
     c = make_test_lsp_client()
@@ -427,7 +433,7 @@ async def test_clients_without_resolve_get_the_fix_as_a_command():
         applied.append(params.edit)
         return T.ApplyWorkspaceEditResult(applied=True)
 
-    await c.start_io(*SERVER, "--stdio")
+    await c.start_io(*srv.command, "--stdio")
     try:
         await c.initialize_session(T.InitializeParams(capabilities=T.ClientCapabilities(),
                                                       initialization_options={"debounceMs": 0}))

@@ -1,5 +1,7 @@
 """The language server over TCP and WebSocket: several editors on one process, the token, loopback
-only, disconnects, and the in-process server sharing ComfyUI's loaded model."""
+only, disconnects, limits, and the in-process server sharing ComfyUI's loaded model.
+
+Server tests run over the fake engine (fast tier) and the embedded model (`slow`); see conftest's `srv`."""
 from __future__ import annotations
 
 import asyncio
@@ -16,18 +18,18 @@ from lsprotocol import types as T
 from pytest_lsp import client_capabilities
 from pytest_lsp.client import make_test_lsp_client
 
-from lsp_helpers import SAMPLE, SERVER, SINGLE, RawClient, inline, model_stats, open_doc, status
+from lsp_helpers import SAMPLE, SINGLE, RawClient, Server, inline, model_stats, open_doc, status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOKEN = "s3cret-token"
 
 
-async def start_server(kind: str, *extra: str, env_token: str | None = None):
-    env = dict(os.environ)
+async def start_server(srv: Server, kind: str, *extra: str, env_token: str | None = None, env: dict | None = None):
+    env = {**os.environ, **(env or {})}
     env.pop("A3B_LSP_TOKEN", None)
     if env_token:
         env["A3B_LSP_TOKEN"] = env_token
-    proc = await asyncio.create_subprocess_exec(*SERVER, f"--{kind}", "127.0.0.1:0", *extra,
+    proc = await asyncio.create_subprocess_exec(*srv.command, f"--{kind}", "127.0.0.1:0", *extra,
                                                 stderr=asyncio.subprocess.PIPE, env=env)
 
     async def port() -> int:
@@ -70,8 +72,8 @@ async def lsp_client(kind: str, port: int, token: str | None):
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def tcp_server():
-    proc, port = await start_server("tcp", "--token", TOKEN)
+async def tcp_server(srv):
+    proc, port = await start_server(srv, "tcp", "--token", TOKEN)
     yield port
     await stop_server(proc)
 
@@ -157,11 +159,11 @@ async def test_disconnect_mid_generation_stops_it_and_leaks_nothing(tcp_server):
         await watcher.stop()
 
 
-async def test_websocket_server_with_token_origin_and_loopback_checks():
+async def test_websocket_server_with_token_origin_and_loopback_checks(srv):
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus
 
-    proc, port = await start_server("ws", env_token=TOKEN)
+    proc, port = await start_server(srv, "ws", env_token=TOKEN)
     try:
         client = await lsp_client("ws", port, TOKEN)
         try:
@@ -196,13 +198,14 @@ async def test_websocket_server_with_token_origin_and_loopback_checks():
         await stop_server(proc)
 
 
-async def test_listening_on_a_non_loopback_address_is_refused():
-    proc = await asyncio.create_subprocess_exec(*SERVER, "--tcp", "0.0.0.0:7011", stderr=asyncio.subprocess.PIPE)
+async def test_listening_on_a_non_loopback_address_is_refused(srv):
+    proc = await asyncio.create_subprocess_exec(*srv.command, "--tcp", "0.0.0.0:7011", stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     assert "only binds to loopback addresses" in err.decode()
 
 
+@pytest.mark.slow
 async def test_in_process_server_shares_the_comfyui_model(rt):
     """ComfyUI loads the pack in its own process; the server then runs on a thread beside the nodes."""
     from comfyui_a3b.lsp_server import inprocess
