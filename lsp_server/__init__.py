@@ -54,8 +54,32 @@ def main(args) -> int:
 
     engine = Engine(default_model=model, address="stdio")
     try:
-        return asyncio.run(serve_stdio(engine, FdReader(sys.stdin.fileno()), out))
+        code = asyncio.run(serve_stdio(engine, FdReader(sys.stdin.fileno()), out))
     except KeyboardInterrupt:
-        return 130
+        code = 130
     finally:
         engine.close()
+    _leave_promptly(code)
+    return code
+
+
+#: Seconds the stdio server gives its remaining threads to finish once the editor is gone.
+EXIT_GRACE_S = 2.0
+
+
+def _leave_promptly(code: int) -> None:
+    """The editor that started this server is gone: its work was cancelled (generations between two
+    tokens, embeddings between two packs), so threads end within moments. Should one still be
+    inside a long call (a model load, say), the interpreter would wait for it at exit; instead the
+    process ends after EXIT_GRACE_S, so a dead editor never leaves a server burning CPU."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -42,6 +42,9 @@ class Settings:
     max_chunk_similarity: float = 0.99
     #: Documents larger than this are kept in sync but not completed or indexed.
     max_document_bytes: int = 32 * 1024 * 1024
+    #: Read a completion's prompt in the background when the user pauses at an edit (or the editor
+    #: reports the cursor with `a3b/cursor`), so the first completion there is as fast as later ones.
+    warm: bool = True
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
     confidence_threshold: float = ConfidenceConfig.threshold
 
@@ -62,6 +65,7 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "maxChunkSimilarity": ("max_chunk_similarity", lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
     "maxDocumentBytes": ("max_document_bytes", lambda v: _int(v) and 1024 <= v <= 1 << 31, "an integer >= 1024"),
     "confidenceThreshold": ("confidence_threshold", lambda v: _num(v) and v > 0, "a number > 0"),
+    "warm": ("warm", lambda v: isinstance(v, bool), "true or false"),
 }
 
 

@@ -5,8 +5,11 @@ text before the cursor is embedded and the most similar chunks go into the promp
 Chunks *too* similar to the text at the cursor are left out: a near-copy of the current code in the
 prompt makes small models repeat it instead of continuing.
 
-Embeddings run at batch priority on the runtime's scheduler, so they never delay a completion, and
-chunk vectors are cached by content hash (re-embedding happens only for edited chunks).
+Embeddings run at batch priority on the runtime's scheduler, a small pack of chunks at a time, so
+an editor request waits at most one pack; chunk vectors are cached by content hash, so only new or
+edited chunks are embedded (incremental). A selection looks at the most recently opened or edited
+documents first and at most MAX_CANDIDATE_CHUNKS chunks (bounded): with dozens of files open, the
+work per selection stays the same.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .prompt import CHARS_PER_TOKEN, comment_for
 
 MAX_INDEXED_CHARS = 512 * 1024   # larger files are not indexed (still completed)
 MAX_CHUNKS_PER_DOC = 64
+MAX_CANDIDATE_CHUNKS = 256       # chunks one selection compares (and may have to embed)
 
 
 @dataclass(frozen=True)
@@ -65,20 +69,25 @@ class ContextIndex:
         self._texts: dict[str, str] = {}
 
     def set_document(self, uri: str, text: str | None, chunk_tokens: int) -> None:
+        self._texts.pop(uri, None)   # re-inserted last: _texts is ordered by recency of use
         if text is None:
             self.docs.pop(uri, None)
-            self._texts.pop(uri, None)
             return
         self._texts[uri] = text
         self.docs.pop(uri, None)  # re-chunked lazily, at the next selection
 
-    def _chunks(self, chunk_tokens: int) -> list[Chunk]:
-        out = []
-        for uri, text in list(self._texts.items()):  # the event loop may add documents meanwhile
+    def _chunks(self, chunk_tokens: int, exclude: str, limit: int = MAX_CANDIDATE_CHUNKS) -> list[Chunk]:
+        """Chunks of the most recently used documents other than `exclude`, at most `limit`."""
+        out: list[Chunk] = []
+        for uri, text in reversed(list(self._texts.items())):  # the event loop may add documents meanwhile
+            if uri == exclude:
+                continue
             chunks = self.docs.get(uri)
             if chunks is None:
                 chunks = self.docs[uri] = chunk_text(uri, text, chunk_tokens)
-            out.extend(chunks)
+            out.extend(chunks[:limit - len(out)])
+            if len(out) >= limit:
+                break
         return out
 
     def select(self, embed, uri: str, query: str, k: int, max_similarity: float,
@@ -86,7 +95,7 @@ class ContextIndex:
         """The `k` chunks of other documents most similar to `query` (blocking: call off the loop)."""
         if k <= 0 or not query.strip():
             return []
-        chunks = [c for c in self._chunks(chunk_tokens) if c.uri != uri]
+        chunks = self._chunks(chunk_tokens, exclude=uri)
         if not chunks:
             return []
         qv = embed([query[-int(chunk_tokens * 2 * CHARS_PER_TOKEN):]])[0]

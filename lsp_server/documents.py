@@ -83,16 +83,21 @@ class Document:
         return types.Range(start=self.position_at(start, encoding), end=self.position_at(end, encoding))
 
     # -- edits ---------------------------------------------------------------------------------
-    def apply(self, change, encoding: str = "utf-16") -> None:
+    def apply(self, change, encoding: str = "utf-16") -> int:
+        """Apply one content change; return the offset just after the inserted text (where the
+        user's cursor most likely is), or the end of the text for a full replacement."""
         if isinstance(change, types.TextDocumentContentChangePartial):
             a = self.offset_at(change.range.start, encoding, "edit start")
             b = self.offset_at(change.range.end, encoding, "edit end")
             if b < a:
                 raise DocumentError(f"Edit range ends before it starts in {self.uri}.")
             self.text = self.text[:a] + change.text + self.text[b:]
+            end = a + len(change.text)
         else:
             self.text = change.text
+            end = len(self.text)
         self._starts = None
+        return end
 
     # -- checks --------------------------------------------------------------------------------
     def check_usable(self, max_bytes: int) -> None:
@@ -106,10 +111,14 @@ class Document:
                                 "complete binary files.")
 
     def cursor(self, pos: types.Position, encoding: str, window: int = 16384, suffix_window: int = 4096) -> Cursor:
-        off = self.offset_at(pos, encoding)
+        return self.cursor_at(self.offset_at(pos, encoding), window, suffix_window)
+
+    def cursor_at(self, off: int, window: int = 16384, suffix_window: int = 4096) -> Cursor:
+        """The Cursor at code-point offset `off`."""
         ps = max(0, off - window)
-        line = self.line_starts[pos.line]
-        line_end = self.line_starts[pos.line + 1] if pos.line + 1 < self.line_count() else len(self.text)
+        line_no = bisect.bisect_right(self.line_starts, off) - 1
+        line = self.line_starts[line_no]
+        line_end = self.line_starts[line_no + 1] if line_no + 1 < self.line_count() else len(self.text)
         return Cursor(uri=self.uri, offset=off, prefix=self.text[ps:off], prefix_start=ps,
                       suffix=self.text[off:off + suffix_window], line_prefix=self.text[line:off],
                       line_suffix=self.text[off:line_end].rstrip("\r\n"), language_id=self.language_id,

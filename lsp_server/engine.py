@@ -87,7 +87,11 @@ class Engine:
         self.cache = CompletionCache()
         self.vectors = VectorCache()
         self.stats = Stats()
+        #: threads that wait on interactive work (a completion's generation, a model load)
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="a3b-lsp")
+        #: threads for background work (choosing context chunks, warming prompts): kept apart so
+        #: that no amount of it can delay a completion's turn for a thread
+        self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="a3b-lsp-bg")
         self.sessions: set[Session] = set()
         self._builders: dict[int, PromptBuilder] = {}
         self.started = time.time()
@@ -116,6 +120,7 @@ class Engine:
         for s in list(self.sessions):
             s.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.background.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -187,6 +192,8 @@ class Session:
         self._selecting: set[str] = set()
         self._spec = None
         self._tasks: set[asyncio.Future] = set()
+        self._background: set = set()          # streams of prompts warmed at batch priority
+        self._warm_timer: asyncio.TimerHandle | None = None
         self.notify = notify or (lambda level, msg: None)
         self.closed = False
         engine.sessions.add(self)
@@ -244,10 +251,13 @@ class Session:
 
     def change(self, uri: str, version: int, changes: list) -> None:
         d = self.doc(uri)
+        where = None
         for ch in changes:
-            d.apply(ch, self.encoding)
+            where = d.apply(ch, self.encoding)
         d.version = version
         self.index.set_document(uri, d.text, self.settings.chunk_tokens)
+        if where is not None:
+            self.hint(uri, where)   # the user is typing here
         g = self.gen
         if g is not None and not g.done.done() and g.cur.uri == uri:
             if self._typed_ahead(g, d):
@@ -255,6 +265,55 @@ class Session:
             else:
                 g.cancel("document changed")
                 self.engine.stats.count("cancelled_by_edit")
+
+    # -- warming: the prompt's stable part is read before the user asks ---------------------------
+    WARM_PAUSE_S = 0.3
+
+    def hint(self, uri: str, offset: int) -> None:
+        """The user's cursor is at `offset` of `uri` (an edit just happened there, or the editor said so
+        with `a3b/cursor`). After a short pause, read the prompt a completion there would use, at batch
+        priority, so the first request costs what later ones do: only its last few tokens are new.
+        llama.vim warms its cache the same way when the cursor rests."""
+        if self.closed or not self.settings.warm:
+            return
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+        self._warm_timer = asyncio.get_running_loop().call_later(self.WARM_PAUSE_S, self._warm, uri, offset)
+
+    def hint_position(self, uri: str, position) -> None:
+        d = self.docs.get(uri)
+        if d is not None:
+            self.hint(uri, d.offset_at(position, self.encoding, "cursor"))
+
+    def _warm(self, uri: str, offset: int) -> None:
+        self._warm_timer = None
+        d = self.docs.get(uri)
+        m = self.model_if_loaded()
+        if d is None or m is None or self.closed or (self.gen is not None and not self.gen.done.done()):
+            return   # a running completion reads its own prompt
+        try:
+            d.check_usable(self.settings.max_document_bytes)
+            cur = d.cursor_at(min(offset, len(d.text)))
+        except DocumentError:
+            return
+        builder = self.engine.builder(m)
+        prompt = self._prompt(builder, cur, self.use_fim(builder))
+        stream = self.engine.rt.submit(model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=1,
+                                       sampling=preset("greedy"), priority=PRIORITY_BATCH,
+                                       confidence=ConfidenceConfig(enabled=False))
+        self._track_background(stream, "warmed_tokens")
+
+    def _track_background(self, stream, counter: str) -> None:
+        """Count what a background prefill read; forget it when done; cancel it if the session ends."""
+        self._background.add(stream)
+
+        def wait():
+            res, _ = _wait_stream(stream)
+            self._background.discard(stream)
+            if res is not None:
+                self.engine.stats.count(counter, res.n_prompt_tokens - res.n_cached_prompt_tokens)
+
+        self.engine.background.submit(wait)
 
     def close_doc(self, uri: str) -> None:
         self.docs.pop(uri, None)
@@ -353,17 +412,25 @@ class Session:
         finally:
             g.waiters -= 1
 
-    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, use_fim: bool,
-               doc_len: int) -> Gen:
+    def _prompt(self, builder: PromptBuilder, cur: Cursor, use_fim: bool):
+        """The prompt for `cur`: the file's window keeps its anchor while the cursor stays in it, so
+        the prompt's start (and its KV cache) stays the same; a new window also starts choosing
+        context chunks for it in the background."""
         s = self.settings
         head, files = self.context.get(cur.uri, ("", []))
         prev = self.anchors.get(cur.uri)
         prompt = builder.build(cur, anchor=prev, context_block=head, budget=s.context_tokens,
                                suffix_tokens=s.suffix_tokens, use_fim=use_fim, context_files=files)
-        self.engine.stats.count(f"prompts_{prompt.mode}")
         if prompt.anchor != prev:
             self.anchors[cur.uri] = prompt.anchor
             self._select_context(cur, prompt.anchor)
+        return prompt
+
+    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, use_fim: bool,
+               doc_len: int) -> Gen:
+        s = self.settings
+        prompt = self._prompt(builder, cur, use_fim)
+        self.engine.stats.count(f"prompts_{prompt.mode}")
         g = Gen(self, cur, key, multiline, doc_len)
         loop = asyncio.get_running_loop()
         max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
@@ -425,7 +492,8 @@ class Session:
         rt = self.engine.rt
 
         def embed(texts):
-            return rt.embed(texts, model=spec, priority=PRIORITY_BATCH)
+            # cancelled between small packs once the editor is gone
+            return rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=lambda: self.closed)
 
         embed.model_key = spec.path
 
@@ -434,7 +502,7 @@ class Session:
                                        s.max_chunk_similarity, s.chunk_tokens)
             block = render_block(picked, cur.language_id)
             files = sorted({c.uri for c, _ in picked})
-            if block and block != self.context.get(cur.uri, ("",))[0]:
+            if block and block != self.context.get(cur.uri, ("",))[0] and not self.closed:
                 m = rt.load(spec)
                 b = self.engine.builder(m)
                 p = b.build(cur, anchor=anchor, context_block=block, budget=s.context_tokens,
@@ -442,7 +510,9 @@ class Session:
                 stream = rt.submit(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=1,
                                    sampling=preset("greedy"), priority=PRIORITY_BATCH,
                                    confidence=ConfidenceConfig(enabled=False))
+                self._background.add(stream)
                 res, _ = _wait_stream(stream)
+                self._background.discard(stream)
                 if res is not None:
                     self.engine.stats.count("prewarm_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens)
             return block, files
@@ -458,7 +528,7 @@ class Session:
                 self.context[cur.uri] = (block, files)
                 self.engine.stats.count("context_selections")
 
-        fut = asyncio.get_running_loop().run_in_executor(self.engine.executor, work)
+        fut = asyncio.get_running_loop().run_in_executor(self.engine.background, work)
         self._tasks.add(fut)
         fut.add_done_callback(lambda f: (self._tasks.discard(f), done(f)))
 
@@ -467,9 +537,13 @@ class Session:
         """The connection is gone: stop its generation and forget its documents."""
         if self.closed:
             return
-        self.closed = True
+        self.closed = True   # context selection stops embedding at its next pack
         if self.gen is not None:
             self.gen.cancel("client disconnected")
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+        for stream in list(self._background):
+            stream.cancel("client disconnected")
         self.latest += 1
         self.docs.clear()
         self.engine.sessions.discard(self)

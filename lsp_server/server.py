@@ -49,6 +49,8 @@ from .pygls_compat import has_workspace
 log = logging.getLogger("a3b.lsp")
 
 REQUEST_FAILED = -32803
+#: A3B's own notification: the editor's cursor position, for warming the prompt there.
+CURSOR_NOTIFICATION = "a3b/cursor"
 #: Pending low-confidence spans kept per connection while their text has not appeared yet.
 MAX_PENDING_SPANS = 32
 
@@ -366,6 +368,7 @@ class Features:
             (T.TEXT_DOCUMENT_CODE_ACTION, T.CodeActionOptions(
                 code_action_kinds=[T.CodeActionKind.QuickFix], resolve_provider=True), self.code_action),
             (T.CODE_ACTION_RESOLVE, None, self.code_action_resolve),
+            (CURSOR_NOTIFICATION, None, self.cursor),
         ):
             ls.feature(method, options)(_plain(handler))
         for command, handler in (
@@ -411,6 +414,18 @@ class Features:
                 await s.model(self.server.progress_for_load())
         except A3BError as e:
             self.server.show(T.MessageType.Error, f"A3B could not load the configured model: {e}")
+
+    def cursor(self, params: Any) -> None:
+        """`a3b/cursor` {textDocument: {uri}, position}: where the editor's cursor rests (A3B's own
+        VS Code and Neovim integrations send it when the cursor settles or a file gets focus). The
+        prompt a completion there would use is read in the background, so the first request is fast.
+        Malformed or stale notices are ignored: this is a hint, never an error."""
+        try:
+            uri = params.textDocument.uri
+            pos = T.Position(line=int(params.position.line), character=int(params.position.character))
+            self.session.hint_position(uri, pos)
+        except (AttributeError, TypeError, ValueError, DocumentError):
+            return
 
     # -- completions -----------------------------------------------------------------------------
     @_guard

@@ -40,6 +40,31 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # a 10 MB document, JSON-escaped, fits 
 MAX_HEADER_BYTES = 8192
 READ_BYTES = 1 << 16                     # what one read of stdin or a socket asks for
 UNAUTHORIZED = -32001
+SERVER_NOT_INITIALIZED = -32002
+INVALID_REQUEST = -32600
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+#: TCP/WebSocket limits: connections served at once, seconds a new connection has to send
+#: `initialize`, and seconds an initialized connection may stay silent (0 = no limit). An editor
+#: that is merely idle sends nothing for a long while, hence the generous default.
+MAX_CONNECTIONS = int(_env_float("A3B_LSP_MAX_CLIENTS", 32))
+INIT_TIMEOUT_S = _env_float("A3B_LSP_INIT_TIMEOUT_S", 30)
+IDLE_TIMEOUT_S = _env_float("A3B_LSP_IDLE_TIMEOUT_S", 6 * 3600)
+
+
+def _is_notification(method: str) -> bool:
+    """An LSP notification (its spec defines no response), as opposed to a request."""
+    from lsprotocol.types import METHOD_TO_TYPES
+
+    types = METHOD_TO_TYPES.get(method)
+    return types is not None and types[1] is None
 
 
 class FramingError(Exception):
@@ -98,9 +123,14 @@ class Connection:
         self.server.protocol.set_writer(writer, include_headers)
         self.writer = writer
         self.done = False
+        self.initialized = False           # `initialize` has been answered (or is being handled)
         self.exit_code: int | None = None
         self._on_close = on_close
         log.info("%s connected", label)
+
+    def deadline(self) -> float:
+        """Seconds this connection may stay silent before it is closed (0: no limit)."""
+        return IDLE_TIMEOUT_S if self.initialized else INIT_TIMEOUT_S
 
     # -- incoming ------------------------------------------------------------------------------
     def send_error(self, msg_id, code: int, message: str) -> None:
@@ -132,6 +162,8 @@ class Connection:
             return
         if not self.authorized and not self._authorize(data, msg_id, method):
             return
+        if method is not None and not self._in_order(msg_id, method):
+            return
         proto = self.server.protocol
         try:
             message = proto.structure_message(data)
@@ -147,6 +179,22 @@ class Connection:
                     self.server.show(MessageType.Warning, f"A3B ignored a malformed {method} notification: {detail}")
             return
         proto.handle_message(message)
+
+    def _in_order(self, msg_id, method: str) -> bool:
+        """The LSP's rules for the first message, and for a notification that carries an id."""
+        if msg_id is not None and _is_notification(method):
+            self.send_error(msg_id, INVALID_REQUEST, f"Invalid request: {method} is a notification; "
+                                                     "send it without an id (it gets no response).")
+            return False
+        if method == "initialize":
+            self.initialized = True
+            return True
+        if not self.initialized and method != "exit":
+            if msg_id is not None:   # notifications before initialize are dropped, as the LSP says
+                self.send_error(msg_id, SERVER_NOT_INITIALIZED,
+                                f"Server not initialized: send initialize before {method}.")
+            return False
+        return True
 
     def _authorize(self, data: dict, msg_id, method) -> bool:
         if method == "initialize":
@@ -312,7 +360,10 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
     conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
 
     def deliver(item) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:   # the loop has closed: the server is shutting down
+            pass
 
     def pump():  # a daemon thread: a blocked read never keeps the process alive
         parser = FrameParser()
@@ -374,12 +425,24 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
             log.warning("refused a TCP connection from %s: only loopback clients are served", peer[0])
             writer.close()
             return
+        if len(lst.connections) >= MAX_CONNECTIONS:
+            lst.refused += 1
+            log.warning("refused a TCP connection: %d editors are connected already (A3B_LSP_MAX_CLIENTS)",
+                        len(lst.connections))
+            writer.write(_frame({"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32000, "message": f"Too many connections: this A3B server serves {MAX_CONNECTIONS} "
+                                           "editors at once (A3B_LSP_MAX_CLIENTS)."}}))
+            await _drain_and_close(writer)
+            return
         conn = Connection(engine, f"tcp {peer[0]}:{peer[1]}", writer, token=token,
                           on_close=lambda: writer.close())
         lst.connections.add(conn)
         parser = FrameParser()
         try:
-            while not conn.done and (chunk := await reader.read(READ_BYTES)):
+            while not conn.done:
+                chunk = await _read_within(reader.read(READ_BYTES), conn)
+                if not chunk:
+                    break
                 for body in parser.feed(chunk):
                     conn.feed(body)         # ignored once the connection is done
         except FramingError as e:
@@ -397,16 +460,49 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
     return lst
 
 
+def _frame(message: dict) -> bytes:
+    body = json.dumps(message).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+async def _drain_and_close(writer) -> None:
+    try:
+        await asyncio.wait_for(writer.drain(), 5)
+    except (OSError, asyncio.TimeoutError):
+        pass
+    writer.close()
+
+
+async def _read_within(read, conn: Connection):
+    """`read`, or b"" (end of input) when the connection stays silent past its deadline."""
+    limit = conn.deadline()
+    try:
+        return await (asyncio.wait_for(read, limit) if limit > 0 else read)
+    except asyncio.TimeoutError:
+        what = "sent nothing" if conn.initialized else "did not initialize"
+        log.info("%s %s for %.0f s: closing it", conn.label, what, limit)
+        return b""
+
+
 # -- WebSocket ------------------------------------------------------------------------------------
 class _WSWriter:
+    """pygls' writer over a WebSocket: each message is sent by a task, kept until it is done."""
+
     def __init__(self, ws):
         self.ws = ws
+        self.pending: set[asyncio.Task] = set()
 
-    def write(self, data: bytes):
-        return self.ws.send(data.decode("utf-8"))
+    def write(self, data: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(self.ws.send(data.decode("utf-8")))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
-    def close(self):
-        return self.ws.close()
+    async def flushed(self, timeout: float = 5.0) -> None:
+        if self.pending:
+            await asyncio.wait(list(self.pending), timeout=timeout)
+
+    def close(self) -> None:
+        pass
 
 
 async def start_ws(engine: Engine, host: str, port: int, token: str | None) -> Listener:
@@ -436,21 +532,27 @@ async def start_ws(engine: Engine, host: str, port: int, token: str | None) -> L
 
     async def handler(ws):
         peer = (ws.remote_address or ("?", "?"))
-        loop = asyncio.get_running_loop()
-        conn = Connection(engine, f"ws {peer[0]}:{peer[1]}", _WSWriter(ws), include_headers=False, token=token,
-                          authorized=getattr(ws, "a3b_authorized", False),
-                          on_close=lambda: loop.create_task(ws.close()))
+        if len(lst.connections) >= MAX_CONNECTIONS:
+            lst.refused += 1
+            await ws.close(1013, f"too many connections (A3B_LSP_MAX_CLIENTS={MAX_CONNECTIONS})")
+            return
+        writer = _WSWriter(ws)
+        conn = Connection(engine, f"ws {peer[0]}:{peer[1]}", writer, include_headers=False, token=token,
+                          authorized=getattr(ws, "a3b_authorized", False))
         lst.connections.add(conn)
         try:
-            async for message in ws:
-                conn.feed(message)
-                if conn.done:
+            while not conn.done:
+                message = await _read_within(ws.recv(), conn)
+                if not message:
                     break
+                conn.feed(message)
         except ConnectionClosed:
             pass
         finally:
             conn.close()
             lst.connections.discard(conn)
+            await writer.flushed()   # an error sent just before closing (a wrong token) goes out first
+            await ws.close()
 
     lst.server = await serve(handler, host, port, process_request=check, max_size=MAX_MESSAGE_BYTES,
                              ping_interval=None)

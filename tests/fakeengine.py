@@ -12,7 +12,8 @@ asked for, as llama.cpp would.
 Model references: `fake://NAME[?key=value&...]` with keys
     text=...          the continuation the model writes (default: a pangram, repeated)
     eos_after=N       end with EOS after N generated tokens (default: never)
-    delay_ms=N        sleep this long in every decode (a slow model)
+    delay_ms=N        sleep this long in every decode and every embedding pack (a slow model)
+    embed_delay_ms=N  sleep this long in every embedding pack instead
     fim=1             give the vocabulary fill-in-the-middle tokens
     n_ctx_train=N     the trained context (default 4096)
     fail_decode=N     the N-th decode call (1-based) fails
@@ -47,6 +48,7 @@ class FakeSettings:
     text: str = DEFAULT_TEXT
     eos_after: int | None = None
     delay_ms: float = 0.0
+    embed_delay_ms: float | None = None
     fim: bool = False
     n_ctx_train: int = 4096
     fail_decode: int | None = None
@@ -60,6 +62,7 @@ class FakeSettings:
         return cls(name=u.netloc, text=q.get("text", DEFAULT_TEXT),
                    eos_after=int(q["eos_after"]) if "eos_after" in q else None,
                    delay_ms=float(q.get("delay_ms", 0)), fim=q.get("fim") == "1",
+                   embed_delay_ms=float(q["embed_delay_ms"]) if "embed_delay_ms" in q else None,
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None)
 
@@ -211,8 +214,9 @@ class FakeBackend:
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
         self._same_thread()
-        if self.settings.delay_ms:
-            time.sleep(self.settings.delay_ms / 1000.0)
+        delay = self.settings.delay_ms if self.settings.embed_delay_ms is None else self.settings.embed_delay_ms
+        if delay:
+            time.sleep(delay / 1000.0)
         self.embedded.extend(token_lists)
         out = np.zeros((len(token_lists), N_EMBD), dtype=np.float32)
         for i, toks in enumerate(token_lists):

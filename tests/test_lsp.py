@@ -358,7 +358,19 @@ async def test_did_change_storm_keeps_up_and_answers_only_the_latest(client: Lan
 async def test_malformed_json_rpc_gets_answers_not_silence(srv: Server):
     raw = await RawClient.stdio(server=srv.command)
     try:
+        raw.request(1, "workspace/executeCommand", {"command": "a3b.status"})   # before initialize
+        err = (await raw.response(1))["error"]
+        assert err["code"] == -32002 and "initialize" in err["message"]
+        raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/early.py", "languageId": "python",
+                                                             "version": 1, "text": "x"}})   # dropped
         await raw.initialize()
+        raw.send({"jsonrpc": "2.0", "id": 2, "method": "textDocument/didOpen",       # a notification with an id
+                  "params": {"textDocument": {"uri": "file:///w/n.py", "languageId": "python", "version": 1,
+                                              "text": "x"}}})
+        err = (await raw.response(2))["error"]
+        assert err["code"] == -32600 and "is a notification" in err["message"]
+        raw.request(3, "workspace/executeCommand", {"command": "a3b.status"})
+        assert (await raw.response(3))["result"]["open_documents"] == 0
         raw.send_bytes(b"{this is not json")
         msg = await raw.recv()
         assert msg["error"]["code"] == -32700 and msg["id"] is None

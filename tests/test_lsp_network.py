@@ -117,6 +117,43 @@ async def test_tcp_token_is_required(tcp_server):
     await raw.close()
 
 
+async def test_websocket_initialize_with_a_wrong_token_gets_its_error_before_the_close(srv):
+    from websockets.asyncio.client import connect
+
+    proc, port = await start_server(srv, "ws", env_token=TOKEN)
+    try:
+        async with connect(f"ws://127.0.0.1:{port}") as ws:
+            await ws.send('{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, '
+                          '"initializationOptions": {"token": "wrong"}}}')
+            reply = await asyncio.wait_for(ws.recv(), 30)
+            assert '"code": -32001' in reply.replace('"code":-32001', '"code": -32001')
+            await asyncio.wait_for(ws.wait_closed(), 30)
+    finally:
+        await stop_server(proc)
+
+
+async def test_connection_limit_and_initialize_timeout(srv):
+    proc, port = await start_server(srv, "tcp", env={"A3B_LSP_MAX_CLIENTS": "2", "A3B_LSP_INIT_TIMEOUT_S": "1.5"})
+    try:
+        a = await RawClient.tcp("127.0.0.1", port)
+        b = await RawClient.tcp("127.0.0.1", port)
+        await asyncio.sleep(0.2)
+        c = await RawClient.tcp("127.0.0.1", port)     # the third is refused, with a reason
+        msg = await c.recv(10)
+        assert msg["error"]["code"] == -32000 and "Too many connections" in msg["error"]["message"]
+        assert await c.recv(10) is None
+        await a.initialize()
+        # b never initializes: closed after the initialize timeout, a (initialized) stays
+        t0 = time.monotonic()
+        assert await b.recv(10) is None and time.monotonic() - t0 < 5
+        a.request(7, "workspace/executeCommand", {"command": "a3b.status"})
+        assert "result" in await a.response(7)
+        for x in (a, b, c):
+            await x.close()
+    finally:
+        await stop_server(proc)
+
+
 async def test_tcp_refuses_a_peer_that_is_not_loopback(tcp_server):
     ip = non_loopback_ipv4()
     if ip is None:

@@ -1,0 +1,128 @@
+"""The language server when its editor misbehaves or dies, over the fake engine (fast tier): a dead
+client while context indexing runs, completions beside indexing of many open files, warming.
+
+The fake model reads slowly on purpose (see the model URLs below), so background work is still
+running when the interesting thing happens.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from lsp_helpers import FAKE_SERVER, SAMPLE, RawClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+#: decodes take 4 ms a token; each embedding pack of 8 chunks 150 ms: indexing 30 files takes seconds
+SLOW_INDEXING = "fake://indexing?text=(text.split())%0A&delay_ms=4&embed_delay_ms=150"
+
+
+def source_file(i: int) -> str:
+    """A distinct file of about 60 lines, enough for several context chunks."""
+    return "\n\n".join(f"def helper_{i}_{k}(values):\n    total = 0\n    for v in values:\n        total += v * {k}\n"
+                       f"    return total\n" for k in range(12))
+
+
+async def open_files(raw: RawClient, n: int) -> None:
+    for i in range(n):
+        raw.notify("textDocument/didOpen", {"textDocument": {"uri": f"file:///w/f{i}.py", "languageId": "python",
+                                                             "version": 1, "text": source_file(i)}})
+
+
+def completion(raw: RawClient, id_: int, line: int = 12, character: int = 14) -> None:
+    raw.request(id_, "textDocument/inlineCompletion", {"textDocument": {"uri": "file:///w/main.py"},
+                                                       "position": {"line": line, "character": character},
+                                                       "context": {"triggerKind": 1}})
+
+
+async def status(raw: RawClient, id_: int) -> dict:
+    raw.request(id_, "workspace/executeCommand", {"command": "a3b.status"})
+    return (await raw.response(id_))["result"]
+
+
+async def test_the_stdio_server_exits_within_5_s_of_losing_its_editor_mid_indexing(fake_engine):
+    raw = await RawClient.stdio("--model", SLOW_INDEXING, server=FAKE_SERVER)
+    await raw.initialize(options={"debounceMs": 0})
+    await open_files(raw, 30)
+    raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/main.py", "languageId": "python",
+                                                         "version": 1, "text": SAMPLE}})
+    completion(raw, 1)                        # a new window: context selection starts indexing
+    await raw.response(1)
+    st = await status(raw, 2)
+    assert st["server"]["embedded_chunks"] < 200, "indexing finished too early for this test to mean anything"
+    t0 = time.monotonic()
+    raw.writer.close()                        # the editor died: stdin closes
+    await asyncio.wait_for(raw.proc.wait(), 10)
+    assert time.monotonic() - t0 < 5.0
+
+
+async def test_completions_do_not_wait_for_indexing_of_many_open_files(fake_engine):
+    async def latencies(n_files: int) -> list[float]:
+        raw = await RawClient.stdio("--model", SLOW_INDEXING, server=FAKE_SERVER)
+        try:
+            await raw.initialize(options={"debounceMs": 0})
+            await open_files(raw, n_files)
+            raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/main.py", "languageId": "python",
+                                                                 "version": 1, "text": SAMPLE}})
+            await status(raw, 1)                  # the model is loaded
+            out = []
+            last = SAMPLE.count("\n")
+            for k in range(6):                    # a new line each time: no cache hits, new windows
+                raw.notify("textDocument/didChange", {"textDocument": {"uri": "file:///w/main.py", "version": 2 + k},
+                                                      "contentChanges": [{"range": {"start": {"line": last + k, "character": 0},
+                                                                                    "end": {"line": last + k, "character": 0}},
+                                                                          "text": f"x{k} = len\n"}]})
+                t0 = time.perf_counter()
+                completion(raw, 10 + k, line=last + k, character=6)
+                res = await raw.response(10 + k)
+                assert "result" in res, res
+                out.append(time.perf_counter() - t0)
+            st = await status(raw, 99)
+            if n_files:
+                assert st["server"]["embedded_chunks"] < 256, "indexing was over before the completions"
+            return out
+        finally:
+            raw.request(100, "shutdown")
+            raw.notify("exit")
+            await raw.close()
+
+    alone = await latencies(0)
+    busy = await latencies(30)
+    p95 = lambda xs: sorted(xs)[int(0.95 * (len(xs) - 1))]  # noqa: E731
+    # an interactive request waits at most one embedding pack (150 ms here) behind the indexing
+    assert p95(busy) < 2 * p95(alone) + 0.3, (alone, busy)
+
+
+async def test_an_edit_then_a_pause_warms_the_next_completions_prompt(fake_engine):
+    raw = await RawClient.stdio("--model", "fake://warm?text=(x)%0A&delay_ms=2", server=FAKE_SERVER)
+    try:
+        await raw.initialize(options={"debounceMs": 0})
+        raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/main.py", "languageId": "python",
+                                                             "version": 1, "text": SAMPLE}})
+        await status(raw, 1)
+        raw.notify("textDocument/didChange", {"textDocument": {"uri": "file:///w/main.py", "version": 2},
+                                              "contentChanges": [{"range": {"start": {"line": 12, "character": 14},
+                                                                            "end": {"line": 12, "character": 14}},
+                                                                  "text": "("}]})
+        deadline = time.monotonic() + 10
+        while (await status(raw, 2))["server"]["counters"].get("warmed_tokens", 0) == 0:
+            assert time.monotonic() < deadline, "no prompt was warmed after the pause"
+            await asyncio.sleep(0.05)
+        completion(raw, 3, line=12, character=15)
+        assert "result" in await raw.response(3)
+        c = (await status(raw, 4))["server"]["counters"]
+        assert c["prefill_tokens"] <= 2 and c["cached_prompt_tokens"] > 100   # only the last token was new
+        # a3b/cursor from the editor does the same without an edit; junk is ignored
+        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/main.py"}, "position": {"line": 20, "character": 0}})
+        raw.notify("a3b/cursor", {"nonsense": True})
+        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/other.py"}, "position": {"line": 999, "character": 0}})
+        deadline = time.monotonic() + 10
+        while (await status(raw, 5))["server"]["counters"]["warmed_tokens"] == c["warmed_tokens"]:
+            assert time.monotonic() < deadline, "a3b/cursor warmed nothing"
+            await asyncio.sleep(0.05)
+    finally:
+        raw.request(100, "shutdown")
+        raw.notify("exit")
+        await raw.close()
