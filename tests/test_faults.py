@@ -270,3 +270,12 @@ def test_fuzzed_gguf_headers_never_crash_hang_or_leak_a_traceback(tmp_path):
     assert total == 2 * n, res
     refused = sum(v for k, v in res["outcomes"].items() if not k.endswith(":ok"))
     assert refused > n // 2, res   # most mutants are damaged files, and each got a typed error
+
+
+def test_output_into_a_closed_pipe_is_not_an_error(default_path):
+    """`a3b inspect --json | head -1`: the reader goes away; no traceback, no error status."""
+    p = subprocess.Popen([sys.executable, "-m", "comfyui_a3b.cli", "inspect", "--json", str(default_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()          # closed before the command writes a byte
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()

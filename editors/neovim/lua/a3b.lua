@@ -158,6 +158,18 @@ function M.setup(opts)
 
   local group = vim.api.nvim_create_augroup("a3b_inline", { clear = true })
   vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, { group = group, callback = M.clear })
+  -- Where the cursor rests (A3B's own a3b/cursor notification): the server reads the prompt a
+  -- completion there would use, so the first suggestion in a buffer is as quick as later ones.
+  vim.api.nvim_create_autocmd({ "CursorHold", "CursorHoldI", "BufEnter" }, {
+    group = group,
+    callback = function(ev)
+      local client = client_for(ev.buf)
+      if client then
+        local pos = vim.lsp.util.make_position_params(0, client.offset_encoding)
+        client:notify("a3b/cursor", pos)
+      end
+    end,
+  })
   if opts.auto_trigger then
     local timer = vim.uv.new_timer()
     vim.api.nvim_create_autocmd("TextChangedI", {

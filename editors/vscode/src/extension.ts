@@ -13,7 +13,29 @@ import {
 let client: LanguageClient | undefined;
 let output: vscode.LogOutputChannel;
 
-const SETTINGS = ["model", "nCtx", "maxTokens", "debounceMs", "fim", "contextTokens", "contextChunks"];
+const SETTINGS = ["model", "nCtx", "maxTokens", "debounceMs", "fim", "contextTokens", "contextChunks", "warm"];
+
+// Where the cursor rests, sent as A3B's own `a3b/cursor` notification once it has stayed put for a
+// moment: the server reads the prompt a completion there would use, so the first suggestion after
+// switching files or moving the cursor is as quick as the ones while typing.
+const CURSOR_PAUSE_MS = 250;
+let cursorTimer: NodeJS.Timeout | undefined;
+
+function noticeCursor(editor: vscode.TextEditor | undefined): void {
+  if (cursorTimer) {
+    clearTimeout(cursorTimer);
+  }
+  if (!editor || !client) {
+    return;
+  }
+  cursorTimer = setTimeout(() => {
+    const pos = editor.selection.active;
+    client?.sendNotification("a3b/cursor", {
+      textDocument: { uri: editor.document.uri.toString() },
+      position: { line: pos.line, character: pos.character },
+    });
+  }, CURSOR_PAUSE_MS);
+}
 
 function serverSettings(): Record<string, unknown> {
   const cfg = vscode.workspace.getConfiguration("a3b");
@@ -52,7 +74,12 @@ async function start(context: vscode.ExtensionContext): Promise<void> {
   };
   client = new LanguageClient("a3b", "A3B", serverOptions(), clientOptions);
   await client.start();
-  context.subscriptions.push(client);
+  context.subscriptions.push(
+    client,
+    vscode.window.onDidChangeActiveTextEditor((editor) => noticeCursor(editor)),
+    vscode.window.onDidChangeTextEditorSelection((e) => noticeCursor(e.textEditor))
+  );
+  noticeCursor(vscode.window.activeTextEditor);
 }
 
 async function serverCommand(command: string, args: unknown[]): Promise<any> {
