@@ -18,13 +18,18 @@ Rules, in the order they apply:
   holds.
 * **Batch composition.** Running sequences put in one token each, then prompt chunks share what is
   left of the batch budget, shortest remainder first; a prompt longer than the budget is read over
-  several steps, so other requests keep decoding meanwhile.
+  several steps, so other requests keep decoding meanwhile. While editors are active (an
+  interactive request in the last `interactive_window_s`), a lower-priority prompt is read at most
+  `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
+  (64 tokens: about 0.2 s on two CPU cores) instead of a full batch (256: about 0.8 s). Reading in
+  64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
 * **Embeddings** run one small pack of texts per step, and only when no running generation has a
   higher priority: an interactive completion waits at most one pack behind indexing work.
 """
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -145,22 +150,35 @@ class Policy:
     """Slots, the waiting queue and the embedding queue of one loaded model. Not thread-safe: the
     worker calls it under its own lock."""
 
-    def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8):
+    def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8,
+                 yield_tokens: int = 64, interactive_window_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
         if n_slots < 1 or batch_tokens < 1:
             raise ValueError("a policy needs at least one slot and one batch token")
+        self.yield_tokens = yield_tokens
+        self.interactive_window_s = interactive_window_s
+        self._clock = clock
+        self._last_interactive: float | None = None
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch_tokens = max(batch_tokens, n_slots)
         self.embed_pack_tokens = embed_pack_tokens
         self.embed_pack_texts = embed_pack_texts
         self.pending: list[Job] = []
         self.embeds: deque[EmbedJob] = deque()
-        self._clock = itertools.count(1)
+        self._tick = itertools.count(1)
         self.preemptions = 0
         self._embed_turn = True
 
     # -- queue ----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        if job.priority >= PRIORITY_INTERACTIVE:
+            self._last_interactive = self._clock()
         self.pending.append(job)
+
+    def editors_active(self) -> bool:
+        """An interactive request came within the last `interactive_window_s` seconds."""
+        t = self._last_interactive
+        return t is not None and self._clock() - t < self.interactive_window_s
 
     def submit_embed(self, job: EmbedJob) -> None:
         self.embeds.append(job)
@@ -209,7 +227,7 @@ class Policy:
         assert job is not None
         job.slot = None
         slot.job = None
-        slot.last_used = next(self._clock)
+        slot.last_used = next(self._tick)
         self.pending.append(job)
         self.preemptions += 1
         return job
@@ -236,7 +254,7 @@ class Policy:
         if slot is None:
             return None
         slot.job = None
-        slot.last_used = next(self._clock)
+        slot.last_used = next(self._tick)
         job.slot = None
         if keep_cache:
             return None
@@ -282,10 +300,11 @@ class Policy:
             return None
         jobs = [j for j in self.running() if j.priority == top and j.remaining > 0]
         budget = self.batch_tokens
+        chunk = self.yield_tokens if top < PRIORITY_INTERACTIVE and self.editors_active() else budget
         entries: list[Entry] = []
         row = 0
         for job in sorted(jobs, key=lambda j: (j.remaining, j.id)):
-            take = min(job.remaining, budget)
+            take = min(job.remaining, budget, chunk)
             if take <= 0:
                 break
             e = Entry(job, job.fed, take)

@@ -202,3 +202,20 @@ def test_bad_policy_sizes_are_refused():
 
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_while_editors_are_active_lower_priority_prompts_are_read_in_small_chunks():
+    now = [100.0]
+    p = Policy(n_slots=2, batch_tokens=256, yield_tokens=64, interactive_window_s=30.0, clock=lambda: now[0])
+    long_prompt = job(range(1000, 1600))
+    p.submit(long_prompt)
+    p.admit()
+    assert p.next_step().entries[0].count == 256          # no editor around: full batches
+    editor = job([1, 2], PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    p.admit()
+    p.release(editor)                                     # the editor request came and went
+    assert p.editors_active()
+    assert p.next_step().entries[0].count == 64           # now the workflow yields every 64 tokens
+    now[0] += 31
+    assert not p.editors_active() and p.next_step().entries[0].count == 256
