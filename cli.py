@@ -211,7 +211,8 @@ def cmd_inspect(args) -> int:
     t = Table(title=info.path, show_header=False)
     rows = [("architecture", info.architecture), ("name", info.name), ("file size", f"{info.file_size / 1e6:.1f} MB"),
             ("parameters", f"{info.n_params / 1e6:.1f} M"), ("tensors", info.n_tensors),
-            ("quantisation", info.file_type), ("tensor types", ", ".join(f"{k}×{v}" for k, v in info.tensor_types.items())),
+            ("quantisation", info.file_type),
+            ("tensor types", ", ".join(f"{k}×{v}" for k, v in info.tensor_types.items())),
             ("context length", info.context_length), ("embedding length", info.embedding_length),
             ("layers", info.block_count), ("FFN width", info.feed_forward_length),
             ("heads / KV heads", f"{info.head_count} / {info.head_count_kv}"), ("RoPE base", info.rope_freq_base),
@@ -257,7 +258,8 @@ def cmd_doctor(args) -> int:
 
         p = default_model_path()
         info = inspect_gguf(p)
-        lines.append(("default model", f"{p} ({info.architecture}, {info.file_type}, {info.file_size / 1e6:.0f} MB)", True))
+        lines.append(("default model", f"{p} ({info.architecture}, {info.file_type}, {info.file_size / 1e6:.0f} MB)",
+                      True))
     except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
         lines.append(("default model", str(e), False))
         ok_all = False

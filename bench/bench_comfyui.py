@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -91,7 +90,8 @@ def time_to_first_token(server, reps: int) -> dict:
             m = rt.load()
             rendered = rt.render_chat(m, chat.messages(text, None))
             stream = rt.submit(rendered, chat=False, max_tokens=16, sampling=SamplingParams(seed=100 + i),
-                               on_token=lambda ev: first.append(time.perf_counter()) if ev.text and not first else None)
+                               on_token=lambda ev, first=first: (first.append(time.perf_counter())
+                                                                 if ev.text and not first else None))
             stream.result()
             direct.append(first[0] - t0 if first else float("nan"))
         return {"browser_s": browser, "runtime_s": direct}
@@ -145,7 +145,8 @@ def main(argv=None) -> None:
         ["first token: runtime alone (baseline)", f"{d * 1000:.0f} ms", "1.00"],
         ["first token: queued in ComfyUI, seen in the browser", f"{b * 1000:.0f} ms", f"{b / d:.2f}"],
         ["RAG example, first run", f"{runs['first']:.2f} s", "1.00"],
-        ["RAG example, unchanged second run (cache)", f"{runs['second']:.3f} s", f"{runs['second'] / runs['first']:.3f}"],
+        ["RAG example, unchanged second run (cache)", f"{runs['second']:.3f} s",
+         f"{runs['second'] / runs['first']:.3f}"],
         ["ComfyUI RSS without the pack (baseline)", f"{rss_without / mb:.0f} MB", "1.00"],
         ["ComfyUI RSS with the pack, idle", f"{rss_idle / mb:.0f} MB", f"{rss_idle / rss_without:.3f}"],
         ["... after generating (model loaded)", f"{rss_loaded / mb:.0f} MB", f"{rss_loaded / rss_without:.3f}"],
@@ -185,7 +186,7 @@ def _commit(path: str) -> str | None:
     try:
         return subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
-    except Exception:
+    except Exception:  # noqa: BLE001 - the commit is only a label on the results; no git is no reason to stop
         return None
 
 

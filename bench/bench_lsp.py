@@ -159,7 +159,7 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
         anchor = None
         t_origin = time.perf_counter()
         first_t = reqs[0][0] if reqs else 0.0
-        for i, (t, text, offset, multi, next_key) in enumerate(reqs):
+        for t, text, offset, multi, next_key in reqs:
             delay = (t - first_t) - (time.perf_counter() - t_origin)
             if delay > 0:
                 time.sleep(delay)
@@ -207,7 +207,7 @@ def isolated_runtime(requests_by_file, settings) -> list[dict]:
     out = []
     for name, reqs in requests_by_file:
         anchor = None
-        for t, text, offset, multi, _ in reqs:
+        for _t, text, offset, multi, _ in reqs:
             cur = Document(f"file:///bench/{name}.py", text, 0, "python").cursor(position(text, offset), "utf-16")
             p = b.build(cur, anchor=anchor, context_block="", budget=settings.context_tokens, suffix_tokens=0,
                         use_fim=False)
@@ -272,7 +272,8 @@ def main(argv=None) -> int:
         "multi_line": summarize([r["latency_ms"] for r in brecs if r["multiline"]]),
         "all": summarize([r["latency_ms"] for r in brecs]),
         "cache_hit_rate": 0.0, "decoded_tokens": base["decoded_tokens"],
-        "wasted_decode_fraction": 1 - base["useful_decode_tokens"] / base["decoded_tokens"] if base["decoded_tokens"] else 0.0,
+        "wasted_decode_fraction": (1 - base["useful_decode_tokens"] / base["decoded_tokens"]
+                                   if base["decoded_tokens"] else 0.0),
         "late_answers": sum(1 for r in brecs if r["arrived"] > r["deadline"]),
     }
 
@@ -302,7 +303,8 @@ def main(argv=None) -> int:
 
     ratio, ratio_alone = ratios(baseline), ratios(isolated)
     print(f"single-line latency, runtime without cache at the same moments / server: p50 {ratio['p50']:.2f}x, "
-          f"p95 {ratio['p95']:.2f}x, p99 {ratio['p99']:.2f}x; decoded tokens {base['decoded_tokens'] / max(1, decoded):.2f}x")
+          f"p95 {ratio['p95']:.2f}x, p99 {ratio['p99']:.2f}x; "
+          f"decoded tokens {base['decoded_tokens'] / max(1, decoded):.2f}x")
     print(f"single-line latency, runtime one request at a time / server: p50 {ratio_alone['p50']:.2f}x, "
           f"p95 {ratio_alone['p95']:.2f}x, p99 {ratio_alone['p99']:.2f}x")
     write_results("lsp", {"files": [f[0] for f in files], "chars": args.chars, "seed": args.seed,
@@ -312,9 +314,12 @@ def main(argv=None) -> int:
                           "command": "python -m comfyui_a3b.bench.bench_lsp " + " ".join(argv or sys.argv[1:])})
 
     def draw(ax):
-        for name, xs, style in (("language server", sorted(r["latency_ms"] for r in answered if not r["multiline"]), "-"),
-                                ("runtime, no cache", sorted(r["latency_ms"] for r in brecs if not r["multiline"]), "--"),
-                                ("runtime, one at a time", sorted(r["latency_ms"] for r in alone if not r["multiline"]), ":")):
+        for name, xs, style in (("language server",
+                                 sorted(r["latency_ms"] for r in answered if not r["multiline"]), "-"),
+                                ("runtime, no cache",
+                                 sorted(r["latency_ms"] for r in brecs if not r["multiline"]), "--"),
+                                ("runtime, one at a time",
+                                 sorted(r["latency_ms"] for r in alone if not r["multiline"]), ":")):
             if xs:
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], style, label=name)
         ax.axvline(150, color="grey", lw=0.8, ls=":")

@@ -221,8 +221,8 @@ def main(argv=None) -> int:
     he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
 
     def recovered_config(keep: float, method: str, heads_keep: float = 1.0) -> PruneConfig:
-        return PruneConfig(keep=keep, method=method, heads_keep=heads_keep, recover_steps=args.recover_steps, lr=args.recover_lr,
-                           recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
+        return PruneConfig(keep=keep, method=method, heads_keep=heads_keep, recover_steps=args.recover_steps,
+                           lr=args.recover_lr, recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
                            recover_train=args.recover_train, qat=args.qat)
 
     results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
@@ -257,7 +257,8 @@ def main(argv=None) -> int:
         # a recovered row is reused only if its file was made with this run's settings (same config key;
         # re-measuring one is cheap when its variant is cached)
         done = {c["name"]: c for c in old.get("configs", [])
-                if not c["recovered"] or c.get("config") == recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
+                if not c["recovered"]
+                or c.get("config") == recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
         for c in done.values():  # rows measured before head pruning existed kept every head
             c.setdefault("heads_keep", 1.0)
             c.setdefault("n_head", n_head)

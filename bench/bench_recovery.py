@@ -51,7 +51,8 @@ def main(argv=None) -> int:
                        "final_kl": float(meta.get("a3b.recover.final_kl", 0.0)),
                        "kind": meta.get("a3b.recover.kind", "none"), "perplexity": ppl,
                        "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "seconds_to_get": made_s})
-        print(f"{steps} steps: code x{points[-1]['ppl_ratio']['code']:.3f}, prose x{points[-1]['ppl_ratio']['prose']:.3f}")
+        print(f"{steps} steps: code x{points[-1]['ppl_ratio']['code']:.3f}, "
+              f"prose x{points[-1]['ppl_ratio']['prose']:.3f}")
 
     print_table(f"{args.method} keep {args.keep:g}: held-out perplexity vs the unpruned file "
                 f"({sum(len(w) for w in H['code'])} code + {sum(len(w) for w in H['prose'])} prose tokens)",

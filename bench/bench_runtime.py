@@ -87,7 +87,8 @@ def cold_load() -> dict:
         for _ in range(1000):
             a = time.perf_counter(); rt.load(); hits.append(time.perf_counter() - a)
         hits.sort()
-        print(json.dumps({"import_s": t1 - t0, "cold_load_s": t2 - t1, "hit_median_s": hits[500], "hit_p99_s": hits[990]}))
+        print(json.dumps({"import_s": t1 - t0, "cold_load_s": t2 - t1,
+                          "hit_median_s": hits[500], "hit_p99_s": hits[990]}))
     """)
 
 
@@ -117,7 +118,7 @@ def concurrency(rt, n_tokens: int) -> list[dict]:
         lat: list[float] = []
         toks: list[int] = []
 
-        def one(i: int) -> None:
+        def one(i: int, lat=lat, toks=toks) -> None:
             r = rt.generate(f"{PROMPT} Variation {i}.", model=spec, max_tokens=n_tokens,
                             sampling=preset("default", seed=i))
             lat.append(r.total_time)
@@ -183,8 +184,9 @@ def main(argv=None) -> int:
     rt.load()
 
     decode = decode_rounds(rt, path, args.tokens, args.rounds)
-    print_table("Decode speed (SmolLM2-135M Q4_1, greedy, %d tokens, median of %d alternating rounds)"
-                % (args.tokens, args.rounds), ["path", "tokens/s", "ratio vs raw (median of rounds)"],
+    print_table(f"Decode speed (SmolLM2-135M Q4_1, greedy, {args.tokens} tokens, "
+                f"median of {args.rounds} alternating rounds)",
+                ["path", "tokens/s", "ratio vs raw (median of rounds)"],
                 [["raw llama-cpp-python Llama", decode["raw_llama_cpp_tps"], 1.0],
                  ["runtime (entropy off)", decode["runtime_tps"], decode["ratio"]],
                  ["runtime (entropy monitoring on)", decode["runtime_entropy_tps"], decode["ratio_with_entropy"]]])
@@ -197,7 +199,8 @@ def main(argv=None) -> int:
 
     gen_only = peak_rss(False)
     gen_embed = peak_rss(True)
-    mem = {"gen_only_peak_rss_mb": gen_only["peak_rss_kb"] / 1024, "gen_embed_peak_rss_mb": gen_embed["peak_rss_kb"] / 1024,
+    mem = {"gen_only_peak_rss_mb": gen_only["peak_rss_kb"] / 1024,
+           "gen_embed_peak_rss_mb": gen_embed["peak_rss_kb"] / 1024,
            "weight_loads_gen_embed": gen_embed["weight_loads"]}
     mem["ratio"] = mem["gen_embed_peak_rss_mb"] / mem["gen_only_peak_rss_mb"]
     print_table("Peak RSS", ["process", "MB", "ratio"],

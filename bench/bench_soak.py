@@ -61,7 +61,7 @@ class Client:
         self.task = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def connect(cls, port: int) -> "Client":
+    async def connect(cls, port: int) -> Client:
         r, w = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
         return cls(r, w)
 
@@ -138,7 +138,7 @@ async def editor(k: int, port: int, stop_at: float, phase_at: float, out: dict) 
     rng = random.Random(1000 + k)
     c = await Client.connect(port)
     _, fut = c.request("initialize", {"processId": None, "rootUri": None, "capabilities": {},
-                                      "initializationOptions": {"debounceMs": 0}})
+                                      "initializationOptions": {}})   # the server's own settings
     await fut
     c.notify("initialized", {})
     mine = MODULES[k]
@@ -300,7 +300,8 @@ def main(argv=None) -> int:
         print("SOAK-RESULT " + json.dumps(child(args.minutes)), flush=True)
         return 0
     vet = vet_cost(args.vet_runs)
-    p = subprocess.run([sys.executable, "-m", "comfyui_a3b.bench.bench_soak", "--child", "--minutes", str(args.minutes)],
+    p = subprocess.run([sys.executable, "-m", "comfyui_a3b.bench.bench_soak", "--child",
+                        "--minutes", str(args.minutes)],
                        capture_output=True, text=True, timeout=args.minutes * 60 + 600)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("SOAK-RESULT ")), None)
     crashed = p.returncode != 0 or line is None
@@ -314,9 +315,12 @@ def main(argv=None) -> int:
                                                             f"{res.get('requests', {}).get('with_files', 0)}"],
         ["answered before the next keystroke", f"{res.get('answered', {}).get('alone', 0)} / "
                                                f"{res.get('answered', {}).get('with_files', 0)}"],
-        ["completion p50 (no other files / 30 files), ms", f"{p50['alone'] * 1000:.0f} / {p50['with_files'] * 1000:.0f}"],
-        ["completion p95 (no other files / 30 files), ms", f"{p95['alone'] * 1000:.0f} / {p95['with_files'] * 1000:.0f}"],
-        ["p95 ratio, 30 files / none (target <= 2)", p95["with_files"] / p95["alone"] if p95["alone"] else float("nan")],
+        ["completion p50 (no other files / 30 files), ms",
+         f"{p50['alone'] * 1000:.0f} / {p50['with_files'] * 1000:.0f}"],
+        ["completion p95 (no other files / 30 files), ms",
+         f"{p95['alone'] * 1000:.0f} / {p95['with_files'] * 1000:.0f}"],
+        ["p95 ratio, 30 files / none (target <= 2)",
+         p95["with_files"] / p95["alone"] if p95["alone"] else float("nan")],
         ["workflow generations", res.get("workflow_generations", 0)],
         ["unloads (each followed by a reload)", res.get("unloads", 0)],
         ["errors", sum(res.get("errors", {}).values()) if res else "n/a"],
@@ -325,12 +329,16 @@ def main(argv=None) -> int:
          f"{res.get('rss_end', 0) / 2**20:.0f}"],
         ["RSS growth from the files open to the end (target < 5%)", f"{growth * 100:.1f}%"],
         ["process survived", "no" if crashed else "yes"],
-        ["first load, vetting off -> on (median), ms", f"{vet['median_off'] * 1000:.0f} -> {vet['median_on'] * 1000:.0f}"],
+        ["first load, vetting off -> on (median), ms",
+         f"{vet['median_off'] * 1000:.0f} -> {vet['median_on'] * 1000:.0f}"],
     ]
     print_table(f"Soak: {args.minutes:g} min, {EDITORS} editors, a workflow loop, unloads every {UNLOAD_EVERY_S:g} s",
                 ["measure", "value"], rows)
     for err, n in sorted(res.get("errors", {}).items(), key=lambda kv: -kv[1]):
         print(f"  error x{n}: {err}")
+    sc = res.get("server_counters", {})
+    print(f"  completions that ended without text because their model was unloaded or failed: "
+          f"{sc.get('generations_failed', 0)} (told to the editor with window/showMessage)")
     if crashed:
         print(p.stderr[-3000:])
     write_results("soak", {"args": vars(args), "result": res, "crashed": crashed, "exit_code": p.returncode,

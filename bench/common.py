@@ -11,8 +11,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -23,7 +24,7 @@ def machine() -> dict[str, Any]:
         import importlib.metadata
 
         lcp = importlib.metadata.version("llama-cpp-python")
-    except Exception:
+    except Exception:  # noqa: BLE001 - machine info is best effort; a broken llama_cpp must not stop a run
         lcp = None
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "llama_cpp_python": lcp, "when": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -51,7 +51,8 @@ def _schema(t: str):
     by_id = _a3b()
     if t in by_id:
         d = by_id[t]
-        widgets = [(i.name, i.type, d.defaults().get(i.name), i.control_after_generate) for i in d.inputs if i.is_widget]
+        widgets = [(i.name, i.type, d.defaults().get(i.name), i.control_after_generate)
+                   for i in d.inputs if i.is_widget]
         links = [(i.name, i.type) for i in d.inputs if not i.is_widget]
         outs = [(o.name, o.type) for o in d.outputs]
         return widgets, links, outs

@@ -63,7 +63,7 @@ def chunk_text(uri: str, text: str, chunk_tokens: int) -> list[Chunk]:
 class ContextIndex:
     """Chunks of one editor session's open documents and a shared cache of their vectors."""
 
-    def __init__(self, vectors: "VectorCache"):
+    def __init__(self, vectors: VectorCache):
         self.vectors = vectors
         self.docs: dict[str, list[Chunk]] = {}
         self._texts: dict[str, str] = {}
@@ -115,7 +115,7 @@ class ContextIndex:
 class VectorCache:
     def __init__(self, max_items: int = 4096):
         self.max_items = max_items
-        self._v: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._v: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.embedded = 0
 

@@ -20,9 +20,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, get_runtime, preset
 from ..runtime.errors import A3BError, Cancelled
@@ -136,7 +137,7 @@ class Answer:
 class Gen:
     """One running generation and what is needed to decide whether a new request can join it."""
 
-    def __init__(self, session: "Session", cur: Cursor, key: str, multiline: bool, doc_len: int):
+    def __init__(self, session: Session, cur: Cursor, key: str, multiline: bool, doc_len: int):
         self.session = session
         self.cur = cur
         self.key = key
@@ -552,7 +553,7 @@ class Session:
 def _wait_stream(stream):
     try:
         return stream.result(), None
-    except Exception as e:  # Cancelled carries .partial
+    except Exception as e:  # noqa: BLE001 - the caller gets any failure back; Cancelled carries .partial
         return None, e
 
 

@@ -68,7 +68,7 @@ def _start(kind: str, host: str, port: int, token: str | None) -> dict:
         asyncio.set_event_loop(loop)
         try:
             lst = loop.run_until_complete((start_tcp if kind == "tcp" else start_ws)(engine, host, port, token))
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the starting thread, which reports it
             box["error"] = e
             ready.set()
             return
@@ -77,7 +77,7 @@ def _start(kind: str, host: str, port: int, token: str | None) -> dict:
         ready.set()
         try:
             loop.run_until_complete(lst.server.serve_forever())
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - stop() ends serve_forever with CancelledError; never crash the host
             pass
         finally:
             lst.close()

@@ -56,7 +56,7 @@ class FimIds:
     sep: int = -1     # file separator for repository-level context, when the model has one
 
     @classmethod
-    def of(cls, vocab) -> "FimIds | None":
+    def of(cls, vocab) -> FimIds | None:
         st = vocab.special_tokens()
         if min(st["fim_pre"], st["fim_suf"], st["fim_mid"]) < 0:
             return None

@@ -220,9 +220,11 @@ class A3BServer(LanguageServer):
         moved = self._follow_published(uri, doc.text)
         if placed or moved:
             enc = self.session.encoding
-            self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version, diagnostics=[
-                T.Diagnostic(range=doc.range_at(s, e, enc), message=msg, severity=T.DiagnosticSeverity.Information,
-                             source="a3b") for s, e, _, msg in self.published.get(uri, [])]))
+            diagnostics = [T.Diagnostic(range=doc.range_at(s, e, enc), message=msg,
+                                        severity=T.DiagnosticSeverity.Information, source="a3b")
+                           for s, e, _, msg in self.published.get(uri, [])]
+            self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version,
+                                                                              diagnostics=diagnostics))
 
     def _place_pending(self, uri: str, text: str) -> bool:
         """Turn pending spans of `uri` whose text is now near its offset into published ones."""
@@ -464,7 +466,8 @@ class Features:
         label = (typed + first).strip() or a.text.strip().split("\n", 1)[0]
         return T.CompletionList(is_incomplete=True, items=[T.CompletionItem(
             label=label[:80], kind=T.CompletionItemKind.Text, detail="A3B", filter_text=typed + a.text,
-            sort_text="0", text_edit=T.TextEdit(range=T.Range(start=start, end=params.position), new_text=typed + a.text),
+            sort_text="0",
+            text_edit=T.TextEdit(range=T.Range(start=start, end=params.position), new_text=typed + a.text),
             insert_text_format=T.InsertTextFormat.PlainText)])
 
     # -- quick fixes -----------------------------------------------------------------------------
@@ -490,7 +493,8 @@ class Features:
         window = doc.text[max(0, min(a, b) - 4000):max(a, b) + 4000]
         tb_text = selected if fixes.TRACEBACK_START in selected else window
         if fixes.parse_traceback(tb_text) is not None:
-            actions.append(self._fix_action("Fix traceback with A3B", {"kind": "traceback", "uri": uri, "text": tb_text}))
+            actions.append(self._fix_action("Fix traceback with A3B",
+                                            {"kind": "traceback", "uri": uri, "text": tb_text}))
         if a != b:
             explain = T.Command(title="Explain with A3B", command="a3b.explainSelection", arguments=[uri, params.range])
             actions.append(T.CodeAction(title="Explain with A3B", kind=T.CodeActionKind.Empty, command=explain)
@@ -585,4 +589,5 @@ class Features:
         low-confidence spans become Information diagnostics once the text is in the document."""
         uri, offset, text, spans = (list(args) + [None] * 4)[:4]
         if isinstance(uri, str) and isinstance(offset, int) and isinstance(text, str) and isinstance(spans, list):
-            self.server.expect_insert(uri, offset, text, [tuple(x) for x in spans if isinstance(x, list) and len(x) == 3])
+            self.server.expect_insert(uri, offset, text,
+                                      [tuple(x) for x in spans if isinstance(x, list) and len(x) == 3])

@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..runtime import add_model_dir, get_runtime
 
@@ -150,7 +151,7 @@ def hook_unload_all_models() -> bool:
                     n = get_runtime().unload()
                     if n:
                         log.info("a3b: unloaded %d model context(s) with ComfyUI's models", n)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("a3b: unloading our models failed")
 
         unload_all_models._a3b_hooked = True  # type: ignore[attr-defined]

@@ -11,9 +11,10 @@ import logging
 import os
 import queue
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
         raise NodeError(f"heads_keep must be in (0, 1]; got {heads_keep}. Use 1.0 to keep every attention head.")
     try:
         from .. import prune
-    except Exception as e:  # noqa: BLE001  (an optional part; any import failure means "unavailable")
+    except Exception as e:
         raise NodeError(f"Pruning is unavailable ({type(e).__name__}: {e}). Install the prune extra "
                         "(pip install 'comfyui-a3b[prune]', which brings torch) or set keep_ratio to 1.0.") from e
     fn = getattr(prune, "cached_variant", None)
@@ -164,7 +165,8 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
-        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))  # None: PruneConfig's default
+        # a method or recover_steps of None means PruneConfig's default
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e

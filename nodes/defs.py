@@ -6,8 +6,9 @@ call the same `run` functions, so the node contract is checked where ComfyUI is 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..prune.config import PruneConfig
 from ..runtime import ConfidenceConfig, SamplingParams
@@ -128,7 +129,8 @@ LOADER = NodeDef(
            tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
         In("n_ctx", "INT", LoadSpec.n_ctx, min=256, max=131072, step=256,
            tooltip="Context length per request (prompt + answer), in tokens."),
-        In("n_gpu_layers", "INT", LoadSpec.n_gpu_layers, min=-1, max=1000, tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
+        In("n_gpu_layers", "INT", LoadSpec.n_gpu_layers, min=-1, max=1000,
+           tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
         In("threads", "INT", LoadSpec.n_threads, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
         In("flash_attn", "COMBO", LoadSpec.flash_attn, options=list(FLASH_ATTN_MODES)),
         In("kv_cache_type", "COMBO", LoadSpec.kv_cache_type, options=list(KV_CACHE_TYPES),
@@ -186,7 +188,8 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
     comfy.send(comfy.EVENT_DONE, {"node": node_id, "n_tokens": r.n_tokens, "finish_reason": r.finish_reason,
                                   "tokens_per_second": r.tokens_per_second,
                                   "time_to_first_token": r.time_to_first_token,
-                                  "n_prompt_tokens": r.n_prompt_tokens, "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
+                                  "n_prompt_tokens": r.n_prompt_tokens,
+                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
     return (g.text, g.spans_json), g.ui
 
 
@@ -211,7 +214,8 @@ GENERATE = NodeDef(
            tooltip="Stop strings, one per line (\\n for a newline)."),
         In("confidence_aware", "BOOLEAN", False,
            tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
-        In("confidence_threshold", "FLOAT", ConfidenceConfig.threshold, optional=True, min=0.1, max=10.0, step=0.1, round=0.01),
+        In("confidence_threshold", "FLOAT", ConfidenceConfig.threshold, optional=True, min=0.1, max=10.0, step=0.1,
+           round=0.01),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
     ],
@@ -285,8 +289,9 @@ def _fingerprint_always(**_):
 
 UNLOAD = NodeDef(
     node_id="A3BUnload", display_name="A3B Unload",
-    description=("Frees the connected model now (every model when none is connected). Handles stay valid: the next node that needs "
-                 "the model loads it again. ComfyUI's Unload models button does the same for all."),
+    description=("Frees the connected model now (every model when none is connected). Handles stay valid: "
+                 "the next node that needs the model loads it again. ComfyUI's Unload models button does the "
+                 "same for all."),
     inputs=[
         In("model", MODEL, optional=True),
         In("passthrough", "STRING", optional=True, force_input=True,

@@ -37,7 +37,7 @@ def input_types(d: NodeDef) -> dict[str, dict]:
 
 
 def make_class(d: NodeDef) -> type:
-    def INPUT_TYPES(cls):  # noqa: N802  (ComfyUI's name)
+    def INPUT_TYPES(cls):
         return input_types(d)
 
     def run(self, unique_id=None, **kwargs):

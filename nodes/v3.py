@@ -43,7 +43,8 @@ def make_node(d: NodeDef) -> type[io.ComfyNode]:
         def define_schema(cls) -> io.Schema:
             return io.Schema(node_id=d.node_id, display_name=d.display_name, category=d.category,
                              description=d.description, inputs=[_input(i) for i in d.inputs],
-                             outputs=[_output(o, {i.name for i in d.inputs}) for o in d.outputs], hidden=[io.Hidden.unique_id],
+                             outputs=[_output(o, {i.name for i in d.inputs}) for o in d.outputs],
+                             hidden=[io.Hidden.unique_id],
                              is_output_node=d.output_node, is_input_list=d.input_is_list,
                              not_idempotent=d.not_idempotent)
 

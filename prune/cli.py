@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PruneConfig()  # one place for the defaults: the CLI, cached_variant and the A3BLoader agree
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="GGUF path or name in $A3B_MODELS (default: the embedded SmolLM2-135M)")
-    p.add_argument("--keep", type=float, default=d.keep, metavar="RATIO", help="fraction of FFN neurons kept in every layer, in (0, 1]")
+    p.add_argument("--keep", type=float, default=d.keep, metavar="RATIO",
+                   help="fraction of FFN neurons kept in every layer, in (0, 1]")
     p.add_argument("--method", choices=METHODS, default=d.method, help="neuron importance method")
     p.add_argument("--heads-keep", type=float, default=d.heads_keep, metavar="RATIO",
                    help="fraction of the query heads of every KV group kept, in (0, 1]; 1 = no head pruning")
@@ -44,8 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="calibrate on this text file instead of the built-in standard-library corpus "
                         "(repeatable; default: the built-in corpus)")
     p.add_argument("--lr", type=float, default=d.lr, help="distillation learning rate")
-    p.add_argument("--recover-batch", type=int, default=d.recover_batch, metavar="N", help="windows per distillation step")
-    p.add_argument("--recover-seq-len", type=int, default=d.recover_seq_len, metavar="N", help="tokens per distillation window")
+    p.add_argument("--recover-batch", type=int, default=d.recover_batch, metavar="N",
+                   help="windows per distillation step")
+    p.add_argument("--recover-seq-len", type=int, default=d.recover_seq_len, metavar="N",
+                   help="tokens per distillation window")
     p.add_argument("--recover-train", choices=RECOVER_TRAIN, default=d.recover_train,
                    help="tensors distillation trains: every block tensor (all) or only the FFN (ffn)")
     p.add_argument("--recover-code-share", type=float, default=d.recover_code_share, metavar="SHARE",
@@ -56,8 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="target sparsity of the stored dynamic gate, in [0, 1)")
     p.add_argument("--align", type=int, default=d.align, metavar="N",
                    help="round the FFN width to a multiple of N (default: no rounding)")
-    p.add_argument("--seed", type=int, default=d.seed, metavar="N", help="random seed of the run (random selection, distillation batches, dynamic gate)")
-    p.add_argument("--threads", type=int, default=d.threads, metavar="N", help="torch / quantiser threads, 0 = all cores")
+    p.add_argument("--seed", type=int, default=d.seed, metavar="N",
+                   help="random seed of the run (random selection, distillation batches, dynamic gate)")
+    p.add_argument("--threads", type=int, default=d.threads, metavar="N",
+                   help="torch / quantiser threads, 0 = all cores")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="where calibration statistics and distillation checkpoints are cached "
                         "(default: $A3B_CACHE/prune, else ~/.cache/comfyui-a3b/prune)")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 # Standard-library modules, by import name (stable across versions, unlike file paths).
 CALIBRATION_MODULES = (

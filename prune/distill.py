@@ -114,7 +114,8 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98), fused=True)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+        opt, lambda s: ((s + 1) / warm if s < warm
+                        else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))))
     data = Batches(windows, batch, seed, shares)
     start = _resume(checkpoint, named, opt, sched, data, rep) if checkpoint else 0
     rep.resumed_at = start

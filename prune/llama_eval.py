@@ -124,5 +124,5 @@ class LlamaEval:
     def __del__(self):
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - __del__ must not raise, even at interpreter shutdown
             pass

@@ -255,7 +255,7 @@ class Emulation:
         round_cache(torch.zeros(1), cache_type)  # refuse unsupported cache types now
 
     @classmethod
-    def from_source(cls, src, cache_type: str = "F16", flash_attn: bool = True) -> "Emulation":
+    def from_source(cls, src, cache_type: str = "F16", flash_attn: bool = True) -> Emulation:
         types = {name: t.tensor_type.name for name, t in src.tensors.items()}
         offsets = {}
         for name, t in src.tensors.items():

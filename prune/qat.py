@@ -130,7 +130,7 @@ def detach(model) -> None:
                 parametrize.remove_parametrizations(layer, attr, leave_parametrized=True)
 
 
-def trainable(model, which: str) -> dict[str, "torch.nn.Parameter"]:
+def trainable(model, which: str) -> dict[str, torch.nn.Parameter]:
     """The parameters recovery trains, by GGUF tensor name: "ffn" (what pruning changed) or "all"
     (every block tensor and the output norm; the token embedding, shared with the output head the
     teacher's logits come through, stays frozen)."""

@@ -7,7 +7,7 @@ and a token-level FFN gate. FFN widths may differ per layer here (llama.cpp need
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -138,7 +138,7 @@ class RefModel(nn.Module):
             self._head_emu = emulate.linear("token_embd.weight" if hp.tied_output else "output.weight")
 
     @classmethod
-    def from_source(cls, src: SourceModel, emulate_llamacpp: bool = False) -> "RefModel":
+    def from_source(cls, src: SourceModel, emulate_llamacpp: bool = False) -> RefModel:
         """`emulate_llamacpp`: compute like llama.cpp's CPU backend on this file (see `numerics`)."""
         emulate = None
         if emulate_llamacpp:

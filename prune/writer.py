@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class RawTensor:
         self.qtype = qtype
 
     @classmethod
-    def rows(cls, tensor, rows: np.ndarray) -> "RawTensor":
+    def rows(cls, tensor, rows: np.ndarray) -> RawTensor:
         """A row subset of a GGUF tensor: each row of a matrix is quantised on its own."""
         return cls(np.asarray(tensor.data)[np.asarray(rows)], tensor.tensor_type)
 

@@ -10,8 +10,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,7 @@ class Runtime:
             import psutil
 
             rss = psutil.Process().memory_info().rss
-        except Exception:
+        except Exception:  # noqa: BLE001 - psutil is optional and a status report must never fail
             rss = None
         models = []
         for e in self.store.loaded():
@@ -182,7 +183,7 @@ class Runtime:
         for name, fn in list(self.status_providers.items()):
             try:
                 out[name] = fn()
-            except Exception as e:  # status must never fail
+            except Exception as e:  # noqa: BLE001 - a broken status provider must not fail the status report
                 out[name] = {"error": str(e)}
         return out
 
@@ -194,7 +195,8 @@ def check_text(what: str, text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidRequest(f"{what} is not valid Unicode: {e.reason} at character {e.start} "
-                             f"({text[max(0, e.start - 20):e.start]!r} ...). Remove or replace that character.") from None
+                             f"({text[max(0, e.start - 20):e.start]!r} ...). "
+                             "Remove or replace that character.") from None
 
 
 _runtime: Runtime | None = None

@@ -10,8 +10,9 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import A3BError, Cancelled, InvalidRequest
 from .options import check_finite

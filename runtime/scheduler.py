@@ -25,14 +25,18 @@ Rules, in the order they apply:
   64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
 * **Embeddings** run one small pack of texts per step, and only when no running generation has a
   higher priority: an interactive completion waits at most one pack behind indexing work.
+* **Nothing starves.** A lower-priority job that has waited `promote_after_s` (10 s) for a slot or
+  for a step is promoted to interactive priority for the rest of its run: editors come first, but a
+  workflow generation never stalls for longer than that behind a stream of editor requests.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 #: Priorities: higher runs first.
 PRIORITY_BATCH = 0
@@ -64,7 +68,9 @@ class Job:
     def __init__(self, prompt_tokens: list[int], priority: int = PRIORITY_BATCH,
                  cancelled: Callable[[], bool] = lambda: False):
         self.id = next(_job_ids)
-        self.priority = priority
+        self.priority = priority           # raised to PRIORITY_INTERACTIVE when the job is promoted
+        self.base_priority = priority
+        self.waiting_since = 0.0           # clock time it last went waiting (queued, or paused)
         self.prompt_tokens = list(prompt_tokens)
         self.seq = list(prompt_tokens)
         self.fed = 0
@@ -92,6 +98,7 @@ class EmbedJob:
     cancelled: Callable[[], bool] = lambda: False
     done: int = 0
     id: int = field(default_factory=lambda: next(_job_ids))
+    waiting_since: float = 0.0
 
 
 @dataclass
@@ -151,12 +158,14 @@ class Policy:
     worker calls it under its own lock."""
 
     def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8,
-                 yield_tokens: int = 64, interactive_window_s: float = 30.0,
+                 yield_tokens: int = 64, interactive_window_s: float = 30.0, promote_after_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic):
         if n_slots < 1 or batch_tokens < 1:
             raise ValueError("a policy needs at least one slot and one batch token")
         self.yield_tokens = yield_tokens
         self.interactive_window_s = interactive_window_s
+        self.promote_after_s = promote_after_s
+        self.promotions = 0
         self._clock = clock
         self._last_interactive: float | None = None
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -171,8 +180,9 @@ class Policy:
 
     # -- queue ----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        job.waiting_since = self._clock()
         if job.priority >= PRIORITY_INTERACTIVE:
-            self._last_interactive = self._clock()
+            self._last_interactive = job.waiting_since
         self.pending.append(job)
 
     def editors_active(self) -> bool:
@@ -181,6 +191,7 @@ class Policy:
         return t is not None and self._clock() - t < self.interactive_window_s
 
     def submit_embed(self, job: EmbedJob) -> None:
+        job.waiting_since = self._clock()
         self.embeds.append(job)
 
     def running(self) -> list[Job]:
@@ -203,6 +214,7 @@ class Policy:
         for ejob in [j for j in self.embeds if j.cancelled()]:
             self.embeds.remove(ejob)
             out.dropped_embeds.append(ejob)
+        self._promote()
         self.pending.sort(key=lambda j: (-j.priority, j.id))
         while self.pending:
             job = self.pending[0]
@@ -222,9 +234,22 @@ class Policy:
                 out.trims.append(trim)
         return out
 
+    def _promote(self) -> None:
+        """Raise to interactive priority every job that has waited promote_after_s: queued, paused
+        in a slot while higher priorities decode, or an embedding not yet finished."""
+        now = self._clock()
+        running = {id(j) for j in self.running()}
+        for job in [*self.pending, *self.running(), *self.embeds]:
+            if job.priority < PRIORITY_INTERACTIVE and now - job.waiting_since > self.promote_after_s:
+                if id(job) in running and job.priority >= (self.top_priority() or job.priority):
+                    continue   # it is decoding in every step already
+                job.priority = PRIORITY_INTERACTIVE
+                self.promotions += 1
+
     def _preempt(self, slot: Slot) -> Job:
         job = slot.job
         assert job is not None
+        job.waiting_since = self._clock()
         job.slot = None
         slot.job = None
         slot.last_used = next(self._tick)
@@ -241,6 +266,7 @@ class Policy:
             trim = Trim(best.seq_id, common)
             del best.tokens[common:]
         job.fed = common
+        job.waiting_since = self._clock()   # from now on: time since its last step
         if job.n_cached is None:
             job.n_cached = min(common, len(job.prompt_tokens))
         job.slot = best
@@ -319,6 +345,7 @@ class Policy:
     def embedded(self, step: EmbedStep) -> bool:
         """Record a finished pack; True when the job has embedded all its texts."""
         step.job.done = step.first + step.count
+        step.job.waiting_since = self._clock()
         if step.job.done >= len(step.job.token_lists):
             if step.job in self.embeds:
                 self.embeds.remove(step.job)
@@ -331,12 +358,14 @@ class Policy:
 
     def decoded(self, step: DecodeStep) -> None:
         """Record a successful decode: the step's tokens are now in their slots' KV caches."""
+        now = self._clock()
         for e in step.entries:
             job = e.job
             if job.slot is not None:
                 job.slot.tokens.extend(e.tokens())
             job.fed += e.count
             job.took = 0
+            job.waiting_since = now
 
     def drain(self) -> tuple[list[Job], list[EmbedJob]]:
         """Everything still queued or running (at shutdown); the policy is empty afterwards."""

@@ -11,9 +11,9 @@ instead of 98 MB. So the runtime can serve such a re-encoded copy:
 - `serve_as="auto"`: measure prompt speed of both on this machine once (cached with the copy) and
   serve whichever is faster.
 
-Copies live in `options.cache_root()/serving` (`$A3B_CACHE`, default `~/.cache/comfyui-a3b`), keyed by the source file's path,
-size and mtime, written under a temporary name and renamed, so an interrupted run leaves nothing
-half-written under the final name.
+Copies live in `options.cache_root()/serving` (`$A3B_CACHE`, default `~/.cache/comfyui-a3b`), keyed
+by the source file's path, size and mtime, written under a temporary name and renamed, so an
+interrupted run leaves nothing half-written under the final name.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .engine import Engine, Weights, engine_for
 from .errors import ContextTooLarge
+from . import memory
 from .options import LoadSpec
 from .worker import LoadedModel
 
@@ -38,7 +39,7 @@ class ModelStore:
         env = os.environ.get("A3B_MEMORY_BUDGET_MB")
         self.budget_bytes = budget_bytes if budget_bytes is not None else (int(env) << 20 if env else None)
         self._lock = threading.RLock()
-        self._entries: "OrderedDict[LoadSpec, _Entry]" = OrderedDict()
+        self._entries: OrderedDict[LoadSpec, _Entry] = OrderedDict()
         self._weights: dict[tuple, Weights] = {}
         self._refs: dict[tuple, int] = {}        # weights key -> entries using those weights
         self.weight_loads = 0      # how many times a file was actually loaded
@@ -123,7 +124,8 @@ class ModelStore:
     # -- memory --------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
         with self._lock:
-            return sum(w.info.size_bytes for w in self._weights.values()) + sum(e.est_bytes for e in self._entries.values())
+            return (sum(w.info.size_bytes for w in self._weights.values())
+                    + sum(e.est_bytes for e in self._entries.values()))
 
     def _make_room(self, need: int, keep: tuple | None = None) -> None:
         if self.budget_bytes is None:
@@ -167,6 +169,8 @@ class ModelStore:
         for obj in todo:
             if not isinstance(obj, LoadedModel):
                 obj.free()  # waits for threads still inside a vocabulary call
+        if todo:
+            memory.release(force=True)
 
     def _drop(self, spec: LoadSpec, reason: str) -> None:
         self._finalize(self._detach(spec, reason))

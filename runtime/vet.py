@@ -96,7 +96,7 @@ def _start_server() -> subprocess.Popen:
 def _ask(path: Path, size: int) -> dict:
     """One request to the vetting server (started, or restarted, on demand)."""
     global _server
-    for attempt in range(2):
+    for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
         req = {"path": str(path), "decode": size <= DECODE_MAX_BYTES,

@@ -15,11 +15,13 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from . import memory
 from .engine import Backend, DecodeFailed, Weights
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from .generation import GenerationRequest, GenerationResult, GenerationStream, TextAssembler, TokenEvent
@@ -85,7 +87,8 @@ class LoadedModel:
     def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
         return self.vocab.tokenize(text, add_bos=add_bos, special=special)
 
-    def submit(self, request: GenerationRequest, on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
+    def submit(self, request: GenerationRequest,
+               on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
@@ -160,10 +163,21 @@ class LoadedModel:
 
     # -- worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
+        idle = False
         try:
             while True:
                 with self._lock:
+                    if not self._closing and not self.policy.busy():
+                        idle = True
                     while not self._closing and not self.policy.busy():
+                        if idle:
+                            idle = False
+                            self._lock.release()
+                            try:   # work just ended: give the buffers it freed back to the OS
+                                memory.release()
+                            finally:
+                                self._lock.acquire()
+                            continue
                         self._lock.wait()
                     if self._closing:
                         break
@@ -190,6 +204,7 @@ class LoadedModel:
         for trim in adm.trims:
             self.backend.trim(trim.seq_id, trim.keep)
         self.stats["preempted"] += len(adm.preempted)
+        self.stats["promoted"] = self.policy.promotions
         for job in adm.dropped:
             if isinstance(job, GenJob):
                 self._finish(job, "cancelled")
@@ -285,7 +300,7 @@ class LoadedModel:
         try:
             lists = job.token_lists[step.first:step.first + step.count]
             job.out[step.first:step.first + step.count] = self.backend.embed(lists, job.pooling)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the waiting caller gets the error; the worker keeps serving
             with self._lock:
                 self.policy.drop_embed(job)
             self._end_embed(job, e)
@@ -316,7 +331,7 @@ class LoadedModel:
             job.stream.cancel(f"unloaded: {reason}")
             try:
                 self._finish(job, "cancelled")
-            except Exception as e:  # the stream must end even if building its result fails
+            except Exception as e:  # noqa: BLE001 - the stream must end even if building its result fails
                 job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
         for ej in embeds:
             self._end_embed(ej, ModelUnloaded(f"{self.name} was unloaded ({reason}) before the embedding finished."))

@@ -54,7 +54,7 @@ class FakeSettings:
     fail_decode: int | None = None
 
     @classmethod
-    def parse(cls, ref: str) -> "FakeSettings":
+    def parse(cls, ref: str) -> FakeSettings:
         u = urlsplit(ref)
         if u.scheme != "fake" or not u.netloc:
             raise ModelNotFound(f"Not a fake model reference: {ref!r}")

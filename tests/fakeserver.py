@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fakeengine  # noqa: E402
+import fakeengine
 
 fakeengine.install()
 

@@ -116,13 +116,13 @@ class RawClient:
         self.reader, self.writer, self.proc = reader, writer, proc
 
     @classmethod
-    async def stdio(cls, *extra: str, env=None, server=SERVER) -> "RawClient":
+    async def stdio(cls, *extra: str, env=None, server=SERVER) -> RawClient:
         proc = await asyncio.create_subprocess_exec(*server, "--stdio", *extra, stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE, env=env, limit=1 << 26)
         return cls(proc.stdout, proc.stdin, proc)
 
     @classmethod
-    async def tcp(cls, host: str, port: int, **kw) -> "RawClient":
+    async def tcp(cls, host: str, port: int, **kw) -> RawClient:
         r, w = await asyncio.open_connection(host, port, limit=1 << 26, **kw)
         return cls(r, w)
 
@@ -187,7 +187,7 @@ class RawClient:
     async def close(self) -> None:
         try:
             self.writer.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing a connection the test may have broken must not fail teardown
             pass
         if self.proc is not None:
             try:

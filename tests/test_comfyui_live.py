@@ -189,7 +189,8 @@ def test_pack_imports_and_lists_nodes(server):
             assert list(ours.get(section, {})) == list(info[name]["input"].get(section, {})), (name, section)
             for key, (typ, opts) in ours.get(section, {}).items():
                 theirs = info[name]["input"][section][key]
-                assert (typ if isinstance(typ, str) else "COMBO") == (theirs[0] if isinstance(theirs[0], str) else "COMBO")
+                assert ((typ if isinstance(typ, str) else "COMBO")
+                        == (theirs[0] if isinstance(theirs[0], str) else "COMBO"))
                 if not isinstance(typ, str):
                     assert typ == combo_options(theirs), (name, key)
                 for k in ("default", "min", "max", "multiline", "forceInput", "control_after_generate"):

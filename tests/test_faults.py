@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_a3b.runtime import CorruptGGUF, InvalidRequest, PathNotAllowed, Runtime, inspect_gguf, vet
+from comfyui_a3b.runtime import InvalidRequest, PathNotAllowed, Runtime, inspect_gguf, vet
 from comfyui_a3b.runtime.gguf_info import scan_header
 
 from tinygguf import write_tiny_gguf

@@ -249,7 +249,8 @@ async def test_low_confidence_spans_become_information_diagnostics(client: Langu
     # editing the span away clears the diagnostic
     client.text_document_did_change(T.DidChangeTextDocumentParams(
         text_document=T.VersionedTextDocumentIdentifier(uri=uri, version=3),
-        content_changes=[T.TextDocumentContentChangePartial(range=T.Range(T.Position(1, 0), T.Position(2, 0)), text="")]))
+        content_changes=[T.TextDocumentContentChangePartial(range=T.Range(T.Position(1, 0), T.Position(2, 0)),
+                                                            text="")]))
     for _ in range(50):
         if not client.diagnostics.get(uri):
             break

@@ -70,10 +70,11 @@ async def test_completions_do_not_wait_for_indexing_of_many_open_files(fake_engi
             out = []
             last = SAMPLE.count("\n")
             for k in range(6):                    # a new line each time: no cache hits, new windows
-                raw.notify("textDocument/didChange", {"textDocument": {"uri": "file:///w/main.py", "version": 2 + k},
-                                                      "contentChanges": [{"range": {"start": {"line": last + k, "character": 0},
-                                                                                    "end": {"line": last + k, "character": 0}},
-                                                                          "text": f"x{k} = len\n"}]})
+                raw.notify("textDocument/didChange", {
+                    "textDocument": {"uri": "file:///w/main.py", "version": 2 + k},
+                    "contentChanges": [{"range": {"start": {"line": last + k, "character": 0},
+                                                  "end": {"line": last + k, "character": 0}},
+                                        "text": f"x{k} = len\n"}]})
                 t0 = time.perf_counter()
                 completion(raw, 10 + k, line=last + k, character=6)
                 res = await raw.response(10 + k)
@@ -115,9 +116,11 @@ async def test_an_edit_then_a_pause_warms_the_next_completions_prompt(fake_engin
         c = (await status(raw, 4))["server"]["counters"]
         assert c["prefill_tokens"] <= 2 and c["cached_prompt_tokens"] > 100   # only the last token was new
         # a3b/cursor from the editor does the same without an edit; junk is ignored
-        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/main.py"}, "position": {"line": 20, "character": 0}})
+        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/main.py"},
+                                  "position": {"line": 20, "character": 0}})
         raw.notify("a3b/cursor", {"nonsense": True})
-        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/other.py"}, "position": {"line": 999, "character": 0}})
+        raw.notify("a3b/cursor", {"textDocument": {"uri": "file:///w/other.py"},
+                                  "position": {"line": 999, "character": 0}})
         deadline = time.monotonic() + 10
         while (await status(raw, 5))["server"]["counters"]["warmed_tokens"] == c["warmed_tokens"]:
             assert time.monotonic() < deadline, "a3b/cursor warmed nothing"

@@ -8,7 +8,6 @@ import asyncio
 import os
 import re
 import socket
-import sys
 import time
 
 import psutil

@@ -56,7 +56,8 @@ local ok, err = pcall(function()
 
   -- a linter reports the unclosed bracket on line 3; the quick fix is resolved and applied
   local lint = vim.api.nvim_create_namespace("some_linter")
-  vim.diagnostic.set(lint, 0, { { lnum = 2, col = 4, end_lnum = 2, end_col = 27, severity = vim.diagnostic.severity.ERROR,
+  vim.diagnostic.set(lint, 0, { { lnum = 2, col = 4, end_lnum = 2, end_col = 27,
+                                  severity = vim.diagnostic.severity.ERROR,
                                   message = "'(' was never closed", source = "pyflakes" } })
   vim.api.nvim_win_set_cursor(0, { 3, 10 })
   local before = vim.api.nvim_buf_get_changedtick(0)

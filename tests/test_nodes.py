@@ -348,7 +348,8 @@ def test_second_import_copy_shares_one_runtime(tmp_path):
 def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     assert "q8_0" in input_types(defs.LOADER)["optional"]["serve_as"][0]
-    h = node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "serve_as": "q8_0", "n_ctx": 512})["result"][0]
+    h = node("A3BLoader").run(unique_id="1",
+                              **{**defs.LOADER.defaults(), "serve_as": "q8_0", "n_ctx": 512})["result"][0]
     assert h.serve_as == "q8_0"
     assert [e for e in rt.store.loaded() if e.spec == h]
     assert list((tmp_path / "cache").rglob("*.gguf"))  # the copy was made once, in the cache

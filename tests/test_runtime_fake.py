@@ -79,7 +79,7 @@ def test_cancel_between_tokens_keeps_the_text_so_far(rt):
     spec = rt.spec("fake://m?delay_ms=2")
     stream = rt.submit("x", model=spec, chat=False, max_tokens=500, sampling=GREEDY)
     n = 0
-    for ev in stream:
+    for _ev in stream:
         n += 1
         if n == 5:
             stream.cancel()

@@ -219,3 +219,39 @@ def test_while_editors_are_active_lower_priority_prompts_are_read_in_small_chunk
     assert p.next_step().entries[0].count == 64           # now the workflow yields every 64 tokens
     now[0] += 31
     assert not p.editors_active() and p.next_step().entries[0].count == 256
+
+
+def test_a_starving_batch_job_is_promoted_and_then_decodes_beside_editors():
+    now = [0.0]
+    p = Policy(n_slots=1, batch_tokens=64, promote_after_s=10.0, clock=lambda: now[0])
+    editor = job([1, 2], PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    p.admit()
+    workflow = job([3, 4])
+    p.submit(workflow)
+    for _ in range(3):                       # editors keep the only slot busy
+        now[0] += 3
+        assert p.admit().first_placed == [] and workflow.priority == PRIORITY_BATCH
+    now[0] += 2                               # waited 11 s
+    p.admit()
+    assert workflow.priority == PRIORITY_INTERACTIVE and workflow.base_priority == PRIORITY_BATCH
+    assert p.promotions == 1
+    p.release(editor)                         # the editor request ends: the workflow is next in line
+    p.submit(job([5, 6], PRIORITY_INTERACTIVE))
+    adm = p.admit()
+    assert adm.first_placed[0] is workflow   # older than the new editor request, same priority now
+
+
+def test_a_paused_batch_job_is_promoted_after_waiting_for_a_step():
+    now = [0.0]
+    p = Policy(n_slots=2, batch_tokens=64, promote_after_s=10.0, clock=lambda: now[0])
+    workflow = job([3, 4])
+    p.submit(workflow)
+    p.admit()
+    editor = job([1, 2], PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    p.admit()
+    assert [e.job for e in p.next_step().entries] == [editor]   # the workflow pauses
+    now[0] += 11
+    p.admit()
+    assert {e.job for e in p.next_step().entries} == {editor, workflow}

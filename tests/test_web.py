@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from test_comfyui_live import COMFYUI_DIR, EXAMPLES, ComfyServer, gen_prompt
+from test_comfyui_live import COMFYUI_DIR, EXAMPLES, ComfyServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -128,8 +128,10 @@ def write_tiny_lora(path: str | Path, *, n_embd: int = 64, n_head: int = 4, rank
     for i in range(2):
         for name in ("attn_q", "attn_v"):
             n_out = n_embd if name == "attn_q" else (n_embd // n_head) * 2
-            w.add_tensor(f"blk.{i}.{name}.weight.lora_a", (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32))
-            w.add_tensor(f"blk.{i}.{name}.weight.lora_b", (rng.standard_normal((n_out, rank)) * scale).astype(np.float32))
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_a",
+                         (rng.standard_normal((rank, n_embd)) * scale).astype(np.float32))
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_b",
+                         (rng.standard_normal((n_out, rank)) * scale).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

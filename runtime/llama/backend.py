@@ -86,10 +86,12 @@ class LlamaBackend:
         with weights.use():
             self.ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
         if not self.ctx:
-            detail = [ln.strip() for ln in log_since(mark).splitlines() if "error" in ln.lower() or "fail" in ln.lower()]
+            detail = [ln.strip() for ln in log_since(mark).splitlines()
+                      if "error" in ln.lower() or "fail" in ln.lower()]
             raise ModelLoadFailed(f"llama.cpp could not create a context (n_ctx={spec.n_ctx} x "
                                   f"{spec.n_parallel}, kv={spec.kv_cache_type}, flash_attn={spec.flash_attn}): "
-                                  f"{' | '.join(detail[-2:]) or 'no detail'}. Try a smaller n_ctx, or kv_cache_type f16.")
+                                  f"{' | '.join(detail[-2:]) or 'no detail'}. "
+                                  "Try a smaller n_ctx, or kv_cache_type f16.")
         self.mem = L.llama_get_memory(self.ctx)
         if spec.lora_path:
             adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(spec.lora_path))

@@ -11,7 +11,8 @@ import collections
 import ctypes
 import logging
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import LlamaCppUnavailable
 
@@ -73,7 +74,7 @@ def llama_cpp_version() -> str:
         import importlib.metadata
 
         return importlib.metadata.version("llama-cpp-python")
-    except Exception:
+    except Exception:  # noqa: BLE001 - only a label in status reports, which must never fail
         return "unknown"
 
 

@@ -68,7 +68,7 @@ def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> N
             pass
     try:
         result = _check(path, decode)
-    except BaseException as e:  # a Python error in the check is not the file's fault
+    except BaseException as e:  # noqa: BLE001 - a Python error in the check is not the file's fault
         result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
     os.write(w, b"\n" + RESULT + json.dumps(result).encode() + b"\n")
     os._exit(0)
@@ -127,7 +127,7 @@ def main() -> None:
             continue
         try:
             reply = _vet(json.loads(line))
-        except Exception as e:  # a bad request must not end the server
+        except Exception as e:  # noqa: BLE001 - a bad request must not end the server
             reply = {"ok": False, "status": "server_error", "log": f"{type(e).__name__}: {e}"}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()

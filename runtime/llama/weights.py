@@ -116,7 +116,7 @@ class Weights:
             special_tokens=self.special_tokens(), add_bos=self.add_bos)
 
     @property
-    def vocab(self) -> "Weights":
+    def vocab(self) -> Weights:
         return self
 
     # -- lifetime: no free while a thread is inside a call --------------------------------------
