@@ -187,6 +187,7 @@ class LoadedModel:
                         self.policy.release(job)
                     step = self.policy.next_step()
                 self._apply(adm)
+                memory.release(busy=True)   # rate-limited: a few ms every half minute
                 if isinstance(step, EmbedStep):
                     self._embed(step)
                 elif isinstance(step, DecodeStep):
