@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -94,7 +95,9 @@ class Engine:
         #: that no amount of it can delay a completion's turn for a thread
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="a3b-lsp-bg")
         self.sessions: set[Session] = set()
-        self._builders: dict[int, PromptBuilder] = {}
+        #: one prompt builder per loaded model, weakly: an unloaded model (and the vocabulary and token
+        #: cache its builder holds) goes away with it instead of staying alive through this table
+        self._builders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.started = time.time()
 
     def spec_for(self, settings: cfg.Settings):
@@ -103,9 +106,9 @@ class Engine:
         return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx)
 
     def builder(self, model) -> PromptBuilder:
-        b = self._builders.get(id(model.vocab))
-        if b is None or b.vocab is not model.vocab:
-            b = self._builders[id(model.vocab)] = PromptBuilder(model.vocab)
+        b = self._builders.get(model)
+        if b is None:
+            b = self._builders[model] = PromptBuilder(model.vocab)
         return b
 
     def status(self) -> dict[str, Any]:
