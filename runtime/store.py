@@ -85,6 +85,7 @@ class ModelStore:
 
     def _load(self, spec: LoadSpec) -> LoadedModel:
         spec.validate()
+        memory.tune_allocator()
         engine: Engine = engine_for(spec.path)
         engine.check(spec)
         key = self._weights_key(spec)
