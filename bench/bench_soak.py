@@ -250,10 +250,11 @@ def child(minutes: float) -> dict:
     def unloader() -> None:
         t0 = time.monotonic()
         while not stop.wait(UNLOAD_EVERY_S):
-            rt.unload()
-            out["unloads"] += 1
-            # the one moment that is alike across the run: no model loaded, freed memory returned
-            after_unloads.append((time.monotonic() - t0, proc.memory_info().rss))
+            with rt.store.loads_held():     # nobody reloads until the reading is taken
+                rt.unload()
+                out["unloads"] += 1
+                # the one moment alike across the run: no model loaded, freed memory returned
+                after_unloads.append((time.monotonic() - t0, proc.memory_info().rss))
 
     rss_series: list[tuple[float, int]] = []
 

@@ -7,6 +7,7 @@ anew. The store talks to engines through engine.py, never to llama.cpp itself.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -188,6 +189,13 @@ class ModelStore:
                     n += 1
         self._finalize(todo)
         return n
+
+    @contextlib.contextmanager
+    def loads_held(self):
+        """No model loads while inside (other threads' requests wait): for looking at a process with
+        nothing loaded, as the soak benchmark does right after an unload."""
+        with self._lock:
+            yield
 
     def loaded(self) -> list[_Entry]:
         with self._lock:
