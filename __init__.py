@@ -12,7 +12,7 @@ language server.
 import logging as _logging
 import sys as _sys
 
-from . import runtime  # noqa: F401  (registers the process-wide runtime first)
+from . import runtime  # first: registers the process-wide runtime (see runtime/__init__.py)
 
 WEB_DIRECTORY = "./web"
 NODE_CLASS_MAPPINGS = None
@@ -53,6 +53,13 @@ def _setup_comfyui() -> None:
 
     comfy.register_model_folders()
     comfy.hook_unload_all_models()
+    try:
+        from .nodes import vram
+
+        vram.install()
+        runtime.get_runtime().status_providers["vram"] = vram.status
+    except Exception as e:  # noqa: BLE001 - an optional part must not stop the nodes
+        _log.warning("[comfyui-a3b] VRAM sharing with ComfyUI not set up: %s: %s", type(e).__name__, e)
     try:
         comfy.register_routes()
     except Exception as e:  # noqa: BLE001

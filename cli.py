@@ -82,11 +82,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="context tokens per request: prompt and answer together")
     p.add_argument("--threads", type=int, default=LoadSpec.n_threads, metavar="N",
                    help="CPU threads; 0 = automatic (half the cores for decoding, all for prompts)")
-    p.add_argument("--n-gpu-layers", type=int, default=LoadSpec.n_gpu_layers, metavar="N",
-                   help="layers offloaded to a GPU (0 = CPU only, -1 = all)")
+    p.add_argument("--n-gpu-layers", type=_gpu_layers, default=LoadSpec.n_gpu_layers, metavar="N|auto",
+                   help="layers offloaded to a GPU: auto = as many as fit in the free GPU memory (0 without a GPU), "
+                        "0 = CPU only, -1 = all, N = the last N layers")
     p.add_argument("--ctx-policy", choices=CTX_POLICIES, default=LoadSpec.ctx_policy,
                    help="when --n-ctx exceeds the model's trained context: load and log a warning (warn), "
                         "or stop with an error (refuse)")
+
+
+def _gpu_layers(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a layer count or 'auto', got {text!r}") from None
 
 
 def _spec(rt, args):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, get_runtime, preset
-from ..runtime.errors import A3BError, Cancelled
+from ..runtime.errors import A3BError, Cancelled, ModelUnloaded
 from . import config as cfg
 from .cache import CompletionCache, bucket_key
 from .context import ContextIndex, VectorCache, render_block
@@ -301,10 +301,14 @@ class Session:
         except DocumentError:
             return
         builder = self.engine.builder(m)
-        prompt = self._prompt(builder, cur, self.use_fim(builder))
-        stream = self.engine.rt.submit(model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=1,
-                                       sampling=preset("greedy"), priority=PRIORITY_BATCH,
-                                       confidence=ConfidenceConfig(enabled=False))
+        try:
+            prompt = self._prompt(builder, cur, self.use_fim(builder))
+            stream = self.engine.rt.submit(model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=1,
+                                           sampling=preset("greedy"), priority=PRIORITY_BATCH,
+                                           confidence=ConfidenceConfig(enabled=False))
+        except A3BError as e:   # unloaded meanwhile, say: warming is a hint, never an error
+            log.debug("warming skipped: %s", e)
+            return
         self._track_background(stream, "warmed_tokens")
 
     def _track_background(self, stream, counter: str) -> None:
@@ -348,6 +352,15 @@ class Session:
         return self.settings.fim != "off" and builder.fim is not None
 
     async def complete(self, uri: str, position, progress=None) -> Answer:
+        """A completion at `position`; once more if the model is unloaded under it (ComfyUI's
+        "Unload models" while the prompt is built): the second attempt loads it again."""
+        try:
+            return await self._complete(uri, position, progress)
+        except ModelUnloaded:
+            self.engine.stats.count("retried_after_unload")
+            return await self._complete(uri, position, progress)
+
+    async def _complete(self, uri: str, position, progress=None) -> Answer:
         t0 = time.perf_counter()
         st = self.engine.stats
         st.count("requests")

@@ -113,17 +113,9 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
                             "Set keep_ratio and heads_keep to 1.0.")
         pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep)
         spec = rt.spec(replace(spec, path=str(pruned)))
-    n_gpu_layers = spec.n_gpu_layers
-    if n_gpu_layers != 0:
-        from ..runtime.llama import system_info
-
-        if not system_info()["gpu_offload"]:
-            raise NodeError(f"n_gpu_layers={n_gpu_layers} asks for the GPU, but the installed llama-cpp-python "
-                            "was built for the CPU only. Set n_gpu_layers to 0, or install a GPU build "
-                            "(for CUDA: CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall "
-                            "--no-cache-dir llama-cpp-python).")
-    if n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None:
-        free_vram(Path(spec.path).stat().st_size)  # let ComfyUI move its own models out first
+    if spec.n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None \
+            and not scheme_of(spec.path) and rt.gpu_available():
+        free_vram(rt.estimate_gpu_bytes(spec))  # ComfyUI moves its own models out first, then we plan
     rt.load(spec)
     return spec
 

@@ -17,6 +17,8 @@ from ..runtime.options import FLASH_ATTN_MODES, KV_CACHE_TYPES, POOLINGS, LoadSp
 from . import comfy, core
 
 _SAMPLING = SamplingParams()  # the sampling defaults the runtime uses everywhere
+#: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto")
+AUTO_GPU_LAYERS = -2
 
 MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
 EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
@@ -101,7 +103,8 @@ def _first(x: Any) -> Any:
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
                 lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as):
     comfy.register_model_folders()
-    spec = core.load_model(model, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+    spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads,
+                           n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
@@ -129,8 +132,9 @@ LOADER = NodeDef(
            tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
         In("n_ctx", "INT", LoadSpec.n_ctx, min=256, max=131072, step=256,
            tooltip="Context length per request (prompt + answer), in tokens."),
-        In("n_gpu_layers", "INT", LoadSpec.n_gpu_layers, min=-1, max=1000,
-           tooltip="Layers on the GPU: 0 = CPU only, -1 = all."),
+        In("n_gpu_layers", "INT", AUTO_GPU_LAYERS, min=AUTO_GPU_LAYERS, max=1000,
+           tooltip=("Layers on the GPU: -2 = auto (as many as fit in the free VRAM, after ComfyUI has been "
+                    "asked to make room), -1 = all, 0 = CPU only, N = the last N layers.")),
         In("threads", "INT", LoadSpec.n_threads, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
         In("flash_attn", "COMBO", LoadSpec.flash_attn, options=list(FLASH_ATTN_MODES)),
         In("kv_cache_type", "COMBO", LoadSpec.kv_cache_type, options=list(KV_CACHE_TYPES),

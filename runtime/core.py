@@ -20,7 +20,7 @@ from . import chat as chatmod
 from .errors import InvalidRequest
 from .generation import (ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
                          PRIORITY_BATCH, SamplingParams, TokenEvent)
-from .engine import scheme_of
+from .engine import engine_for, scheme_of
 from .errors import ModelUnloaded
 from .worker import LoadedModel
 from .locate import resolve_model
@@ -58,6 +58,16 @@ class Runtime:
 
     def load(self, model: str | os.PathLike | LoadSpec | None = None, **options: Any) -> LoadedModel:
         return self.store.get(self.spec(model, **options))
+
+    def gpu_available(self, model: str | LoadSpec | None = None) -> bool:
+        """Whether the engine of `model` (default: the local llama.cpp one) can use a GPU here."""
+        engine = engine_for(model.path if isinstance(model, LoadSpec) else str(model or ""))
+        return bool(getattr(engine, "gpus", lambda: [])())
+
+    def estimate_gpu_bytes(self, model: LoadSpec) -> int:
+        """GPU memory `model` would take fully offloaded (0 for engines that do not say)."""
+        fn = getattr(engine_for(model.path), "gpu_bytes", None)
+        return int(fn(model)) if fn else 0
 
     def loaded(self, model: LoadSpec) -> LoadedModel | None:
         """The model loaded for `model` if it is loaded now (never loads)."""
@@ -170,6 +180,7 @@ class Runtime:
             models.append({
                 "name": m.name, "path": e.spec.path, "architecture": m.info.architecture, "engine": m.info.engine,
                 "file_type": m.info.file_type, "served_file": m.info.path, "n_ctx_train": m.info.n_ctx_train,
+                "n_gpu_layers": m.info.n_gpu_layers, "offload": m.info.offload,
                 "spec": e.spec.as_dict(), "weights_bytes": m.info.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
                 "loaded_at": e.loaded_at,

@@ -46,6 +46,8 @@ class ModelInfo:
     special_tokens: dict[str, int] = field(default_factory=dict)
     add_bos: bool = False
     engine: str = "llama.cpp"
+    n_gpu_layers: int = 0         # as loaded (after "auto" was resolved)
+    offload: str = ""             # how that was chosen, in words
 
 
 class Vocab(Protocol):
@@ -122,7 +124,12 @@ class Engine(Protocol):
 
 
 class DecodeFailed(RuntimeError):
-    """The engine could not decode a batch (the jobs in it fail; the model stays usable)."""
+    """The engine could not decode a batch: the jobs in it fail. With `fatal`, the engine's state is
+    not to be trusted any more (a device error): the model is closed and loads again on next use."""
+
+    def __init__(self, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
 
 
 _engines: dict[str, Engine] = {}

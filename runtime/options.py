@@ -54,8 +54,9 @@ class LoadSpec:
     n_ctx: int = 2048
     #: Sequence slots: how many requests decode together in one batch.
     n_parallel: int = 2
-    #: Layers offloaded to a GPU (0 = CPU only, -1 = all).
-    n_gpu_layers: int = 0
+    #: Layers offloaded to a GPU: "auto" (as many as fit in the free GPU memory next to the KV cache;
+    #: 0 without a GPU build or device), 0 = CPU only, -1 = all, N = the last N layers.
+    n_gpu_layers: int | str = "auto"
     #: CPU threads; 0 = automatic (half the cores for decoding, all for prompts).
     n_threads: int = 0
     #: Tokens per decode step; prompts are read in chunks of this size.
@@ -77,8 +78,10 @@ class LoadSpec:
     def validate(self) -> None:
         from .serving import SERVE_AS
 
-        ints = {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "n_gpu_layers": self.n_gpu_layers,
-                "n_threads": self.n_threads, "n_batch": self.n_batch, "embed_n_ctx": self.embed_n_ctx}
+        ints = {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "n_threads": self.n_threads,
+                "n_batch": self.n_batch, "embed_n_ctx": self.embed_n_ctx}
+        if self.n_gpu_layers != "auto":
+            ints["n_gpu_layers"] = self.n_gpu_layers
         for name, v in ints.items():
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
@@ -90,8 +93,11 @@ class LoadSpec:
             raise InvalidRequest(f"embed_n_ctx must be in 8..65536, got {self.embed_n_ctx}")
         if self.n_batch < 1:
             raise InvalidRequest(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.n_threads < 0 or self.n_gpu_layers < -1:
-            raise InvalidRequest("n_threads must be >= 0 and n_gpu_layers >= -1")
+        if self.n_threads < 0:
+            raise InvalidRequest(f"n_threads must be >= 0, got {self.n_threads}")
+        if self.n_gpu_layers != "auto" and self.n_gpu_layers < -1:
+            raise InvalidRequest(f"n_gpu_layers must be 'auto', -1 (all), 0 (CPU only) or a layer count, "
+                                 f"got {self.n_gpu_layers}")
         for name, value, allowed in (("flash_attn", self.flash_attn, FLASH_ATTN_MODES),
                                      ("kv_cache_type", self.kv_cache_type, KV_CACHE_TYPES),
                                      ("ctx_policy", self.ctx_policy, CTX_POLICIES),

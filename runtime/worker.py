@@ -223,12 +223,17 @@ class LoadedModel:
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
-            err = ModelLoadFailed(str(e))
+            err = ModelLoadFailed(f"{e}" + ("; the model is reloaded for the next request" if e.fatal else ""))
             for entry in step.entries:
                 with self._lock:
                     trim = self.policy.release(entry.job, keep_cache=False)
-                self._trim(trim)
+                if not e.fatal:
+                    self._trim(trim)
                 self._finish(entry.job, "error", err)
+            if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
+                log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
+                with self._lock:
+                    self._closing = self._closing or f"decode failed: {e}"
             return
         with self._lock:
             self.policy.decoded(step)

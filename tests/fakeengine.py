@@ -16,7 +16,8 @@ Model references: `fake://NAME[?key=value&...]` with keys
     embed_delay_ms=N  sleep this long in every embedding pack instead
     fim=1             give the vocabulary fill-in-the-middle tokens
     n_ctx_train=N     the trained context (default 4096)
-    fail_decode=N     the N-th decode call (1-based) fails
+    fail_decode=N     the N-th decode call (1-based, counted across reloads) fails
+    fatal=1           ... as a device error would (the model is closed and reloaded)
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class FakeSettings:
     fim: bool = False
     n_ctx_train: int = 4096
     fail_decode: int | None = None
+    fatal: bool = False
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -64,7 +66,7 @@ class FakeSettings:
                    delay_ms=float(q.get("delay_ms", 0)), fim=q.get("fim") == "1",
                    embed_delay_ms=float(q["embed_delay_ms"]) if "embed_delay_ms" in q else None,
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
-                   fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None)
+                   fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1")
 
 
 class FakeVocab:
@@ -138,8 +140,10 @@ class FakeBackend:
     embed_pack_tokens = 32
     embed_pack_texts = 8
 
-    def __init__(self, weights: FakeWeights, spec):
+    def __init__(self, weights: FakeWeights, spec, decode_counter: dict | None = None):
         self.weights = weights
+        self.decode_counter = decode_counter if decode_counter is not None else {}
+        self.path = spec.path
         self.settings = weights.settings
         self.n_ctx_seq = spec.n_ctx
         self.kv: dict[int, list[int]] = {i: [] for i in range(spec.n_parallel)}
@@ -163,10 +167,11 @@ class FakeBackend:
     def decode(self, step) -> None:
         self._same_thread()
         self.decodes += 1
+        self.decode_counter[self.path] = self.decode_counter.get(self.path, 0) + 1
         if self.settings.delay_ms:
             time.sleep(self.settings.delay_ms / 1000.0)
-        if self.settings.fail_decode == self.decodes:
-            raise DecodeFailed("fake decode failure")
+        if self.settings.fail_decode == self.decode_counter[self.path]:
+            raise DecodeFailed("fake decode failure", fatal=self.settings.fatal)
         self.batch_sizes.append(step.n_tokens)
         self.rows = {}   # batch index -> the sequence's tokens up to it (what its logits depend on)
         n = 0
@@ -236,6 +241,7 @@ class FakeEngine:
     name: str = "fake"
     loads: int = 0
     backends: list = field(default_factory=list)
+    decodes: dict = field(default_factory=dict)   # decode calls per model reference, across reloads
 
     def check(self, spec) -> None:
         FakeSettings.parse(spec.path)
@@ -251,7 +257,7 @@ class FakeEngine:
         return FakeWeights(spec, FakeSettings.parse(spec.path))
 
     def open(self, weights: FakeWeights, spec) -> FakeBackend:
-        b = FakeBackend(weights, spec)
+        b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
         return b
 

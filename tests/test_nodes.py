@@ -20,7 +20,7 @@ import pytest
 import comfyui_a3b
 from comfyui_a3b.nodes import core, defs
 from comfyui_a3b.nodes.v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, input_types
-from comfyui_a3b.runtime import LoadSpec, add_model_dir
+from comfyui_a3b.runtime import LoadSpec, add_model_dir, get_runtime
 from comfyui_a3b.runtime.errors import (Cancelled, InvalidRequest, ModelNotFound, PathNotAllowed,
                                         PromptTooLong)
 
@@ -260,8 +260,11 @@ def test_gpu_layers_on_a_cpu_build_says_how_to_fix():
 
     if system_info()["gpu_offload"]:
         pytest.skip("this llama-cpp-python has GPU offload; the CPU-only refusal does not apply")
-    with pytest.raises(core.NodeError, match="n_gpu_layers to 0"):
+    with pytest.raises(InvalidRequest, match="built for the CPU only. Use n_gpu_layers 0"):
         node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "n_gpu_layers": 10})
+    # auto (the default) means the CPU here, with the reason in the model's status
+    h = node("A3BLoader").run(unique_id="1", **defs.LOADER.defaults())["result"][0]
+    assert h.n_gpu_layers == "auto" and get_runtime().load(h).info.n_gpu_layers == 0
 
 
 def test_keep_ratio_errors(monkeypatch):

@@ -229,6 +229,17 @@ def test_a_failed_decode_fails_its_requests_and_the_model_survives(rt):
     assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
 
 
+def test_a_device_error_fails_the_step_closes_the_model_and_the_next_request_reloads(rt, fake_engine):
+    spec = rt.spec("fake://m?fail_decode=1&fatal=1")
+    first = rt.load(spec)
+    loads = fake_engine.loads
+    with pytest.raises(ModelLoadFailed, match="reloaded for the next request"):
+        rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    wait_until(lambda: first.closed.is_set(), what="the failed model to close")
+    assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
+    assert fake_engine.loads == loads + 1 and rt.loaded(spec) is not first
+
+
 def test_bad_requests_get_clear_errors(rt):
     spec = rt.spec("fake://m", n_ctx=32)
     with pytest.raises(PromptTooLong, match="context holds 32"):

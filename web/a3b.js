@@ -55,7 +55,13 @@ export function renderStatus(st) {
   const items = models.map((m) => `
       <li title="${escapeHtml(m.path)}"><b>${escapeHtml(m.name)}</b><br>
         ${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")} &middot; ${fmtBytes(m.weights_bytes)}
-        + KV ${fmtBytes(m.kv_bytes)} &middot; n_ctx ${m.spec?.n_ctx} &middot; ${m.busy ? "busy" : "idle"}</li>`).join("");
+        + KV ${fmtBytes(m.kv_bytes)} &middot; n_ctx ${m.spec?.n_ctx} &middot; ${m.busy ? "busy" : "idle"}
+        ${m.offload ? `<br><small>${escapeHtml(m.offload)}</small>` : ""}</li>`).join("");
+  const vram = st.vram;
+  const vramLine = vram && !vram.error
+    ? `VRAM policy: <b>${escapeHtml(vram.policy)}</b> (A3B_VRAM_POLICY)`
+      + (vram.managed && vram.managed.length ? `, ${vram.managed.length} model(s) in ComfyUI's model management` : "")
+    : "";
   let lspLine = "in-process language server: off";
   if (lsp && !lsp.error && lsp.running !== false) {
     const addr = lsp.address || [lsp.host, lsp.port].filter((x) => x != null).join(":") || lsp.url || "";
@@ -73,6 +79,7 @@ export function renderStatus(st) {
         ${st.budget_bytes ? ` of ${fmtBytes(st.budget_bytes)} budget` : ""}</div>
       <div>llama-cpp-python ${escapeHtml(st.llama_cpp_python)}; loads ${st.weight_loads}, cache hits ${st.cache_hits}, evictions ${st.evictions}</div>
       <div class="a3b-lsp">${lspLine}</div>
+      ${vramLine ? `<div class="a3b-vram">${vramLine}</div>` : ""}
       ${models.length ? `<ul class="a3b-models">${items}</ul>` : "<div><i>no model loaded</i></div>"}
       <button class="a3b-unload">Unload A3B models</button>
     </div>`;

@@ -6,19 +6,21 @@ backend.py   contexts for one LoadSpec: decode, sample, embed
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
+from ..errors import InvalidRequest
 from ..gguf_info import check_header
 from ..options import LoadSpec
+from . import offload
+from .devices import gpus
 from ..serving import serving_path
 from .backend import LlamaBackend, context_params, thread_counts
 from .binding import GGML_TYPES, fill_batch, llama, llama_cpp_version, sequence, system_info
 from .weights import Weights, probe_architecture, unsupported_error
 
-#: bytes per KV cache element, by KV cache type
-_KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-             "q4_1": 20 / 32, "q4_0": 18 / 32}
+log = logging.getLogger("a3b.llama")
 
 
 class LlamaEngine:
@@ -41,16 +43,48 @@ class LlamaEngine:
 
     def load_weights(self, spec: LoadSpec) -> Weights:
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
-        return Weights(load_path, n_gpu_layers=spec.n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name)
+        n_gpu_layers, how = gpu_layers(load_path, spec)
+        return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
+                       offload=how)
 
     def open(self, weights: Weights, spec: LoadSpec) -> LlamaBackend:
         return LlamaBackend(weights, spec)
 
+    def gpus(self) -> list:
+        return gpus()
+
+    def gpu_bytes(self, spec: LoadSpec) -> int:
+        """GPU memory the whole model would take with this spec (weights, KV cache, compute)."""
+        layers, output, meta = offload.model_sizes(spec.path)
+        kv = offload.kv_bytes_per_layer(meta, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
+        return sum(layers) + output + kv + offload.FIXED_RESERVE
+
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
         """Size of the generation context's KV cache for this spec (all slots, all cells)."""
         n_embd_kv = weights.n_embd * (weights.n_head_kv or weights.n_head) // max(weights.n_head, 1)
-        per_token = weights.n_layer * 2 * n_embd_kv * _KV_BYTES.get(spec.kv_cache_type, 2)
+        per_token = weights.n_layer * 2 * n_embd_kv * offload.KV_BYTES.get(spec.kv_cache_type, 2)
         return int(per_token * spec.n_ctx * spec.n_parallel)
+
+
+def gpu_layers(path, spec: LoadSpec) -> tuple[int, str]:
+    """The n_gpu_layers to load `path` with, and a line saying why."""
+    n = spec.n_gpu_layers
+    if n == "auto":
+        found = gpus()
+        if not found:
+            why = ("CPU only: this llama-cpp-python has no GPU backend" if not llama().llama_supports_gpu_offload()
+                   else "CPU only: no GPU found")
+            return 0, why
+        p = offload.plan(path, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
+                         kv_cache_type=spec.kv_cache_type, free_bytes=found[0].free_bytes)
+        log.info("%s: %s", Path(path).name, p.describe())
+        return p.n_gpu_layers, f"auto: {p.describe()}"
+    if n != 0 and not llama().llama_supports_gpu_offload():
+        raise InvalidRequest(
+            f"n_gpu_layers={n} asks for the GPU, but the installed llama-cpp-python was built for the CPU only. "
+            "Use n_gpu_layers 0 (or 'auto'), or install a GPU build: see the README's GPU section "
+            "(CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python).")
+    return n, ("CPU only" if n == 0 else f"{'all' if n < 0 else n} layers on the GPU, as asked")
 
 
 ENGINE = LlamaEngine()

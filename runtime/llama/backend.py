@@ -115,8 +115,10 @@ class LlamaBackend:
                                 for e in step.entries for k, t in enumerate(e.tokens())))
         rc = L.llama_decode(self.ctx, self.batch)
         if rc != 0:
-            # 1 = no KV slot: should not happen since each sequence owns n_ctx cells
-            raise DecodeFailed(f"llama_decode failed with code {rc}")
+            # 1 = no KV slot (should not happen: each sequence owns n_ctx cells), 2 = aborted,
+            # -1 = invalid batch, below: a backend error (a device out of memory, say), after which
+            # the context is not to be trusted
+            raise DecodeFailed(f"llama_decode failed with code {rc}", fatal=rc < -1)
 
     def new_sampler(self, sp, seed: int):
         L = llama()

@@ -72,7 +72,8 @@ def probe_architecture(path) -> tuple[bool, str]:
 class Weights:
     """A loaded llama_model and its vocabulary (the `Vocab` of engine.py)."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None):
+    def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None,
+                 offload: str = ""):
         vet.check_file(path)   # first load of a file: in a child process, see runtime/vet.py
         L = llama()
         self.path = Path(path)
@@ -113,7 +114,8 @@ class Weights:
             file_type=FILE_TYPES.get(int(ftype), ftype) if ftype and ftype.isdigit() else ftype,
             n_ctx_train=self.n_ctx_train, n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer,
             size_bytes=self.size_bytes, chat_template=self.meta("tokenizer.chat_template"),
-            special_tokens=self.special_tokens(), add_bos=self.add_bos)
+            special_tokens=self.special_tokens(), add_bos=self.add_bos, n_gpu_layers=int(n_gpu_layers),
+            offload=offload)
 
     @property
     def vocab(self) -> Weights:

@@ -1,0 +1,90 @@
+"""The compute devices llama.cpp sees (CPU, CUDA GPUs, ...) and their free memory.
+
+llama-cpp-python does not bind ggml's device API, so the few functions needed are bound here from
+the ggml library it ships (`libggml` beside `libllama`): `ggml_backend_dev_count/get/name/
+description/type/memory`. llama.cpp registers its backends when `llama_backend_init` runs (see
+binding.llama()), so the list is only read after that. A CPU-only build lists the CPU alone.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from dataclasses import dataclass
+
+from .binding import llama
+
+#: enum ggml_backend_dev_type
+DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+_lib = None
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    name: str            # e.g. "CUDA0"
+    description: str     # e.g. "NVIDIA H200"
+    type: str            # cpu | gpu | igpu | accel
+    free_bytes: int
+    total_bytes: int
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.type in ("gpu", "igpu")
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "description": self.description, "type": self.type,
+                "free_bytes": self.free_bytes, "total_bytes": self.total_bytes}
+
+
+def _ggml():
+    """ctypes handle of the ggml library llama-cpp-python loaded, with the device API declared."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    L = llama()
+    folder = os.path.join(os.path.dirname(L.__file__), "lib")
+    names = sorted(glob.glob(os.path.join(folder, "libggml.so*")) + glob.glob(os.path.join(folder, "libggml.dylib"))
+                   + glob.glob(os.path.join(folder, "ggml.dll")))
+    if not names:
+        raise OSError(f"no ggml library next to llama-cpp-python in {folder}")
+    lib = ctypes.CDLL(names[0])
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        getattr(lib, fn).restype = ctypes.c_char_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    _lib = lib
+    return lib
+
+
+def devices() -> list[Device]:
+    """Every device llama.cpp can use, with its free and total memory now."""
+    lib = _ggml()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(Device(i, (lib.ggml_backend_dev_name(dev) or b"").decode(),
+                          (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                          DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                          int(free.value), int(total.value)))
+    return out
+
+
+def gpus() -> list[Device]:
+    """The GPUs llama.cpp can offload to (empty on a CPU-only build or a machine without one)."""
+    if not llama().llama_supports_gpu_offload():
+        return []
+    try:
+        return [d for d in devices() if d.is_gpu]
+    except OSError:
+        return []

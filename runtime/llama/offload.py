@@ -1,0 +1,123 @@
+"""How many layers to put on the GPU: `n_gpu_layers="auto"`.
+
+The estimate reads the GGUF's tensor index (gguf_info.scan_header: sizes exactly as stored, every
+quantisation type included) and the load options:
+
+* each layer's weights (the `blk.N.*` tensors) and its share of the KV cache (n_ctx x n_parallel
+  cells of K and V for that layer, in the KV cache type);
+* the output layer (`output.weight`, `output_norm`), which llama.cpp puts on the GPU only when every
+  layer is there (n_gpu_layers = n_layer + 1);
+* a compute reserve: llama.cpp's scratch buffers grow with the batch and the vocabulary
+  (the logits of a batch), plus a fixed margin for the CUDA context itself.
+
+llama.cpp offloads the last layers first, so the plan fills the free memory from the top layer
+down. It is an estimate: llama.cpp's own buffers can differ by some percent, hence the margin.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..gguf_info import scan_header
+
+#: bytes per KV cache element, by KV cache type
+KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+            "q4_1": 20 / 32, "q4_0": 18 / 32}
+#: CUDA context, cuBLAS workspaces and fragmentation: kept free whatever the model
+FIXED_RESERVE = 600 << 20
+_BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass
+class OffloadPlan:
+    n_gpu_layers: int            # what to give llama.cpp (n_layer + 1 = every layer and the output)
+    n_layer: int
+    gpu_bytes: int               # estimated device memory of the plan
+    free_bytes: int              # device memory free when planning
+    layer_bytes: int             # weights + KV of one (average) layer
+    reason: str
+
+    def describe(self) -> str:
+        return (f"{min(self.n_gpu_layers, self.n_layer)}/{self.n_layer} layers"
+                f"{' + output' if self.n_gpu_layers > self.n_layer else ''} on the GPU "
+                f"(about {self.gpu_bytes / 2**30:.1f} GiB of {self.free_bytes / 2**30:.1f} GiB free): {self.reason}")
+
+
+def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        block_size, block_bytes = 1, 2
+    n = 1
+    for d in shape:
+        n *= d
+    return int(n // block_size * block_bytes)
+
+
+def model_sizes(path) -> tuple[list[int], int, dict]:
+    """(bytes of each layer's weights, bytes of the output layer, metadata)."""
+    scan = scan_header(path)
+    meta = scan.metadata
+    arch = meta.get("general.architecture", "")
+    n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
+    layers = [0] * n_layer
+    output = embedding = 0
+    has_output = False
+    for name, shape, ttype, _ in scan.tensors:
+        m = _BLK.match(name)
+        size = tensor_bytes(shape, ttype)
+        if m and int(m.group(1)) < n_layer:
+            layers[int(m.group(1))] += size
+        elif name.startswith("output"):
+            output += size
+            has_output = has_output or name == "output.weight"
+        elif name == "token_embd.weight":
+            embedding = size
+    if not has_output:
+        output += embedding   # tied embeddings: the output layer on the GPU is a copy of token_embd
+    return layers, output, meta
+
+
+def kv_bytes_per_layer(meta: dict, n_cells: int, kv_type: str) -> int:
+    arch = meta.get("general.architecture", "")
+
+    def k(key, default=None):
+        v = meta.get(f"{arch}.{key}", default)
+        return v[0] if isinstance(v, list) and v else v   # some GGUFs store per-layer arrays
+
+    n_embd = int(k("embedding_length", 0) or 0)
+    n_head = int(k("attention.head_count", 1) or 1)
+    n_head_kv = int(k("attention.head_count_kv", n_head) or n_head)
+    key_len = int(k("attention.key_length", n_embd // max(n_head, 1)) or 0)
+    val_len = int(k("attention.value_length", key_len) or 0)
+    return int(n_cells * n_head_kv * (key_len + val_len) * KV_BYTES.get(kv_type, 2))
+
+
+def plan(path, *, n_ctx: int, n_parallel: int, n_batch: int, kv_cache_type: str, free_bytes: int,
+         reserve_bytes: int = 0) -> OffloadPlan:
+    """The most layers that fit in `free_bytes` (minus the reserves), from the top layer down."""
+    layers, output, meta = model_sizes(path)
+    n_layer = len(layers)
+    arch = meta.get("general.architecture", "")
+    n_vocab = int(meta.get(f"{arch}.vocab_size", 0) or 0) or 32000
+    kv_layer = kv_bytes_per_layer(meta, n_ctx * n_parallel, kv_cache_type)
+    compute = FIXED_RESERVE + 2 * max(n_batch, n_parallel) * n_vocab * 4 + reserve_bytes
+    budget = free_bytes - compute
+    used, n = 0, 0
+    for size in reversed(layers):             # llama.cpp offloads the last layers first
+        if used + size + kv_layer > budget:
+            break
+        used += size + kv_layer
+        n += 1
+    if n == n_layer and used + output <= budget:
+        used += output
+        n = n_layer + 1                        # the output layer too
+        reason = "the whole model fits"
+    elif n == 0:
+        reason = "not even one layer fits next to the compute buffers"
+    else:
+        reason = "as many layers as fit in the free memory"
+    per_layer = (sum(layers) // max(n_layer, 1)) + kv_layer
+    return OffloadPlan(n, n_layer, used + (compute if n else 0), free_bytes, per_layer, reason)
