@@ -83,10 +83,11 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
-    def quant(name: str, rows: int, cols: int, scale: float = 0.002):
+    def quant(name: str, rows: int, cols: int, scale: float = 0.002, zero_rows: int = 0):
         # raw quantised bytes, one row of blocks per matrix row; gguf derives the shape from them
-        w.add_tensor(name, q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1),
-                     raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        blocks = q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1)
+        blocks[:zero_rows] = 0   # scale 0: these rows compute 0
+        w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
 
     def ones(name: str, n: int):
         w.add_tensor(name, np.ones(n, dtype=np.float32))
@@ -94,7 +95,9 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     e, f, hd = s["n_embd"], s["n_ff"], s["head_dim"]
     quant("token_embd.weight", s["n_vocab"], e, 0.01)
     ones("output_norm.weight", e)
-    quant("output.weight", s["n_vocab"], e)
+    # the control tokens' logits are 0, below the largest of the others, so greedy decoding never
+    # ends early at </s> and every request generates the tokens it asks for
+    quant("output.weight", s["n_vocab"], e, zero_rows=3)
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         ones(p + "attn_norm.weight", e)
