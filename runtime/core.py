@@ -50,6 +50,9 @@ class Runtime:
             return spec
         if model is not None and scheme_of(str(model)) is not None:
             path = str(model)   # a registered engine's URL (engine.py): not a file
+            check = getattr(engine_for(path), "check_reference", None)
+            if check is not None:
+                check(path, restrict)
         else:
             path = str(resolve_model(model, restrict=restrict))
         spec = LoadSpec(path=path, **options)
@@ -98,6 +101,9 @@ class Runtime:
     # -- generation ----------------------------------------------------------------------------
     def render_chat(self, model: LoadedModel, msgs: list[dict[str, str]], template: str | None = None) -> str:
         """Chat messages as the prompt text the model expects (its own template, or a named one)."""
+        own = getattr(model, "render_chat", None)   # an engine that applies chat templates itself
+        if own is not None:
+            return own(msgs, template)
         v = model.vocab
         return chatmod.render(msgs, gguf_template=model.info.chat_template, template=template,
                               bos=v.token_text(v.bos) if v.bos >= 0 else "",
@@ -107,16 +113,16 @@ class Runtime:
                messages: list[dict[str, str]] | None = None, chat: bool = True, template: str | None = None,
                max_tokens: int = 512, sampling: SamplingParams | None = None, stop: Sequence[str] = (),
                priority: int = PRIORITY_BATCH, confidence: ConfidenceConfig | None = None,
-               prompt_tokens: list[int] | None = None,
+               prompt_tokens: list[int] | None = None, logprobs: int | None = None,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         """Start a generation and return its stream (iterate it, or call .result())."""
         return self._with_model(model, lambda m: self._submit(
             m, prompt, system=system, messages=messages, chat=chat, template=template, max_tokens=max_tokens,
             sampling=sampling, stop=stop, priority=priority, confidence=confidence, prompt_tokens=prompt_tokens,
-            on_token=on_token))
+            logprobs=logprobs, on_token=on_token))
 
     def _submit(self, m: LoadedModel, prompt: str, *, system, messages, chat, template, max_tokens, sampling,
-                stop, priority, confidence, prompt_tokens, on_token) -> GenerationStream:
+                stop, priority, confidence, prompt_tokens, logprobs, on_token) -> GenerationStream:
         for what, text in (("The prompt", prompt), ("The system prompt", system),
                            *((f"Message #{i}", msg.get("content")) for i, msg in enumerate(messages or [])
                              if isinstance(msg, dict))):
@@ -137,7 +143,8 @@ class Runtime:
             text = ""
         req = GenerationRequest(prompt=text, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
                                 stop=tuple(stop), priority=priority,
-                                confidence=confidence or ConfidenceConfig(), prompt_tokens=prompt_tokens)
+                                confidence=confidence or ConfidenceConfig(), prompt_tokens=prompt_tokens,
+                                logprobs=logprobs)
         return m.submit(req, on_token=on_token)
 
     def generate(self, prompt: str = "", **kwargs: Any) -> GenerationResult:

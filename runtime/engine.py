@@ -96,6 +96,10 @@ class Backend(Protocol):
         """For each (sampler, row of the last decode's outputs, want entropy): the next token, and
         the Shannon entropy (nats) of the model's raw next-token distribution there (or None)."""
 
+    def logprobs(self, row: int, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+        """Log-probability of `token` in row `row` of the last decode (softmax of the raw logits),
+        and the `n` most likely tokens there with theirs, best first."""
+
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
         """Pooled, unnormalised embeddings of a pack of texts, one row each."""
 
@@ -113,6 +117,14 @@ class Engine(Protocol):
 
     def load_weights(self, spec: LoadSpec) -> Weights: ...
     def open(self, weights: Weights, spec: LoadSpec) -> Backend: ...
+
+    # An engine whose model is not driven token by token from here (a remote server) may instead
+    # define `open_model(weights, spec)`, returning an object with worker.LoadedModel's public
+    # surface (info, vocab, spec, name, n_ctx_seq, stats, alive, closed, last_used, submit,
+    # embed_tokens, busy, wake, close); the store then uses it in place of a LoadedModel. It may
+    # also define `check_reference(ref, restrict)`, which Runtime.spec calls for its URLs, and
+    # `prepare(spec)`, which the store calls before a load without holding its lock (network I/O
+    # there would stall every other load in the process).
 
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
         """Memory the backend's caches take for this spec (for the store's budget)."""

@@ -117,6 +117,9 @@ class GenerationRequest:
     add_bos: bool = True
     #: Alternatively, pre-tokenized input (FIM prompts built from special token ids).
     prompt_tokens: list[int] | None = None
+    #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
+    #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
+    logprobs: int | None = None
 
     def validate(self) -> None:
         if self.prompt_tokens is None and not self.prompt:
@@ -128,6 +131,9 @@ class GenerationRequest:
         check_finite("confidence threshold", self.confidence.threshold)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
         if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
             raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
         self.sampling.validate()
@@ -138,6 +144,11 @@ class TokenEvent:
     text: str          # the new text released by this token (may be "" while a stop string is pending)
     token: int
     entropy: float | None
+    #: with GenerationRequest.logprobs: the sampled token's text and log-probability, and the most
+    #: likely alternatives as (text, log-probability), best first
+    piece: str | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[str, float]] | None = None
 
 
 @dataclass
@@ -190,6 +201,8 @@ class GenerationStream:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancel_reason = "cancelled"
+        self._done_callbacks: list[Callable[[GenerationStream], None]] = []
+        self._cb_lock = threading.Lock()
 
     # -- caller side -------------------------------------------------------------------------
     def cancel(self, reason: str = "cancelled") -> None:
@@ -213,6 +226,15 @@ class GenerationStream:
         # A cancelled stream just ends (the canceller knows); other errors surface here.
         if self._error is not None and not isinstance(self._error, Cancelled):
             raise self._error
+
+    def add_done_callback(self, fn: Callable[[GenerationStream], None]) -> None:
+        """Call fn(stream) once the stream has finished (at once if it has): lets an event loop wait
+        for the end without a thread blocked in result()."""
+        with self._cb_lock:
+            if not self._done.is_set():
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
 
     def text_chunks(self) -> Iterator[str]:
         for ev in self:
@@ -245,7 +267,16 @@ class GenerationStream:
             return
         self._result, self._error = result, error
         self._events.put(None)
-        self._done.set()
+        with self._cb_lock:
+            self._done.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                import logging
+
+                logging.getLogger("a3b").exception("done callback failed")
 
 
 class TextAssembler:

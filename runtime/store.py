@@ -57,6 +57,9 @@ class ModelStore:
 
     def get(self, spec: LoadSpec) -> LoadedModel:
         """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
+        prepare = getattr(engine_for(spec.path), "prepare", None)
+        if prepare is not None and self.peek(spec) is None:
+            prepare(spec)   # an engine's slow part (a remote server's answers) outside the store's lock
         with self._lock:
             e = self._entries.get(spec)
             if e is not None:
@@ -110,7 +113,8 @@ class ModelStore:
                 warnings.append(msg)
             kv = engine.kv_bytes(w, spec)
             self._make_room(kv, keep=key)
-            model = LoadedModel(w, engine.open(w, spec), spec)
+            opener = getattr(engine, "open_model", None)   # engines not driven token by token here
+            model = opener(w, spec) if opener is not None else LoadedModel(w, engine.open(w, spec), spec)
         except BaseException:
             if self._refs.get(key, 0) == 0:
                 self._weights.pop(key, None)
@@ -165,11 +169,11 @@ class ModelStore:
 
     @staticmethod
     def _finalize(todo: list) -> None:
-        for obj in todo:  # models first (their contexts), then the weights they used
-            if isinstance(obj, LoadedModel):
-                obj.closed.wait()
+        models = [obj for obj in todo if hasattr(obj, "submit")]   # a LoadedModel, or an engine's own model
+        for obj in models:  # models first (their contexts), then the weights they used
+            obj.closed.wait()
         for obj in todo:
-            if not isinstance(obj, LoadedModel):
+            if obj not in models:
                 obj.free()  # waits for threads still inside a vocabulary call
         if todo:
             memory.release(force=True)

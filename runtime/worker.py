@@ -246,9 +246,13 @@ class LoadedModel:
                 e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed)
         sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
         for e, (tok, ent) in zip(outs, sampled):
-            self._took(e.job, tok, ent, now)
+            lp = None
+            if e.job.req.logprobs is not None and not self.vocab.is_eog(tok):
+                lp = self.backend.logprobs(e.output, tok, e.job.req.logprobs)
+            self._took(e.job, tok, ent, now, lp)
 
-    def _took(self, job: GenJob, tok: int, ent: float | None, now: float) -> None:
+    def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
+              lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
         """A sampled token: stream its text, and finish the request at EOG, a stop string or a limit."""
         if job.t_first is None:
             job.t_first = now
@@ -260,8 +264,13 @@ class LoadedModel:
                 job.asm.entropies.append(ent)
             return self._finish_slot(job, "stop")
         job.seq.append(tok)
-        text = job.asm.add(self.vocab.piece(tok), ent)
-        job.stream._emit(TokenEvent(text, tok, ent))
+        piece = self.vocab.piece(tok)
+        text = job.asm.add(piece, ent)
+        if lp is None:
+            job.stream._emit(TokenEvent(text, tok, ent))
+        else:
+            top = [(self.vocab.piece(t).decode("utf-8", "replace"), v) for t, v in lp[1]]
+            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top))
         if job.asm.stopped:
             return self._finish_slot(job, "stop")
         if job.n_gen >= job.req.max_tokens or len(job.seq) >= self.n_ctx_seq:

@@ -219,6 +219,11 @@ class FakeBackend:
             tok = OFFSET + ord("A") + sampler["rng"].randrange(26)
         return tok
 
+    def logprobs(self, row: int, token: int, n: int):
+        self._history(row)   # KeyError: a row the step did not ask logits for
+        alts = [token] + [OFFSET + b for b in b"xyz" if OFFSET + b != token]
+        return -0.1, [(t, -0.1 if t == token else -3.0 - i) for i, t in enumerate(alts[:n])]
+
     def _entropy(self, row: int) -> float:
         # uncertain after a digit, sure otherwise: lets tests place low-confidence spans
         last = self._history(row)[-1]

@@ -166,6 +166,17 @@ class LlamaBackend:
             ent = entropy(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,)))
         return L.llama_sampler_sample(sampler, self.ctx, row), ent
 
+    def logprobs(self, row: int, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+        logits = np.ctypeslib.as_array(llama().llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,))
+        z = logits - logits.max()
+        lse = float(np.log(np.exp(z).sum()))
+        top: list[tuple[int, float]] = []
+        if n > 0:
+            idx = np.argpartition(-z, min(n, len(z) - 1))[:n]
+            idx = idx[np.argsort(-z[idx])]
+            top = [(int(i), float(z[i]) - lse) for i in idx]
+        return float(z[token]) - lse, top
+
     def sample_rows(self, rows):
         """Sample every row; in parallel threads when there are several.
 
