@@ -39,8 +39,11 @@ class NodeError(A3BError):
 
 # -- models ------------------------------------------------------------------------------------
 def model_choices() -> list[str]:
-    """The model dropdown: the embedded default first, then every .gguf in the model folders."""
-    return [DEFAULT_CHOICE] + [m for m in list_models() if not m.startswith("loras/")]
+    """The model dropdown: the embedded default first, the servers listed in $A3B_REMOTE_MODELS,
+    then every .gguf in the model folders."""
+    from ..runtime.remote import listed
+
+    return [DEFAULT_CHOICE] + listed() + [m for m in list_models() if not m.startswith("loras/")]
 
 
 def lora_choices(folders: Sequence[str | os.PathLike] = ()) -> list[str]:

@@ -27,12 +27,13 @@ else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
     from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
-                   scheduler, serving, store, vet, worker)
+                   remote, scheduler, serving, store, vet, worker)
     from .core import Runtime, get_runtime
     from .engine import ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
                          InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
-                         NotGGUF, PathNotAllowed, PromptTooLong, TruncatedGGUF, UnsupportedArchitecture)
+                         NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError, RemoteProtocolError,
+                         RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture)
     from .generation import (PRESETS, ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
                              LowConfidenceSpan, SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
@@ -46,7 +47,8 @@ else:
         "EmbeddingsUnsupported", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
         "InvalidRequest", "LlamaCppUnavailable", "LoadSpec", "LoadedModel", "LowConfidenceSpan",
         "ModelInfo", "ModelLoadFailed", "ModelNotFound", "ModelUnloaded", "NotGGUF", "PRESETS",
-        "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "Runtime",
+        "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "RemoteAuthFailed",
+        "RemoteError", "RemoteProtocolError", "RemoteUnreachable", "Runtime",
         "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "add_model_dir",
         "default_model_path", "get_runtime", "inspect_gguf", "list_models", "preset", "register_engine",
         "resolve_model", "sha256_file", "unregister_engine", "verify_sha256",

@@ -77,3 +77,23 @@ class ModelUnloaded(A3BError):
 
 class EmbeddingsUnsupported(A3BError):
     code = "embeddings_unsupported"
+
+
+class RemoteError(A3BError):
+    """An OpenAI-compatible server used as a remote engine failed; the message names the server."""
+
+    code = "remote_error"
+
+
+class RemoteUnreachable(RemoteError):
+    code = "remote_unreachable"
+
+
+class RemoteAuthFailed(RemoteError):
+    code = "remote_auth_failed"
+
+
+class RemoteProtocolError(RemoteError):
+    """The server does not answer as an OpenAI-compatible server does, or broke off an answer."""
+
+    code = "remote_protocol_error"
