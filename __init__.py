@@ -7,7 +7,7 @@ language server and the CLI import the same package outside ComfyUI.
 Inside ComfyUI (its modules are already loaded when it imports custom nodes) the pack offers V3
 nodes through `comfy_entrypoint` when the running ComfyUI has the V3 API, V1 mappings otherwise,
 registers models/LLM, its HTTP routes and the "Unload models" hook, and may start the in-process
-language server.
+language server and the OpenAI-compatible server (`A3B_LSP`, `A3B_SERVE`).
 """
 import logging as _logging
 import sys as _sys
@@ -48,6 +48,18 @@ def _start_language_server() -> None:
         _log.warning("[comfyui-a3b] in-process language server not started: %s: %s", type(e).__name__, e)
 
 
+def _start_http_server() -> None:
+    """Start `a3b serve` inside ComfyUI if $A3B_SERVE asks for it (off by default); never fail the pack."""
+    try:
+        from .serve import inprocess
+
+        info = inprocess.maybe_start()
+        if info:
+            _log.info("[comfyui-a3b] OpenAI-compatible server listening: %s", info["url"])
+    except Exception as e:  # noqa: BLE001  (a missing or broken optional part must not stop the nodes)
+        _log.warning("[comfyui-a3b] in-process OpenAI-compatible server not started: %s: %s", type(e).__name__, e)
+
+
 def _setup_comfyui() -> None:
     from .nodes import comfy
 
@@ -66,6 +78,7 @@ def _setup_comfyui() -> None:
         _log.warning("[comfyui-a3b] HTTP routes not registered: %s", e)
     _check_llama_cpp()
     _start_language_server()
+    _start_http_server()
 
 
 if _inside_comfyui():

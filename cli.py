@@ -1,4 +1,4 @@
-"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, prune.
+"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
 server together, which runtime/ itself must not do.
@@ -37,6 +37,8 @@ examples:
   a3b embed "first text" "second text" --npy vectors.npy
   a3b inspect model.gguf
   a3b lsp --tcp 127.0.0.1:7011 --token SECRET
+  a3b serve --http 127.0.0.1:8080
+  a3b generate "Hello" --model http://gpu-box:8080/v1#qwen3-30b-a3b
   a3b prune model.gguf --keep 0.63 --out model.a3b.gguf
 
 `a3b COMMAND --help` documents every option of a command and its default.
@@ -76,7 +78,8 @@ class HelpFormatter(argparse.HelpFormatter):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     """The model and its load options; the defaults are LoadSpec's."""
     p.add_argument("--model", "-m", default=None,
-                   help="GGUF path, or a name in ComfyUI's models/LLM or $A3B_MODELS "
+                   help="GGUF path, a name in ComfyUI's models/LLM or $A3B_MODELS, or an OpenAI-compatible "
+                        "server's URL http(s)://HOST:PORT/v1[#MODEL] (API key: $A3B_REMOTE_API_KEY) "
                         "(default: the embedded SmolLM2-135M)")
     p.add_argument("--n-ctx", type=int, default=LoadSpec.n_ctx, metavar="N",
                    help="context tokens per request: prompt and answer together")
@@ -316,6 +319,31 @@ def cmd_lsp(args) -> int:
                              "another port.") from e
 
 
+def cmd_serve(args) -> int:
+    # The HTTP server is an adapter over the runtime, imported only by this command.
+    import socket
+
+    from .runtime import get_runtime
+    from .serve import Server, parse_address
+
+    rt = get_runtime()
+    spec = _spec(rt, args)
+    if args.parallel is not None:
+        spec = rt.spec(spec, n_parallel=args.parallel)
+    host, port = parse_address(args.http)
+    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name)
+    rt.load(spec)   # errors now, not at the first request
+    try:   # a clear line now rather than a log line from the HTTP server later
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, port))
+    except OSError as e:
+        raise InvalidRequest(f"Cannot listen on {args.http}: {e.strerror or e}; choose another address or port.") from e
+    print(f"a3b serve: {srv.cfg.model_id} on http://{args.http}/v1"
+          + (" (bearer token required)" if srv.cfg.token else ""), file=sys.stderr, flush=True)
+    srv.run()
+    return 0
+
+
 def cmd_prune(args) -> int:
     return prune_cli.run(args)
 
@@ -432,6 +460,27 @@ def _add_lsp(sub) -> None:
     lsp.set_defaults(func=cmd_lsp)
 
 
+def _add_serve(sub) -> None:
+    sv = _command(sub, "serve", "serve the model over the OpenAI API",
+                  "Serve the model over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions, "
+                  "/v1/completions, /v1/embeddings) and llama-server's /infill, /tokenize, /props and /health, "
+                  "for Open WebUI, Continue, Zed, the openai client, llama.vim and llama.vscode. Loopback only "
+                  "unless a token is given; browser Origins are refused unless allowed.")
+    sv.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
+                    help="address to listen on; a non-loopback host needs --token")
+    _add_model_args(sv)
+    sv.add_argument("--parallel", type=int, default=None, metavar="N",
+                    help=f"sequence slots: requests decoded together (default: {LoadSpec.n_parallel})")
+    sv.add_argument("--token", default=None,
+                    help="bearer token every request must carry (default: $A3B_SERVE_TOKEN; without either, "
+                         "any local user can connect)")
+    sv.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                    help="a browser Origin allowed to call the server, e.g. http://localhost:3000 (repeatable; "
+                         "default: none, every browser page is refused)")
+    sv.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
+    sv.set_defaults(func=cmd_serve)
+
+
 def _add_prune(sub) -> None:
     pr = _command(sub, "prune", "A3B gated-FFN pruning (needs the 'prune' extra: torch)", prune_cli.DESCRIPTION)
     prune_cli.add_arguments(pr)
@@ -443,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and runtime details to stderr")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
-    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_prune):
+    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune):
         add(sub)
     return p
 

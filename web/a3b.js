@@ -72,6 +72,15 @@ export function renderStatus(st) {
   } else if (lsp && lsp.error) {
     lspLine = `in-process language server: error: ${escapeHtml(lsp.error)}`;
   }
+  const srv = st.serve;
+  let serveLine = "OpenAI-compatible server: off (A3B_SERVE)";
+  if (srv && !srv.error) {
+    serveLine = `OpenAI-compatible server: <code>${escapeHtml(String(srv.url))}</code>`
+      + ` serving ${escapeHtml(String(srv.model))}${srv.token ? ", token required" : ""}`
+      + `, ${escapeHtml(String(srv.requests))} request(s)`;
+  } else if (srv && srv.error) {
+    serveLine = `OpenAI-compatible server: error: ${escapeHtml(srv.error)}`;
+  }
   return `
     <div class="a3b-status">
       <h3>A3B runtime</h3>
@@ -79,6 +88,7 @@ export function renderStatus(st) {
         ${st.budget_bytes ? ` of ${fmtBytes(st.budget_bytes)} budget` : ""}</div>
       <div>llama-cpp-python ${escapeHtml(st.llama_cpp_python)}; loads ${st.weight_loads}, cache hits ${st.cache_hits}, evictions ${st.evictions}</div>
       <div class="a3b-lsp">${lspLine}</div>
+      <div class="a3b-serve">${serveLine}</div>
       ${vramLine ? `<div class="a3b-vram">${vramLine}</div>` : ""}
       ${models.length ? `<ul class="a3b-models">${items}</ul>` : "<div><i>no model loaded</i></div>"}
       <button class="a3b-unload">Unload A3B models</button>

@@ -1,0 +1,592 @@
+"""The OpenAI-compatible HTTP API over the runtime, as a Starlette (ASGI) application.
+
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both streaming
+as server-sent events), `POST /v1/embeddings`, llama-server's `POST /infill`, `POST /tokenize`,
+`GET /props` and `GET /health`. Every request goes through the process's one runtime, so the
+weights that ComfyUI or the language server hold serve these clients too, in the same scheduler:
+`/infill` is interactive (an editor waits for it), the rest batch.
+
+The host process must survive any client: every body is checked before it reaches the runtime, a
+runtime error becomes an OpenAI-shaped error answer, and a client that goes away cancels its
+generation between two tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
+from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
+from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
+from ..runtime.options import LoadSpec
+
+log = logging.getLogger("a3b.serve")
+
+#: Largest request body read (a chat with a long context is well below it).
+MAX_BODY = 16 << 20
+DEFAULT_MAX_TOKENS = 512
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass
+class ServeConfig:
+    spec: LoadSpec
+    #: the model's id in /v1/models and the names a request's "model" may give
+    model_id: str
+    token: str | None = None
+    #: browser Origins allowed (CORS); any other Origin is refused, as is any Origin when empty
+    origins: tuple[str, ...] = ()
+    #: bound to a loopback address: then the Host header must name the loopback too (a web page
+    #: that rebinds its own name to 127.0.0.1 cannot reach the server)
+    loopback: bool = True
+    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "errors": 0, "disconnects": 0})
+
+
+def model_id(spec: LoadSpec) -> str:
+    """A model's id over the API: the file's stem, or the model name of a remote reference."""
+    if "://" in spec.path:
+        frag = spec.path.partition("#")[2]
+        return frag or spec.path.split("://", 1)[1].split("/", 1)[0]
+    return Path(spec.path).stem
+
+
+# -- errors ------------------------------------------------------------------------------------------
+def error(status: int, message: str, code: str = "invalid_request_error", kind: str = "invalid_request_error",
+          headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status,
+                        headers=headers)
+
+
+def a3b_error(e: A3BError) -> JSONResponse:
+    if isinstance(e, PromptTooLong):
+        return error(400, str(e), "context_length_exceeded")
+    if isinstance(e, ModelNotFound):
+        return error(404, str(e), "model_not_found")
+    if isinstance(e, InvalidRequest):
+        return error(400, str(e), e.code)
+    return error(500 if not isinstance(e, Cancelled) else 499, str(e), e.code, "server_error")
+
+
+class Guard:
+    """Bearer token, Host and Origin checks in front of every endpoint (plain ASGI, so streaming
+    responses pass through untouched)."""
+
+    def __init__(self, app, cfg: ServeConfig):
+        self.app, self.cfg = app, cfg
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = self.refusal(scope, headers)
+        if refusal is not None:
+            return await refusal(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def refusal(self, scope, headers: dict[str, str]) -> Response | None:
+        cfg = self.cfg
+        if cfg.loopback:
+            host = headers.get("host", "")
+            name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+            if name.lower() not in LOOPBACK_HOSTS:
+                return error(403, f"Host {host!r} refused: this server listens on the loopback only.",
+                             "host_not_allowed")
+        origin = headers.get("origin")
+        if origin is not None and origin not in cfg.origins:
+            return error(403, f"Origin {origin!r} refused: browser pages may call this server only when it is "
+                              "started with --allow-origin for them.", "origin_not_allowed")
+        if scope["method"] == "OPTIONS" and origin is not None:
+            return None   # a CORS preflight of an allowed Origin: it carries no credentials
+        if cfg.token:
+            auth = headers.get("authorization", "")
+            scheme, _, given = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), cfg.token.encode()):
+                return error(401, "A valid bearer token is required (Authorization: Bearer TOKEN).",
+                             "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
+        return None
+
+
+# -- request parsing --------------------------------------------------------------------------------
+async def read_json(request: Request) -> dict:
+    size = int(request.headers.get("content-length") or 0)
+    if size > MAX_BODY:
+        raise InvalidRequest(f"The request body is {size} bytes; at most {MAX_BODY} are read.")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise InvalidRequest(f"The request body is larger than {MAX_BODY} bytes.")
+    try:
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"The request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+def _int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidRequest(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def sampling_of(body: dict) -> SamplingParams:
+    """SamplingParams from an OpenAI (or llama-server) body; fields left out keep the runtime's defaults."""
+    d = SamplingParams()
+    fields: dict[str, Any] = {}
+    for name, alias in (("temperature", None), ("top_p", None), ("min_p", None),
+                        ("repeat_penalty", "repetition_penalty")):
+        v = body.get(name, body.get(alias) if alias else None)
+        if v is not None:
+            fields[name] = v
+    if body.get("top_k") is not None:
+        fields["top_k"] = _int(body, "top_k", d.top_k, 0, 1 << 20)
+    if body.get("seed") is not None:
+        v = body["seed"]
+        fields["seed"] = v % (2**32) if isinstance(v, int) and not isinstance(v, bool) else v
+    sp = SamplingParams(**{**d.__dict__, **fields})
+    sp.validate()
+    return sp
+
+
+def stops_of(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest("stop must be a string or a list of at most 16 strings.")
+    return tuple(s for s in stop if s)
+
+
+def messages_of(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
+        content = m.get("content")
+        if isinstance(content, list):   # content parts: only text is understood
+            parts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported.")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts.")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def logprobs_of(body: dict, chat: bool) -> int | None:
+    if chat:
+        if not body.get("logprobs"):
+            return None
+        return _int(body, "top_logprobs", 0, 0, 20)
+    if body.get("logprobs") is None or body.get("logprobs") is False:
+        return None
+    return _int(body, "logprobs", 0, 0, 20)
+
+
+# -- the application --------------------------------------------------------------------------------
+class Api:
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.rt = get_runtime()
+
+    def spec_for(self, body: dict) -> LoadSpec:
+        name = body.get("model")
+        if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
+            return self.cfg.spec
+        raise ModelNotFound(f"This server does not serve {name!r}; it serves {self.cfg.model_id!r} (GET /v1/models).")
+
+    # -- plain endpoints --------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        spec = self.cfg.spec
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.cfg.model_id, "object": "model", "created": int(self.rt.created), "owned_by": "a3b",
+            "meta": {"n_ctx": spec.n_ctx, "n_parallel": spec.n_parallel}}]})
+
+    async def props(self, request: Request) -> Response:
+        m = await asyncio.get_running_loop().run_in_executor(None, self.rt.load, self.cfg.spec)
+        return JSONResponse({"default_generation_settings": {"n_ctx": m.n_ctx_seq},
+                             "total_slots": self.cfg.spec.n_parallel,
+                             "chat_template": m.info.chat_template or "", "model_alias": self.cfg.model_id,
+                             "a3b": True})
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await read_json(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise InvalidRequest("content must be a string.")
+        add = bool(body.get("add_special", False))
+        toks = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.rt.tokenize(content, model=self.spec_for(body), add_bos=add, special=add))
+        return JSONResponse({"tokens": toks})
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await read_json(request)
+        spec = self.spec_for(body)
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest("input must be a string or a non-empty list of strings (token arrays are not "
+                                 "supported).")
+        if len(texts) > 2048:
+            raise InvalidRequest(f"At most 2048 texts per request, got {len(texts)}.")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise InvalidRequest("encoding_format must be 'float' or 'base64'.")
+        gone = threading.Event()
+
+        def run():
+            return self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+
+        task = asyncio.get_running_loop().run_in_executor(None, run)
+        vecs = await self._until_done(request, task, gone.set)
+        n_tok = sum(len(t) for t in texts) // 4
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
+                 else [float(x) for x in v]} for i, v in enumerate(vecs)]
+        return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
+                             "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
+
+    async def _until_done(self, request: Request, fut, on_disconnect: Callable[[], None]):
+        """Await `fut`, calling on_disconnect (and going on waiting for the cancelled work to end)
+        if the client goes away meanwhile."""
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=0.25)
+            if done:
+                return fut.result()
+            if await request.is_disconnected():
+                self.cfg.stats["disconnects"] += 1
+                on_disconnect()
+
+    # -- generation -------------------------------------------------------------------------------
+    async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, asyncio.Queue]:
+        """Submit on an executor thread (it may load the model); token events and the end arrive on
+        this loop's queue (None marks the end)."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def put(item):
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:   # the server's loop has stopped: the request is cancelled
+                raise Cancelled("server stopped") from None
+
+        stream = await loop.run_in_executor(None, lambda: submit(put))
+        stream.add_done_callback(lambda s: put(None))
+        return stream, q
+
+    async def chat(self, request: Request) -> Response:
+        body = await read_json(request)
+        msgs = messages_of(body)
+        return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
+            model=spec, messages=msgs, on_token=on_token, **common))
+
+    async def completions(self, request: Request) -> Response:
+        body = await read_json(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            tokens: list[int] | None = prompt
+            prompt = ""
+        elif isinstance(prompt, str) and prompt:
+            tokens = None
+        else:
+            raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
+        return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
+            prompt, model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common))
+
+    def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
+        n = body.get("n", 1)
+        if n != 1:
+            raise InvalidRequest("n must be 1: one choice per request.")
+        max_tokens = _int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+                          None, 1, 1 << 20)
+        if body.get("n_predict") is not None and max_tokens is None:
+            max_tokens = _int(body, "n_predict", None, -1, 1 << 20)
+            max_tokens = None if max_tokens in (-1, 0) else max_tokens
+        return dict(max_tokens=min(max_tokens or DEFAULT_MAX_TOKENS, spec.n_ctx), sampling=sampling_of(body),
+                    stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
+                    confidence=ConfidenceConfig(enabled=True))
+
+    async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
+                        deadline_s: float | None = None) -> Response:
+        spec = self.spec_for(body)
+        common = self._common(body, kind == "chat", spec, priority)
+        stream, q = await self._start(lambda on_token: submit(spec, common, on_token))
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.get("stream"):
+            include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
+            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        events: list[TokenEvent] = []
+        t_end = time.monotonic() + deadline_s if deadline_s else None
+        while True:
+            try:
+                ev = await asyncio.wait_for(q.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.cfg.stats["disconnects"] += 1
+                    stream.cancel("client disconnected")
+                if t_end is not None and time.monotonic() > t_end:
+                    stream.cancel("time limit")
+                continue
+            if ev is None:
+                break
+            events.append(ev)
+        res = self._result(stream)
+        return JSONResponse(self._final(kind, rid, res, events))
+
+    def _result(self, stream: GenerationStream) -> GenerationResult:
+        try:
+            return stream.result(0)
+        except Cancelled as e:
+            part = getattr(e, "partial", None)
+            if part is not None and stream.cancel_reason == "time limit":
+                part.finish_reason = "length"
+                return part
+            raise
+
+    async def _sse(self, request: Request, stream: GenerationStream, q: asyncio.Queue, kind: str, rid: str,
+                   include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        t_end = time.monotonic() + deadline_s if deadline_s else None
+        offset = 0
+        try:
+            if kind == "chat":
+                yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise ConnectionError("client disconnected") from None
+                    if t_end is not None and time.monotonic() > t_end:
+                        stream.cancel("time limit")
+                    continue
+                if ev is None:
+                    break
+                if ev.text or ev.piece is not None:
+                    yield self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
+                    offset += len(ev.text)
+            try:
+                res = self._result(stream)
+            except A3BError as e:
+                self.cfg.stats["errors"] += 1
+                yield self._event({"error": {"message": str(e), "type": "server_error", "code": e.code}})
+                return
+            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, res.finish_reason)
+            if kind == "infill":
+                final.update(self._infill_tail(res))
+            yield self._event(final)
+            if include_usage:
+                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+                yield self._event({"id": rid, "object": obj,
+                                   "created": created, "model": self.cfg.model_id, "choices": [],
+                                   "usage": self._usage(res)})
+            if kind != "infill":
+                yield b"data: [DONE]\n\n"
+        finally:
+            if not stream.done:   # the client went away (or the server stops): stop between two tokens
+                self.cfg.stats["disconnects"] += 1
+                stream.cancel("client disconnected")
+
+    @staticmethod
+    def _event(obj: dict) -> bytes:
+        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+    def _chunk(self, kind: str, rid: str, created: int, text, ev: TokenEvent | None = None, offset: int = 0,
+               finish: str | None = None) -> dict:
+        if kind == "infill":
+            out: dict[str, Any] = {"content": text, "stop": finish is not None}
+            if ev is not None and ev.logprob is not None:
+                out["completion_probabilities"] = [{"token": ev.piece, "logprob": ev.logprob,
+                                                    "top_logprobs": [{"token": t, "logprob": v}
+                                                                     for t, v in ev.top_logprobs or []]}]
+            return out
+        finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish) if finish else None
+        if kind == "chat":
+            delta = text if isinstance(text, dict) else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
+                                      "logprobs": self._chat_logprobs([ev]) if ev is not None and ev.logprob is not None
+                                      else None}
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.cfg.model_id,
+                    "choices": [choice]}
+        choice = {"index": 0, "text": text, "finish_reason": finish,
+                  "logprobs": self._text_logprobs([ev], offset) if ev is not None and ev.logprob is not None else None}
+        return {"id": rid, "object": "text_completion", "created": created, "model": self.cfg.model_id,
+                "choices": [choice]}
+
+    @staticmethod
+    def _chat_logprobs(events: list[TokenEvent]) -> dict:
+        return {"content": [{"token": e.piece, "logprob": e.logprob, "bytes": list((e.piece or "").encode()),
+                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                                              for t, v in e.top_logprobs or []]}
+                            for e in events if e.logprob is not None]}
+
+    @staticmethod
+    def _text_logprobs(events: list[TokenEvent], offset: int = 0) -> dict:
+        evs = [e for e in events if e.logprob is not None]
+        offs, o = [], offset
+        for e in evs:
+            offs.append(o)
+            o += len(e.piece or "")
+        return {"tokens": [e.piece for e in evs], "token_logprobs": [e.logprob for e in evs],
+                "top_logprobs": [dict(e.top_logprobs or []) for e in evs], "text_offset": offs}
+
+    @staticmethod
+    def _usage(res: GenerationResult) -> dict:
+        return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
+                "total_tokens": res.n_prompt_tokens + res.n_tokens}
+
+    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent]) -> dict:
+        extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
+                         "time_to_first_token": res.time_to_first_token}}
+        finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
+        if kind == "infill":
+            return {"content": res.text, "stop": True, "model": self.cfg.model_id, **self._infill_tail(res), **extra}
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "finish_reason": finish,
+                      "logprobs": self._chat_logprobs(events) if any(e.logprob is not None for e in events) else None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": res.text, "finish_reason": finish,
+                      "logprobs": self._text_logprobs(events) if any(e.logprob is not None for e in events) else None}
+            obj = "text_completion"
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.cfg.model_id,
+                "choices": [choice], "usage": self._usage(res), **extra}
+
+    # -- llama-server's /infill -------------------------------------------------------------------
+    async def infill(self, request: Request) -> Response:
+        body = await read_json(request)
+        parts = {}
+        for name in ("input_prefix", "input_suffix", "prompt"):
+            v = body.get(name, "")
+            if not isinstance(v, str):
+                raise InvalidRequest(f"{name} must be a string.")
+            parts[name] = v
+        extra = body.get("input_extra") or []
+        if not isinstance(extra, list) or not all(isinstance(c, dict) and isinstance(c.get("text", ""), str)
+                                                  and isinstance(c.get("filename", ""), str) for c in extra):
+            raise InvalidRequest("input_extra must be a list of {filename, text} objects.")
+        deadline = body.get("t_max_predict_ms")
+        deadline_s = None
+        if deadline is not None:
+            deadline_s = _int(body, "t_max_predict_ms", 0, 0, 10**7) / 1000.0 or None
+        if body.get("n_predict") is None and body.get("max_tokens") is None:
+            body = {**body, "n_predict": 128}
+
+        def submit(spec, common, on_token):
+            tokens = infill_tokens(self.rt.load(spec), parts["input_prefix"], parts["input_suffix"], parts["prompt"],
+                                   extra, common["max_tokens"])
+            return self.rt.submit(model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common)
+
+        return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
+
+    @staticmethod
+    def _infill_tail(res: GenerationResult) -> dict:
+        return {"tokens_predicted": res.n_tokens, "tokens_evaluated": res.n_prompt_tokens,
+                "tokens_cached": res.n_cached_prompt_tokens, "truncated": False,
+                "stop_type": {"length": "limit", "stop": "eos"}.get(res.finish_reason, res.finish_reason),
+                "timings": {"prompt_n": res.n_prompt_tokens - res.n_cached_prompt_tokens,
+                            "prompt_ms": res.time_to_first_token * 1000, "predicted_n": res.n_tokens,
+                            "predicted_ms": res.decode_time * 1000, "predicted_per_second": res.tokens_per_second}}
+
+
+def infill_tokens(m, prefix: str, suffix: str, prompt: str, extra: list[dict], n_predict: int) -> list[int]:
+    """A fill-in-the-middle prompt as llama-server builds one: the extra chunks before the prefix,
+    the suffix after the FIM suffix token, the text typed on the cursor's line after the FIM middle
+    token; cut to the context (the suffix to a quarter of the room, the prefix from the start)."""
+    v, st = m.vocab, m.info.special_tokens
+    tok = lambda text: v.tokenize(text, add_bos=False, special=False) if text else []   # noqa: E731
+    room = max(16, m.n_ctx_seq - n_predict - 4)
+    extra_text = "".join(c.get("text", "") + ("" if c.get("text", "").endswith("\n") else "\n") for c in extra)
+    head = tok(prompt)
+    pre = tok(extra_text + prefix)
+    bos = [v.bos] if v.add_bos and v.bos >= 0 else []
+    if min(st.get("fim_pre", -1), st.get("fim_suf", -1), st.get("fim_mid", -1)) < 0:
+        # no FIM tokens in this model: complete the prefix
+        body = (pre + head)[-(room - len(bos)):]
+        return bos + body
+    suf = tok(suffix)[:room // 4]
+    keep = max(0, room - len(bos) - len(suf) - len(head) - 3)
+    pre = pre[-keep:] if keep else []
+    return bos + [st["fim_pre"]] + pre + [st["fim_suf"]] + suf + [st["fim_mid"]] + head
+
+
+def create_app(cfg: ServeConfig) -> Any:
+    """The ASGI application: the routes, CORS for the allowed Origins, and the Guard in front."""
+    api = Api(cfg)
+
+    def wrap(fn):
+        async def endpoint(request: Request) -> Response:
+            cfg.stats["requests"] += 1
+            try:
+                return await fn(request)
+            except A3BError as e:
+                cfg.stats["errors"] += 1
+                return a3b_error(e)
+            except (ValueError, TypeError, KeyError) as e:
+                cfg.stats["errors"] += 1
+                log.warning("bad request to %s: %s", request.url.path, e)
+                return error(400, f"Bad request: {type(e).__name__}: {e}")
+            except Exception as e:
+                cfg.stats["errors"] += 1
+                log.exception("request to %s failed", request.url.path)
+                return error(500, f"Internal error: {type(e).__name__}: {e}", "internal_error", "server_error")
+        return endpoint
+
+    routes = [
+        Route("/health", wrap(api.health), methods=["GET"]),
+        Route("/v1/health", wrap(api.health), methods=["GET"]),
+        Route("/v1/models", wrap(api.models), methods=["GET"]),
+        Route("/props", wrap(api.props), methods=["GET"]),
+        Route("/tokenize", wrap(api.tokenize), methods=["POST"]),
+        Route("/v1/chat/completions", wrap(api.chat), methods=["POST"]),
+        Route("/v1/completions", wrap(api.completions), methods=["POST"]),
+        Route("/v1/embeddings", wrap(api.embeddings), methods=["POST"]),
+        Route("/infill", wrap(api.infill), methods=["POST"]),
+        Route("/v1/infill", wrap(api.infill), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app = CORSMiddleware(app, allow_origins=list(cfg.origins), allow_methods=["GET", "POST", "OPTIONS"],
+                         allow_headers=["Authorization", "Content-Type"])
+    return Guard(app, cfg)
