@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hmac
 import json
 import logging
@@ -218,6 +219,30 @@ def logprobs_of(body: dict, chat: bool) -> int | None:
 
 
 # -- the application --------------------------------------------------------------------------------
+class Inbox:
+    """Items handed over from the worker thread (with loop.call_soon_threadsafe) to the event loop:
+    a deque and an event, so that a streaming answer sends every ready token in one write and waits
+    only when there is nothing to send."""
+
+    def __init__(self):
+        self.items: collections.deque = collections.deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self._ready.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Until an item is there; asyncio.TimeoutError after `timeout` seconds without one."""
+        while not self.items:
+            self._ready.clear()
+            await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def get(self, timeout: float):
+        await self.wait(timeout)
+        return self.items.popleft()
+
+
 class Api:
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
@@ -296,15 +321,15 @@ class Api:
                 on_disconnect()
 
     # -- generation -------------------------------------------------------------------------------
-    async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, asyncio.Queue]:
-        """Submit on an executor thread (it may load the model); token events and the end arrive on
-        this loop's queue (None marks the end)."""
+    async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
+        """Submit on an executor thread (it may load the model); token events and the end arrive in
+        an inbox on this loop (None marks the end)."""
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q = Inbox()
 
         def put(item):
             try:
-                loop.call_soon_threadsafe(q.put_nowait, item)
+                loop.call_soon_threadsafe(q.put, item)
             except RuntimeError:   # the server's loop has stopped: the request is cancelled
                 raise Cancelled("server stopped") from None
 
@@ -361,7 +386,7 @@ class Api:
         t_end = time.monotonic() + deadline_s if deadline_s else None
         while True:
             try:
-                ev = await asyncio.wait_for(q.get(), timeout=0.25)
+                ev = q.items.popleft() if q.items else await q.get(0.25)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     self.cfg.stats["disconnects"] += 1
@@ -385,7 +410,7 @@ class Api:
                 return part
             raise
 
-    async def _sse(self, request: Request, stream: GenerationStream, q: asyncio.Queue, kind: str, rid: str,
+    async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
                    include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
         created = int(time.time())
         t_end = time.monotonic() + deadline_s if deadline_s else None
@@ -393,20 +418,28 @@ class Api:
         try:
             if kind == "chat":
                 yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
-            while True:
-                try:
-                    ev = await asyncio.wait_for(q.get(), timeout=0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        raise ConnectionError("client disconnected") from None
-                    if t_end is not None and time.monotonic() > t_end:
-                        stream.cancel("time limit")
-                    continue
-                if ev is None:
-                    break
-                if ev.text or ev.piece is not None:
-                    yield self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
-                    offset += len(ev.text)
+            ended = False
+            while not ended:
+                if not q.items:   # wait_for costs a task per call: only when there is nothing to send
+                    try:
+                        await q.wait(0.25)
+                    except asyncio.TimeoutError:
+                        if await request.is_disconnected():
+                            raise ConnectionError("client disconnected") from None
+                        if t_end is not None and time.monotonic() > t_end:
+                            stream.cancel("time limit")
+                        continue
+                out = b""
+                while q.items:   # everything that is ready goes out in one write
+                    ev = q.items.popleft()
+                    if ev is None:
+                        ended = True
+                        break
+                    if ev.text or ev.piece is not None:
+                        out += self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
+                        offset += len(ev.text)
+                if out:
+                    yield out
             try:
                 res = self._result(stream)
             except A3BError as e:
