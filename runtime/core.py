@@ -190,7 +190,7 @@ class Runtime:
                 "n_gpu_layers": m.info.n_gpu_layers, "offload": m.info.offload,
                 "spec": e.spec.as_dict(), "weights_bytes": m.info.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
-                "loaded_at": e.loaded_at,
+                "loaded_at": e.loaded_at, **({"features": m.features} if hasattr(m, "features") else {}),
             })
         out = {
             "pid": self.pid, "llama_cpp_python": llama_cpp_version(), "rss_bytes": rss,

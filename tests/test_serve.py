@@ -325,3 +325,19 @@ def test_inside_comfyui_process(fake_engine):
         inprocess.maybe_start({"A3B_SERVE": "nonsense"})
     assert "error" in rt.status()["serve"]
     rt.status_providers.pop("serve", None)
+
+
+def test_remote_unload_mid_generation_ends_the_stream(remote):
+    """Unloading a remote model does not wait for its server: the running request ends with
+    ModelUnloaded and the text so far."""
+    from comfyui_a3b.runtime import ModelUnloaded, get_runtime
+
+    rt = get_runtime()
+    spec = rt.spec(remote)
+    stream = rt.submit("x", model=spec, chat=False, max_tokens=500)
+    next(iter(stream))
+    t0 = time.monotonic()
+    rt.unload(spec)
+    with pytest.raises(ModelUnloaded) as e:
+        stream.result(10)
+    assert time.monotonic() - t0 < 5 and e.value.partial.text

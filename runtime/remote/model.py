@@ -211,12 +211,12 @@ class RemoteModel:
         with self._lock:
             self._closing = self._closing or reason
             running = list(self._running)
-            if not running:
-                self.closed.set()
         for s in running:
             s.cancel(f"unloaded: {reason}")
-        if wait:
-            self.closed.wait(30)
+        # Nothing here needs the requests' threads to end first: each ends at its next event, or
+        # when the store frees the weights (the connection pool) and its read fails, and then
+        # reports ModelUnloaded. A stalled server must not hold up an unload.
+        self.closed.set()
 
     def render_chat(self, msgs: list[dict[str, str]], template: str | None = None) -> str:
         """The chat prompt as text (for token budgets); remembered, so that submitting it sends the
@@ -399,8 +399,8 @@ class RemoteModel:
         except BaseException as e:
             log.exception("remote request failed")
             reason, error = "error", RemoteProtocolError(f"{self.client.ref.base}: {type(e).__name__}: {e}")
-        if stream.cancelled and error is None:
-            reason = "cancelled"
+        if stream.cancelled:   # also when closing the connection made the read fail
+            reason, error = "cancelled", None
         tail = asm.flush()
         if tail:
             stream._emit(TokenEvent(tail, -1, None))
@@ -425,8 +425,6 @@ class RemoteModel:
         self.last_used = time.monotonic()
         with self._lock:
             self._running.discard(stream)
-            if self._closing and not self._running:
-                self.closed.set()
         stream._finish(result if error is None else None, error)
 
 
