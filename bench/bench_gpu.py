@@ -398,7 +398,7 @@ def report(res: dict, out_dir: Path) -> list[list[str]]:
                "llama-batched-bench": bb.get("prefill_512")}
     print("prefill tokens/s:", ", ".join(f"{k} {v:.0f}" for k, v in prefill.items() if v))
     mem = res.get("memory", {})
-    if "gen_bytes" in mem:
+    if mem.get("gen_bytes"):   # 0 on a CPU-only build
         print(f"GPU memory: generation {mem['gen_bytes'] / 2**30:.2f} GiB, + embeddings x{mem['ratio_embed']:.2f}, "
               f"+ the language server x{mem['ratio_editor']:.2f} (with its own 4096-token context "
               f"x{mem.get('ratio_editor_own_ctx') or 0:.2f}); unload frees it in {mem['unload_s']:.2f} s; "
