@@ -15,8 +15,10 @@ down. It is an estimate: llama.cpp's own buffers can differ by some percent, hen
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..gguf_info import scan_header
 
@@ -56,8 +58,14 @@ def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
     return int(n // block_size * block_bytes)
 
 
-def model_sizes(path) -> tuple[list[int], int, dict]:
-    """(bytes of each layer's weights, bytes of the output layer, metadata)."""
+def model_sizes(path) -> tuple[tuple[int, ...], int, dict]:
+    """(bytes of each layer's weights, bytes of the output layer, metadata); read once per file version."""
+    st = os.stat(path)
+    return _model_sizes(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=32)
+def _model_sizes(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, ...], int, dict]:
     scan = scan_header(path)
     meta = scan.metadata
     arch = meta.get("general.architecture", "")
@@ -77,7 +85,7 @@ def model_sizes(path) -> tuple[list[int], int, dict]:
             embedding = size
     if not has_output:
         output += embedding   # tied embeddings: the output layer on the GPU is a copy of token_embd
-    return layers, output, meta
+    return tuple(layers), output, meta   # shared by the cache: read-only
 
 
 def kv_bytes_per_layer(meta: dict, n_cells: int, kv_type: str) -> int:
