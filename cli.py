@@ -259,7 +259,14 @@ def cmd_doctor(args) -> int:
         si = system_info()
         lines.append(("llama-cpp-python", si["llama_cpp_python"], True))
         lines.append(("llama.cpp build", si["system_info"], True))
-        lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else "no (CPU only build)", True))
+        lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else
+                      "no (CPU only build; the README's GPU section says how to install a CUDA build)", True))
+        from .runtime.llama.devices import devices
+
+        for d in devices():
+            if d.type != "cpu":
+                lines.append((f"device {d.name}", f"{d.description} ({d.type}), {d.free_bytes / 2**30:.1f} GiB free "
+                              f"of {d.total_bytes / 2**30:.1f} GiB", True))
     except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
         lines.append(("llama-cpp-python", str(e), False))
         ok_all = False
@@ -282,7 +289,7 @@ def cmd_doctor(args) -> int:
             rt.load()
             load_s = time.perf_counter() - t0
             res = rt.generate("Say hello.", max_tokens=16, sampling=preset("greedy"))
-            lines.append(("model load", f"{load_s * 1000:.0f} ms", True))
+            lines.append(("model load", f"{load_s * 1000:.0f} ms; {rt.load().info.offload}", True))
             lines.append(("generation", (f"{res.n_tokens} tokens at {res.tokens_per_second:.0f} tokens/s, "
                           f"first token after {res.time_to_first_token * 1000:.0f} ms: {res.text.strip()[:60]!r}"),
                           res.n_tokens > 0))

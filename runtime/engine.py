@@ -92,11 +92,9 @@ class Backend(Protocol):
     def new_sampler(self, sampling: SamplingParams, seed: int) -> Any: ...
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def sample(self, sampler: Any, row: int) -> int:
-        """The next token from row `row` of the last decode's outputs."""
-
-    def entropy(self, row: int) -> float:
-        """Shannon entropy (nats) of the model's raw next-token distribution at `row`."""
+    def sample_rows(self, rows: list[tuple[Any, int, bool]]) -> list[tuple[int, float | None]]:
+        """For each (sampler, row of the last decode's outputs, want entropy): the next token, and
+        the Shannon entropy (nats) of the model's raw next-token distribution there (or None)."""
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
         """Pooled, unnormalised embeddings of a pack of texts, one row each."""

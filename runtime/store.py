@@ -202,7 +202,12 @@ class ModelStore:
             return list(self._entries.values())
 
     def add_listener(self, fn) -> None:
+        """fn(event, spec) after a model is "loaded" or "unloaded" (called with the store's lock held)."""
         self._listeners.append(fn)
+
+    def remove_listener(self, fn) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     def _notify(self, event: str, spec: LoadSpec) -> None:
         for fn in list(self._listeners):

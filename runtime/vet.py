@@ -87,7 +87,9 @@ def _start_server() -> subprocess.Popen:
     child = Path(__file__).with_name("llama") / "vetchild.py"
     # GGML_NO_BACKTRACE: on an abort, ggml would otherwise attach gdb (when installed) to print a
     # backtrace, which takes seconds and says nothing a user can act on
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    # The GPUs hidden: the vetting load runs on the CPU, and a GPU runtime initialised there would
+    # hold device memory and a driver context per child for nothing.
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1", "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
     return subprocess.Popen([sys.executable, str(child)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=str(child.parent), text=True, bufsize=1,
                             start_new_session=True, env=env)

@@ -240,15 +240,16 @@ class LoadedModel:
         self.stats["decode_calls"] += 1
         self.stats["decoded_tokens"] += step.n_tokens
         now = time.perf_counter()
-        for entry in step.entries:
-            if entry.output is not None:
-                self._sample(entry.job, entry.output, now)
+        outs = [e for e in step.entries if e.output is not None]
+        for e in outs:
+            if e.job.sampler is None:
+                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed)
+        sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
+        for e, (tok, ent) in zip(outs, sampled):
+            self._took(e.job, tok, ent, now)
 
-    def _sample(self, job: GenJob, row: int, now: float) -> None:
-        if job.sampler is None:
-            job.sampler = self.backend.new_sampler(job.req.sampling, job.seed)
-        ent = self.backend.entropy(row) if job.req.confidence.enabled else None
-        tok = self.backend.sample(job.sampler, row)
+    def _took(self, job: GenJob, tok: int, ent: float | None, now: float) -> None:
+        """A sampled token: stream its text, and finish the request at EOG, a stop string or a limit."""
         if job.t_first is None:
             job.t_first = now
         job.t_last = now

@@ -18,6 +18,7 @@ Model references: `fake://NAME[?key=value&...]` with keys
     n_ctx_train=N     the trained context (default 4096)
     fail_decode=N     the N-th decode call (1-based, counted across reloads) fails
     fatal=1           ... as a device error would (the model is closed and reloaded)
+    gpu_layers=N      report N layers on a GPU (for the VRAM-sharing tests; nothing moves)
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class FakeSettings:
     n_ctx_train: int = 4096
     fail_decode: int | None = None
     fatal: bool = False
+    gpu_layers: int = 0
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -66,7 +68,8 @@ class FakeSettings:
                    delay_ms=float(q.get("delay_ms", 0)), fim=q.get("fim") == "1",
                    embed_delay_ms=float(q["embed_delay_ms"]) if "embed_delay_ms" in q else None,
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
-                   fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1")
+                   fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
+                   gpu_layers=int(q.get("gpu_layers", 0)))
 
 
 class FakeVocab:
@@ -127,7 +130,8 @@ class FakeWeights:
         self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
                               n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes, chat_template=CHATML,
-                              special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake")
+                              special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
+                              n_gpu_layers=settings.gpu_layers)
         self.freed = False
 
     def free(self) -> None:
@@ -201,7 +205,10 @@ class FakeBackend:
         data = s.text.encode("utf-8")
         return OFFSET + data[n_gen % len(data)]
 
-    def sample(self, sampler, row: int) -> int:
+    def sample_rows(self, rows):
+        return [(self._sample(s, row), self._entropy(row) if want else None) for s, row, want in rows]
+
+    def _sample(self, sampler, row: int) -> int:
         history = self._history(row)
         n_gen = sampler.setdefault("n_gen", 0)
         sampler["n_gen"] = n_gen + 1
@@ -212,7 +219,7 @@ class FakeBackend:
             tok = OFFSET + ord("A") + sampler["rng"].randrange(26)
         return tok
 
-    def entropy(self, row: int) -> float:
+    def _entropy(self, row: int) -> float:
         # uncertain after a digit, sure otherwise: lets tests place low-confidence spans
         last = self._history(row)[-1]
         return 3.0 if OFFSET + ord("0") <= last <= OFFSET + ord("9") else 0.2
@@ -263,6 +270,12 @@ class FakeEngine:
 
     def kv_bytes(self, weights, spec) -> int:
         return spec.n_ctx * spec.n_parallel * 64
+
+    def gpus(self) -> list:
+        return []
+
+    def gpu_bytes(self, spec) -> int:
+        return 3 << 30
 
 
 ENGINE = FakeEngine()

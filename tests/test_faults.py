@@ -196,9 +196,11 @@ def test_unload_racing_generations_never_crashes_the_process():
                     errors.append(repr(e))
         threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
         for t in threads: t.start()
-        t_end = time.monotonic() + 8
+        # until enough of both happened (counts, not a fixed time: a busy machine does less per
+        # second); the deadline only ends a run that stopped making progress
+        t_end = time.monotonic() + 90
         unloads = 0
-        while time.monotonic() < t_end:
+        while (unloads < 25 or ok[0] < 15) and time.monotonic() < t_end and not errors:
             rt.unload(spec); unloads += 1
             time.sleep(0.02)
         stop.set()
@@ -207,7 +209,7 @@ def test_unload_racing_generations_never_crashes_the_process():
     """, timeout=240)
     assert p.returncode == 0, f"the process died (code {p.returncode}): {p.stderr[-2000:]}"
     words = p.stdout.split()
-    assert words[0] == "ok" and int(words[1]) > 10 and int(words[3]) > 20 and words[5] == "0", p.stdout
+    assert words[0] == "ok" and int(words[1]) >= 15 and int(words[3]) >= 25 and words[5] == "0", p.stdout
 
 
 def _mutants(src: bytes, header_end: int, n: int, seed: int = 1234):

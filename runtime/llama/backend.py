@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,12 @@ from ..options import LoadSpec
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .weights import Weights
+
+#: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
+#: of a small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
+SAMPLE_THREADS_FROM = 4
+SAMPLE_THREADS_MIN_VOCAB = 32000
+SAMPLE_THREADS = int(os.environ.get("A3B_SAMPLE_THREADS", str(min(16, os.cpu_count() or 1))))
 
 #: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
 #: row for every output token of a pooled batch (n_vocab floats each: 192 KB for the default model),
@@ -104,6 +111,10 @@ class LlamaBackend:
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS
+        self._pool = (ThreadPoolExecutor(max_workers=min(SAMPLE_THREADS, spec.n_parallel),
+                                         thread_name_prefix=f"a3b-sample-{self.name}")
+                      if SAMPLE_THREADS > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
+                      and weights.n_vocab >= SAMPLE_THREADS_MIN_VOCAB else None)
 
     # -- generation ---------------------------------------------------------------------------
     def trim(self, seq_id: int, keep: int) -> None:
@@ -147,12 +158,25 @@ class LlamaBackend:
         if sampler:
             llama().llama_sampler_free(sampler)
 
-    def sample(self, sampler, row: int) -> int:
-        return llama().llama_sampler_sample(sampler, self.ctx, row)
+    def _sample_one(self, item) -> tuple[int, float | None]:
+        sampler, row, want_entropy = item
+        L = llama()
+        ent = None
+        if want_entropy:
+            ent = entropy(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,)))
+        return L.llama_sampler_sample(sampler, self.ctx, row), ent
 
-    def entropy(self, row: int) -> float:
-        ptr = llama().llama_get_logits_ith(self.ctx, row)
-        return entropy(np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,)))
+    def sample_rows(self, rows):
+        """Sample every row; in parallel threads when there are several.
+
+        Sampling reads a row of logits (n_vocab floats: 152k for Qwen) and runs the request's sampler
+        chain on the CPU, and the entropy is a pass over the same row: a fraction of a millisecond per
+        row, which at 16 concurrent requests on a GPU costs as much as the decode step itself. ctypes
+        and numpy release the GIL for that work, and every row has its own sampler, so rows are
+        sampled side by side (the logits are only read)."""
+        if len(rows) < SAMPLE_THREADS_FROM or self._pool is None:
+            return [self._sample_one(r) for r in rows]
+        return list(self._pool.map(self._sample_one, rows))
 
     # -- embeddings ---------------------------------------------------------------------------
     def _embed_ctx(self, pooling: str):
@@ -195,6 +219,9 @@ class LlamaBackend:
     # -- teardown -----------------------------------------------------------------------------
     def close(self) -> None:
         L = llama()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None

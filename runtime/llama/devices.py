@@ -44,12 +44,8 @@ def _ggml():
     if _lib is not None:
         return _lib
     L = llama()
-    folder = os.path.join(os.path.dirname(L.__file__), "lib")
-    names = sorted(glob.glob(os.path.join(folder, "libggml.so*")) + glob.glob(os.path.join(folder, "libggml.dylib"))
-                   + glob.glob(os.path.join(folder, "ggml.dll")))
-    if not names:
-        raise OSError(f"no ggml library next to llama-cpp-python in {folder}")
-    lib = ctypes.CDLL(names[0])
+    path = _loaded_ggml() or _ggml_beside(os.path.join(os.path.dirname(L.__file__), "lib"))
+    lib = ctypes.CDLL(path)
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p
@@ -63,6 +59,30 @@ def _ggml():
     lib.ggml_backend_dev_memory.restype = None
     _lib = lib
     return lib
+
+
+def _loaded_ggml() -> str | None:
+    """The ggml library this process already mapped (Linux). A wheel cannot hold symbolic links, so
+    libggml.so, libggml.so.0 and libggml.so.0.x are three copies of one file: opening another name
+    than the one llama.cpp loaded would load ggml a second time, with its own backend registry."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if os.path.basename(path).startswith("libggml.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _ggml_beside(folder: str) -> str:
+    """The ggml library next to libllama, by the name libllama asks for (its soname) first."""
+    for pattern in ("libggml.so.0", "libggml.so*", "libggml.dylib", "libggml*.dylib", "ggml.dll"):
+        names = sorted(glob.glob(os.path.join(folder, pattern)))
+        if names:
+            return names[0]
+    raise OSError(f"no ggml library next to llama-cpp-python in {folder}")
 
 
 def devices() -> list[Device]:

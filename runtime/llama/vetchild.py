@@ -57,13 +57,29 @@ def _check(path: str, decode: bool) -> dict:
     return {"ok": True, "loads": True, "decoded": rc == 0}
 
 
+def _address_space() -> int:
+    """Bytes of address space this process has mapped now (Linux; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> None:
     os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
     os.dup2(w, 1)
     signal.alarm(max(1, int(timeout)))
+    try:
+        import llama_cpp  # noqa: F401 - mapped before the limit below, which counts on top of it
+    except BaseException:  # noqa: BLE001 - _check reports an import failure as an error
+        pass
     if mem_limit > 0:
+        # On top of what the libraries mapped already: a CUDA or Vulkan build's runtime reserves
+        # gigabytes of address space as it loads, so an absolute limit would fail its mappings.
+        limit = _address_space() + mem_limit
         try:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         except (ValueError, OSError):
             pass
     try:

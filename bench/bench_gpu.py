@@ -1,0 +1,354 @@
+"""The runtime on a GPU at a real model shape, against llama.cpp's own tools, in one run.
+
+    python -m comfyui_a3b.bench.bench_gpu --out results/ --bin path/to/llama.cpp/build/bin
+    python -m comfyui_a3b.bench.bench_gpu --out /tmp/g --shape tiny          # a check on the CPU
+
+Needs a llama-cpp-python built with CUDA (docs/gpu.md says how) and, for the comparison rows,
+`llama-batched-bench` and `llama-server` built from the same vendored llama.cpp sources.
+
+1. Writes a random-weight GGUF at Qwen3-8B's shape (36 layers, 4096 wide, FFN 12288, 32 query and
+   8 KV heads of 128, vocabulary 151,936), Q4_0: random nibbles with sane scales, tensor by tensor.
+   Random weights are fine for memory and speed, not for text.
+2. Raw llama-cpp-python `Llama`, fully offloaded: decode tokens/s of one request (greedy) and
+   prompt tokens/s.
+3. The runtime, fully offloaded, 16 slots: decode tokens/s of 1 request, aggregate tokens/s of 4 and
+   16 concurrent requests, prompt tokens/s; with the rows sampled serially and in threads.
+4. llama-batched-bench at 1, 4 and 16 sequences (decode speed, no sampling) and llama-server with
+   16 slots at 1, 4 and 16 concurrent requests (aggregate tokens/s, sampling included).
+5. GPU memory: weights + generation context; + the embedding context; + a second load spec (an
+   editor's, n_ctx 4096) over the same weights; each as a ratio to the first.
+6. Unload: seconds from `Runtime.unload()` until the GPU memory is free again.
+
+Writes bench_gpu.json into --out and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
+    "qwen3-8b": dict(n_layer=36, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128, n_vocab=151936),
+    "tiny": dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, n_vocab=2048),
+}
+#: prompts are token ids (the random model's text would tokenize to bytes)
+PROMPT_IDS = [(i * 7919) % 1500 + 300 for i in range(4000)]
+
+
+# -- 1. a random model ------------------------------------------------------------------------------
+def q4_0_blocks(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+    """`n` weights as Q4_0 blocks (an f16 scale, then 16 bytes of nibbles per 32 weights)."""
+    blocks = np.empty((n // 32, 18), dtype=np.uint8)
+    blocks[:, :2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+    blocks[:, 2:] = rng.integers(0, 256, size=(n // 32, 16), dtype=np.uint8)
+    return blocks.reshape(-1)
+
+
+def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    s = shape
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name("random-qwen3")
+    w.add_context_length(8192)
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(s["n_layer"])
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tokens += [f"\u2581w{i}" for i in range(s["n_vocab"] - len(tokens))]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    types += [gguf.TokenType.NORMAL] * (s["n_vocab"] - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([int(t) for t in types])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def quant(name: str, rows: int, cols: int, scale: float = 0.002):
+        # raw quantised bytes, one row of blocks per matrix row; gguf derives the shape from them
+        w.add_tensor(name, q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1),
+                     raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+
+    def ones(name: str, n: int):
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    e, f, hd = s["n_embd"], s["n_ff"], s["head_dim"]
+    quant("token_embd.weight", s["n_vocab"], e, 0.01)
+    ones("output_norm.weight", e)
+    quant("output.weight", s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        ones(p + "attn_norm.weight", e)
+        quant(p + "attn_q.weight", s["n_head"] * hd, e)
+        quant(p + "attn_k.weight", s["n_head_kv"] * hd, e)
+        quant(p + "attn_v.weight", s["n_head_kv"] * hd, e)
+        quant(p + "attn_output.weight", e, s["n_head"] * hd)
+        ones(p + "attn_q_norm.weight", hd)
+        ones(p + "attn_k_norm.weight", hd)
+        ones(p + "ffn_norm.weight", e)
+        quant(p + "ffn_gate.weight", f, e)
+        quant(p + "ffn_up.weight", f, e)
+        quant(p + "ffn_down.weight", e, f)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gpu_layers() -> int:
+    """-1 (everything) where a GPU is, 0 on a CPU-only build (the --shape tiny check here)."""
+    from comfyui_a3b.runtime.llama.devices import gpus
+
+    return -1 if gpus() else 0
+
+
+def prompt(n_tokens: int, offset: int = 0) -> list[int]:
+    return [1] + PROMPT_IDS[offset:offset + n_tokens]
+
+
+# -- 2. raw llama-cpp-python ------------------------------------------------------------------------
+def raw_llama(path: Path, gen: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_gpu_layers=-1, n_ctx=4096, n_batch=512, verbose=False)
+    llm.create_completion(prompt(16), max_tokens=4, temperature=0.0)   # warm-up
+    t0 = time.perf_counter()
+    out = llm.create_completion(prompt(16, 3), max_tokens=gen, temperature=0.0)
+    decode_tps = out["usage"]["completion_tokens"] / (time.perf_counter() - t0)
+    long = prompt(400, 7)
+    t0 = time.perf_counter()
+    out = llm.create_completion(long, max_tokens=1, temperature=0.0)
+    prefill_tps = out["usage"]["prompt_tokens"] / (time.perf_counter() - t0)
+    del llm
+    return {"decode_tps": decode_tps, "prefill_tps": prefill_tps}
+
+
+# -- 3. the runtime -----------------------------------------------------------------------------------
+def runtime_rows(path: Path, gen: int, label: str) -> dict:
+    from comfyui_a3b.runtime import ConfidenceConfig, Runtime, preset
+
+    rt = Runtime()
+    spec = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=640, n_parallel=16, n_batch=512)
+    m = rt.load(spec)
+    greedy = preset("greedy")
+    off = ConfidenceConfig(enabled=False)
+    rt.generate(prompt_tokens=prompt(16), model=spec, chat=False, max_tokens=4, sampling=greedy, confidence=off)
+    out = {"label": label, "offload": m.info.offload, "n_gpu_layers": m.info.n_gpu_layers}
+
+    def run(n: int, confidence=off) -> float:
+        toks: list[int] = []
+
+        def one(i: int):
+            r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
+                            sampling=greedy, confidence=confidence)
+            toks.append(r.n_tokens)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(toks) / (time.perf_counter() - t0)
+
+    out["decode_tps"] = run(1)
+    out["decode_tps_entropy"] = run(1, ConfidenceConfig(enabled=True))
+    for n in (4, 16):
+        out[f"aggregate_tps_{n}"] = run(n)
+    out["aggregate_tps_16_entropy"] = run(16, ConfidenceConfig(enabled=True))
+    long = prompt(400, 7)
+    t0 = time.perf_counter()
+    r = rt.generate(prompt_tokens=long, model=spec, chat=False, max_tokens=1, sampling=greedy, confidence=off)
+    out["prefill_tps"] = r.n_prompt_tokens / (time.perf_counter() - t0)
+    rt.unload()
+    return out
+
+
+# -- 4. llama.cpp's tools --------------------------------------------------------------------------
+def batched_bench(binary: Path, path: Path, gen: int) -> dict:
+    cmd = [str(binary), "-m", str(path), "-ngl", "99", "-c", str(16 * (32 + gen) + 64), "-b", "2048", "-ub", "512",
+           "-npp", "32", "-ntg", str(gen), "-npl", "1,4,16"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    rows = {}
+    for line in (p.stdout + p.stderr).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit():
+            rows[int(cells[2])] = {"speed_tg": float(cells[7]), "speed_pp": float(cells[5])}
+    pp = subprocess.run([str(binary), "-m", str(path), "-ngl", "99", "-c", "1024", "-b", "2048", "-ub", "512",
+                         "-npp", "512", "-ntg", "1", "-npl", "1"], capture_output=True, text=True, timeout=600)
+    for line in (pp.stdout + pp.stderr).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit():
+            rows["prefill_512"] = float(cells[5])
+    return {"command": " ".join(cmd), "rows": rows, "tail": (p.stdout + p.stderr)[-1500:] if not rows else ""}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server(binary: Path, path: Path, gen: int) -> dict:
+    port = _free_port()
+    proc = subprocess.Popen([str(binary), "-m", str(path), "-ngl", "99", "-np", "16", "-c", str(16 * 640),
+                             "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                return {"error": (proc.stderr.read() or "")[-1500:]}
+            time.sleep(0.5)
+
+        def one(i: int, out: list):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            body = json.dumps({"prompt": prompt(16, 5 + i * 11), "n_predict": gen, "temperature": 0.0,
+                               "cache_prompt": False, "ignore_eos": True})
+            c.request("POST", "/completion", body, {"Content-Type": "application/json"})
+            out.append(json.loads(c.getresponse().read())["tokens_predicted"])
+
+        rows = {}
+        one(0, [])   # warm-up
+        for n in (1, 4, 16):
+            got: list[int] = []
+            threads = [threading.Thread(target=one, args=(i, got)) for i in range(n)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            rows[n] = sum(got) / (time.perf_counter() - t0)
+        return {"aggregate_tps": rows}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- 5, 6. memory and unload -------------------------------------------------------------------------
+def gpu_free() -> int:
+    from comfyui_a3b.runtime.llama.devices import gpus
+
+    found = gpus()
+    return found[0].free_bytes if found else 0
+
+
+def memory_rows(path: Path) -> dict:
+    from comfyui_a3b.runtime import Runtime
+
+    rt = Runtime()
+    base = gpu_free()
+    spec = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=2048, n_parallel=2)
+    rt.generate(prompt_tokens=prompt(8), model=spec, max_tokens=2, chat=False)
+    one = base - gpu_free()
+    rt.embed(["w301 w302 w303", "w304"], model=spec)
+    with_embed = base - gpu_free()
+    editor = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=4096, n_parallel=1)
+    rt.generate(prompt_tokens=prompt(8), model=editor, max_tokens=2, chat=False)
+    with_editor = base - gpu_free()
+    auto = rt.spec(str(path))            # n_gpu_layers="auto"
+    rt.unload()
+    t0 = time.perf_counter()
+    n = rt.unload()
+    deadline = time.time() + 60
+    while gpu_free() < base - (64 << 20) and time.time() < deadline:
+        time.sleep(0.01)
+    unload_s = time.perf_counter() - t0
+    m = rt.load(auto)
+    chosen = m.info.offload
+    rt.unload()
+    return {"gen_bytes": one, "gen_embed_bytes": with_embed, "gen_embed_editor_bytes": with_editor,
+            "ratio_embed": with_embed / one if one else None, "ratio_editor": with_editor / one if one else None,
+            "unload_s": unload_s, "contexts_unloaded": n, "auto_choice": chosen}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for bench_gpu.json (and the model, unless --model)")
+    ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
+    ap.add_argument("--model", help="an existing GGUF instead of writing a random one")
+    ap.add_argument("--bin", help="folder with llama-batched-bench and llama-server")
+    ap.add_argument("--gen", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("--only", default="raw,runtime,tools,memory", help="which parts to run (comma list)")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = set(args.only.split(","))
+    res: dict = {"shape": args.shape, "gen": args.gen}
+    path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_model(path, SHAPES[args.shape])
+        res["write_model_s"] = time.perf_counter() - t0
+    res["model_bytes"] = path.stat().st_size
+
+    def step(name, fn):
+        t0 = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as e:  # noqa: BLE001 - a failing part is reported, the others still run
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+        res.setdefault("seconds", {})[name] = time.perf_counter() - t0
+        (out_dir / "bench_gpu.json").write_text(json.dumps(res, indent=2, default=str))
+        print(name, json.dumps(res[name], default=str)[:600], flush=True)
+
+    if "raw" in parts:
+        step("raw", lambda: raw_llama(path, args.gen))
+    if "runtime" in parts:
+        os.environ["A3B_SAMPLE_THREADS"] = "0"
+        step("runtime_serial", lambda: _fresh(runtime_rows, path, args.gen, "rows sampled one after another"))
+        os.environ["A3B_SAMPLE_THREADS"] = "16"
+        step("runtime_threads", lambda: _fresh(runtime_rows, path, args.gen, "rows sampled in threads"))
+    if "tools" in parts and args.bin:
+        b = Path(args.bin)
+        step("batched_bench", lambda: batched_bench(b / "llama-batched-bench", path, args.gen))
+        step("llama_server", lambda: llama_server(b / "llama-server", path, args.gen))
+    if "memory" in parts:
+        step("memory", lambda: memory_rows(path))
+    print(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def _fresh(fn, *args):
+    """Run fn in a fresh interpreter (module-level settings such as the sampling threads are read at import)."""
+    code = ("import json, sys; from comfyui_a3b.bench import bench_gpu as b; from pathlib import Path; "
+            f"print('RESULT', json.dumps(b.{fn.__name__}(Path({str(args[0])!r}), {args[1]!r}, {args[2]!r})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=os.environ.copy())
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(p.stderr[-1500:])
+    return json.loads(line[7:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
