@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from functools import lru_cache, cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -121,27 +121,47 @@ class TensorView:
         p = self.t.src[i]
         return TensorView(p) if p else None
 
-    def numpy(self, scratch: dict | None = None) -> np.ndarray:
-        """The data as a float32 array of numpy shape (ne3, ne2, ne1, ne0), copied to host memory.
+    def numpy(self) -> np.ndarray:
+        """The data as a numpy array of shape (ne3, ne2, ne1, ne0), copied to host memory.
 
-        Only contiguous F32 tensors (what llama.cpp feeds its matrix products) are read here.
+        F32, F16, I32 (a MUL_MAT_ID node's chosen experts), I8/I16/I64 and F64 tensors; views with
+        strides (a slice of a larger tensor) are read through their strides. Quantised tensors
+        (weights) are not activations and are refused.
         """
         t = self.t
-        if t.type != 0:  # GGML_TYPE_F32
-            raise TypeError(f"tensor {self.name} has ggml type {t.type}, not F32")
+        dtype = _NUMPY_TYPES.get(int(t.type))
+        if dtype is None:
+            raise TypeError(f"tensor {self.name} has ggml type {t.type}, not one of F32/F16/I32/I8/I16/I64/F64")
         ne = self.ne
         if any(n <= 0 for n in ne):
             raise ValueError(f"tensor {self.name} has shape {ne}: the ggml_tensor layout does not match")
-        n = ne[0] * ne[1] * ne[2] * ne[3]
-        if t.nb[0] != 4 or t.nb[1] != 4 * ne[0] or t.nb[2] != t.nb[1] * ne[1] or t.nb[3] != t.nb[2] * ne[2]:
-            raise ValueError(f"tensor {self.name} is not contiguous")
+        item = np.dtype(dtype).itemsize
+        nb = tuple(int(x) for x in t.nb)
+        if nb[0] != item:
+            raise ValueError(f"tensor {self.name} has element stride {nb[0]}: the ggml_tensor layout does not match")
+        span = item + sum((n - 1) * b for n, b in zip(ne, nb))  # bytes from the first to the last element
         L = lib()
+        raw = np.empty(span, dtype=np.uint8)
         if t.buffer and not L.ggml_backend_buffer_is_host(t.buffer):
-            out = np.empty(n, dtype=np.float32)
-            L.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, n * 4)
+            L.ggml_backend_tensor_get(self.ptr, raw.ctypes.data, 0, span)
         else:
-            out = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), shape=(n,)).copy()
-        return out.reshape(ne[3], ne[2], ne[1], ne[0])
+            ctypes.memmove(raw.ctypes.data, t.data, span)
+        if nb == _contiguous(ne, item):
+            return raw.view(dtype).reshape(ne[::-1])
+        # a strided view: gather its elements (as bytes), then reinterpret
+        view = np.lib.stride_tricks.as_strided(raw, shape=(*ne[::-1], item), strides=(*nb[::-1], 1))
+        return np.ascontiguousarray(view).view(dtype).reshape(ne[::-1])
+
+
+#: ggml type -> numpy dtype of the activations and indices a callback reads
+_NUMPY_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
+
+
+def _contiguous(ne: tuple[int, ...], item: int) -> tuple[int, ...]:
+    nb = [item]
+    for n in ne[:-1]:
+        nb.append(nb[-1] * n)
+    return tuple(nb)
 
 
 def row_size(qtype: int, n: int) -> int:

@@ -14,9 +14,11 @@ and, for the layers that need a least-squares refit, the Gram matrix H^T H. Gram
 n_ff x n_ff per layer (1.2 GB in float64 at n_ff 12288), so they are collected for a group of
 layers per pass (`gram_budget`), and a pass stops llama.cpp right after the last layer it needs.
 
-Other probes (mixture-of-experts router probabilities, chosen experts, per-expert outputs) plug in
-the same way: `match` sees every node with its operation, name and sources (a MUL_MAT_ID node's
-src[2] holds the chosen experts), `record` gets the computed node.
+Other statistics (mixture-of-experts router probabilities, chosen experts, per-expert inputs) plug
+in the same way: a `Probe`'s `match` sees every node with its operation, name and sources (a
+MUL_MAT_ID node's src[2] holds the chosen experts), `record` gets the computed node; `PatternProbe`
+does this for nodes chosen by a regular expression over weight or node names. Several probes can
+observe one pass (`LlamaCalibrator.run([probe_a, probe_b], windows)`).
 """
 from __future__ import annotations
 
@@ -52,6 +54,49 @@ class Probe:
     def last_key(self) -> Hashable | None:
         """The key after which nothing more is needed from the graph (None: run it to the end)."""
         return None
+
+
+class PatternProbe(Probe):
+    r"""Observe graph nodes chosen by a regular expression and hand each computed node to `on_node`.
+
+    The pattern is matched (re.fullmatch) against the name of the weight a matrix product reads
+    (`weight=True`, src[0]: `blk.12.ffn_down_exps.weight`, `blk.3.ffn_gate_inp.weight`) or against
+    the node's own name (`weight=False`: llama.cpp names graph nodes `<what>-<layer>`, e.g.
+    `ffn_moe_probs-12`, `ffn_out-3`; names differ between architectures and llama.cpp versions).
+    `ops` restricts the operations (MUL_MAT, MUL_MAT_ID, SOFT_MAX, ...). The key handed to
+    `on_node(key, node)` is the match's groups converted to int where they are digits (the layer),
+    so `r"blk\.(\d+)\.ffn_gate_inp\.weight"` gives the layer number. `node.numpy()` reads the
+    computed output, `node.src(1).numpy()` a matrix product's input, `node.src(2).numpy()` a
+    MUL_MAT_ID's chosen experts (int32). `last` (a key) lets a pass stop after that node.
+    """
+
+    def __init__(self, pattern: str, on_node: Callable[[Hashable, ggml.TensorView], None], *,
+                 ops: Iterable[str] | None = None, weight: bool = True, last: Hashable | None = None):
+        self.pattern = re.compile(pattern)
+        self.on_node = on_node
+        self.ops = None if ops is None else frozenset(ops)
+        self.weight = weight
+        self.last = last
+
+    def match(self, node):
+        if self.ops is not None and node.op not in self.ops:
+            return None
+        if self.weight:
+            w = node.src(0)
+            name = w.name if w is not None else ""
+        else:
+            name = node.name
+        m = self.pattern.fullmatch(name)
+        if m is None:
+            return None
+        groups = tuple(int(g) if g is not None and g.isdigit() else g for g in m.groups())
+        return groups[0] if len(groups) == 1 else (groups or name)
+
+    def record(self, key, node):
+        self.on_node(key, node)
+
+    def last_key(self):
+        return self.last
 
 
 @dataclass
@@ -146,7 +191,7 @@ class LlamaCalibrator:
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.probes: list[Probe] = []
-        self._wanted: dict[int, tuple[Probe, Hashable]] = {}
+        self._wanted: dict[int, list[tuple[Probe, Hashable]]] = {}
         self._stop_after: set[tuple[int, Hashable]] = set()
         self._stopped = False
         self._error: BaseException | None = None
@@ -171,22 +216,18 @@ class LlamaCalibrator:
         try:
             node = ggml.TensorView(ptr)
             if ask:
-                for probe in self.probes:
-                    key = probe.match(node)
-                    if key is not None:
-                        self._wanted[ptr] = (probe, key)
-                        return True
-                return False
-            hit = self._wanted.get(ptr)
-            if hit is None:
-                return True
-            probe, key = hit
-            probe.record(key, node)
-            if (id(probe), key) in self._stop_after:
-                self._done.add(id(probe))
-                if len(self._done) == len(self.probes):
-                    self._stopped = True
-                    return False  # nothing later in the graph is needed: cancel the rest of it
+                hits = [(probe, key) for probe in self.probes if (key := probe.match(node)) is not None]
+                if hits:
+                    self._wanted[ptr] = hits
+                return bool(hits)
+            hits = self._wanted.get(ptr)
+            for probe, key in hits or ():
+                probe.record(key, node)
+                if (id(probe), key) in self._stop_after:
+                    self._done.add(id(probe))
+            if hits and len(self._done) == len(self.probes):
+                self._stopped = True
+                return False  # nothing later in the graph is needed: cancel the rest of it
             return True
         except BaseException as e:  # noqa: BLE001 - an exception must not cross into C; re-raised after decode
             self._error = e
