@@ -172,7 +172,8 @@ def block_size(qtype: int) -> int:
     return int(lib().ggml_blck_size(int(qtype)))
 
 
-def quantize_rows(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = None) -> np.ndarray:
+def quantize_rows(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = None,
+                  n_threads: int = 0) -> np.ndarray:
     """Quantise a (rows, n) float32 matrix to ggml type `qtype` with llama.cpp's quantiser.
 
     Returns the stored bytes, (rows, row_size) uint8. `imatrix` (n,), the mean squared input of each
@@ -195,13 +196,28 @@ def quantize_rows(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = N
         im = np.ascontiguousarray(imatrix, dtype=np.float32)
         if im.shape != (n,):
             raise ValueError(f"importance matrix of shape {im.shape} for rows of {n}")
-    chunk = max(1, (1 << 24) // max(1, n))  # a few MB per call; the quantiser is row-independent
-    for r0 in range(0, rows, chunk):
+    # the quantiser is row-independent and releases the GIL (a ctypes call): chunks of rows in
+    # threads, as llama_model_quantize does; a few MB per call at most
+    threads = max(1, min(n_threads or os.cpu_count() or 1, 16))
+    chunk = max(1, min((1 << 24) // max(1, n), -(-rows // (2 * threads))))
+
+    def one(r0: int) -> None:
         r1 = min(rows, r0 + chunk)
         written = L.ggml_quantize_chunk(int(qtype), x[r0:r1].ctypes.data, out[r0:r1].ctypes.data, 0, r1 - r0, n,
                                         im.ctypes.data if im is not None else None)
         if written != (r1 - r0) * rs:
             raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {(r1 - r0) * rs}")
+
+    starts = range(0, rows, chunk)
+    if threads == 1 or len(starts) == 1:
+        for r0 in starts:
+            one(r0)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(one, r0) for r0 in starts]:
+                f.result()
     return out
 
 

@@ -187,7 +187,9 @@ class LlamaCalibrator:
                 f"--n-gpu-layers {n_gpu_layers} asks for the GPU, but the installed llama-cpp-python was built for "
                 "the CPU only. Use --n-gpu-layers 0, or install a GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\" pip "
                 "install --force-reinstall --no-cache-dir llama-cpp-python).")
-        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers)
+        # no CPU repacking: the weights llama.cpp keeps on the CPU stay pages of the memory-mapped file
+        # (page cache), not an anonymous copy of the model, so calibration's memory stays bounded
+        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers, repack=False)
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.probes: list[Probe] = []

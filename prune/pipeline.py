@@ -36,7 +36,7 @@ class PruneResult:
 def _tokenizer(src: SourceModel):
     from ..runtime.llama import Weights
 
-    w = Weights(src.path)
+    w = Weights(src.path, vocab_only=True)
     bos = w.bos if w.add_bos and w.bos >= 0 else None
     return w, (lambda text: w.tokenize(text, add_bos=False, special=False)), bos
 

@@ -125,7 +125,7 @@ def _plan_one(src: SourceModel, layout: FFNLayout, il: int, method: str, st: Lay
     plan: LayerPlan = plan_layer(method if method != "a3b" else "obs", gate, up, down, bias, st, k, rng,
                                  layout.down_bias_ok, device=device, chunk=obs_chunk(layout.n_ff))
     keep = np.asarray(plan.keep, dtype=np.int64)
-    new_down = plan.down if plan.down is not None else down[:, keep]
+    new_down = plan.down if plan.down is not None else np.take(down, keep, axis=1)  # C order, unlike down[:, keep]
     imatrix = None
     if st is not None and st.count:
         imatrix = (st.sumsq[keep] / st.count).astype(np.float32)
