@@ -5,10 +5,11 @@
 #   PYTHONPATH=<folder holding comfyui_a3b>:<site folder> sh bench/gpu_prune.sh OUT [extra options]
 #   sh bench/gpu_prune.sh OUT --shape tiny          # a quick check on a CPU-only machine
 #
-# Needs: a CUDA build of llama-cpp-python (docs/gpu.md), numpy, gguf, tqdm; not torch. About 5-8
-# minutes on one H200 (the model is written there first: 4.6 GB). Results: OUT/bench_gpu_prune.json,
-# .md, .png (the PNG only where matplotlib is installed; otherwise
-# `python -m comfyui_a3b.bench.bench_gpu_prune --plot OUT/bench_gpu_prune.json` draws it later).
+# Needs: a CUDA build of llama-cpp-python (docs/gpu.md) with its dependencies, gguf, tqdm and pyyaml;
+# not torch. About 5-8 minutes on one H200 (the model is written there first: 4.6 GB, plus two pruned
+# copies). Results: OUT/bench_gpu_prune.json, .md, .log and .png (the PNG only where matplotlib is
+# installed; otherwise `python -m comfyui_a3b.bench.bench_gpu_prune --plot OUT/bench_gpu_prune.json`
+# draws it later).
 set -eu
 if [ $# -lt 1 ]; then
     echo "usage: sh bench/gpu_prune.sh OUT [--shape tiny] [--keeps 0.8,0.63] [...]" >&2
@@ -21,7 +22,7 @@ mkdir -p "$OUT"
 "$PY" - <<'EOF'
 import importlib, sys
 missing = []
-for mod in ("numpy", "gguf", "tqdm", "llama_cpp", "comfyui_a3b"):
+for mod in ("numpy", "yaml", "tqdm", "gguf", "llama_cpp", "comfyui_a3b"):
     try:
         importlib.import_module(mod)
     except Exception as e:  # noqa: BLE001 - report every missing piece at once
