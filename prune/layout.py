@@ -24,7 +24,7 @@ DOWN_BIAS_ARCHITECTURES = ("llama",)
 #: Per-block tensors that carry the FFN width, and along which axis (numpy layout: 0 = rows).
 ROW_SLICED = ("ffn_gate.weight", "ffn_up.weight", "ffn_gate.bias", "ffn_up.bias")
 COL_SLICED = ("ffn_down.weight",)
-MOE_MARKERS = ("ffn_gate_inp", "_exps", "_shexp", "ffn_gate_up")
+MOE_MARKERS = ("ffn_gate_inp", "_exps", "_shexp")
 
 
 @dataclass(frozen=True)
