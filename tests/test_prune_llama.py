@@ -2,8 +2,6 @@
 supported architecture (qwen35 and gemma3 included) that the tests write. Real llama.cpp, real torch."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 
@@ -238,17 +236,14 @@ def test_interrupt_mid_write_leaves_nothing_under_the_final_name(tiny, tmp_path,
     assert inspect_gguf(out).feed_forward_length == 64
 
 
-def test_auto_takes_the_torch_path_for_a3b_on_small_llama_and_llama_cpp_otherwise(caplog):
+def test_auto_takes_the_torch_path_only_for_what_needs_it():
     from comfyui_a3b.prune.pipeline import choose_calibration
 
-    cfg = PruneConfig(keep=0.5, recover_steps=0)
-    assert choose_calibration(cfg, "llama", 100 << 20, available=16 << 30) == "torch"
-    with caplog.at_level(logging.INFO, logger="comfyui_a3b.prune"):
-        assert choose_calibration(cfg, "qwen3", 5 << 30, available=16 << 30) == "llama"
-    assert "instead" in caplog.text
-    assert choose_calibration(cfg, "gemma3") == "llama"
-    assert choose_calibration(PruneConfig(keep=0.5, method="wanda", recover_steps=0), "llama") == "llama"
-    assert choose_calibration(PruneConfig(keep=0.5), "llama", 100 << 20, available=16 << 30) == "torch"
+    assert choose_calibration(PruneConfig(keep=0.5, recover_steps=0), "llama") == "llama"
+    assert choose_calibration(PruneConfig(keep=0.5, recover_steps=0), "gemma3") == "llama"
+    assert choose_calibration(PruneConfig(keep=0.5), "llama") == "torch"              # recovery
+    assert choose_calibration(PruneConfig(keep=1.0, heads_keep=0.67), "qwen3") == "torch"  # heads
+    assert choose_calibration(PruneConfig(keep=0.5, recover_steps=0, calibration="torch"), "llama") == "torch"
 
 
 def test_cli_prunes_a_gemma3_file(tiny, tmp_path, capsys):
