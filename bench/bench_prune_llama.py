@@ -145,16 +145,14 @@ def main(argv=None) -> int:
                     help="keep the rows of bench/results/bench_prune_llama.json whose settings match and run the "
                          "others (the unpruned file is measured again)")
     ap.add_argument("--agreement-only", action="store_true",
-                    help="only compare llama.cpp's and the torch reference's statistics on SmolLM2 (added to the JSON)")
+                    help="only compare llama.cpp's and the torch reference's statistics on SmolLM2 "
+                         "(bench/results/bench_prune_llama_agreement.json)")
     args = ap.parse_args(argv)
     if args.agreement_only:
         from ..runtime.locate import default_model_path
 
         ag = agreement(default_model_path())
-        path = RESULTS / "bench_prune_llama.json"
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        data["agreement"] = ag
-        path.write_text(json.dumps(data, indent=2, default=float))
+        write_results("bench_prune_llama_agreement", {"model": default_model_path().name, **ag})
         print_table("llama.cpp vs torch reference statistics, SmolLM2 (per layer: median / max; overlap: min)",
                     ["quantity", "median", "max", "min"],
                     [[k, v["median"], v["max"], v["min"]] for k, v in ag["summary"].items()])
@@ -174,12 +172,8 @@ def main(argv=None) -> int:
                      "command": "python -m comfyui_a3b.bench.bench_prune_llama " + " ".join(argv or sys.argv[1:])}
     old = {}
     prev_path = RESULTS / "bench_prune_llama.json"
-    if prev_path.is_file():
-        prev = json.loads(prev_path.read_text())
-        if "agreement" in prev:
-            results["agreement"] = prev["agreement"]
-        if args.resume:
-            old = prev.get("models", {})
+    if args.resume and prev_path.is_file():
+        old = json.loads(prev_path.read_text()).get("models", {})
     rows = []
     for model in args.models.split(","):
         path = default_model_path() if model == "smollm2" else gemma_path()
