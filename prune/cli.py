@@ -51,21 +51,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", choices=("auto", "llama", "torch"), default=d.calibration,
                    help="where statistics come from: llama.cpp's evaluation of the GGUF (any supported architecture, "
                         "streamed), the torch reference forward (llama/qwen2/qwen3: sequential a3b, recovery, head "
-                        "pruning), or auto (torch where one of those needs it and the model fits in RAM; "
-                        "default: %(default)s)")
+                        "pruning), or auto: torch where recovery or head pruning needs it, llama.cpp otherwise "
+                        "(default: %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
                    help="where the torch parts run (recovery, reference statistics, least-squares fits); auto takes "
                         "a CUDA GPU when torch sees one (default: %(default)s)")
     p.add_argument("--n-gpu-layers", type=int, default=d.n_gpu_layers, metavar="N",
-                   help="llama.cpp calibration: layers offloaded to the GPU (-1 = all, 0 = CPU only; "
-                        "default: %(default)s)")
+                   help="llama.cpp calibration: layers offloaded to the GPU, -1 = all, 0 = CPU only "
+                        "(default: %(default)s)")
     p.add_argument("--gram-budget-mb", type=int, default=d.gram_budget_mb, metavar="MB",
                    help="llama.cpp calibration: memory for the Gram matrices gathered in one pass (obs, a3b); "
                         "wide FFNs then take several passes (default: %(default)s)")
     p.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus,
                    help="recovery text: the calibration corpus, or the wide corpus of everything installed (the "
-                        "standard library, every package's sources and documentation, Debian's documentation; "
-                        "default: %(default)s)")
+                        "standard library, every package's sources and documentation, Debian's documentation) "
+                        "(default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="distillation learning rate")
     p.add_argument("--recover-batch", type=int, default=d.recover_batch, metavar="N",
                    help="windows per distillation step")
