@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -257,26 +257,11 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
         mm.close()
 
 
-#: inspect_gguf's answers for files unchanged since (path, size, mtime, inode): reading the metadata
-#: of a model with a large vocabulary takes seconds (the gguf reader parses every token string)
-_INFO_MEMO: dict[tuple, GGUFInfo] = {}
-_INFO_MEMO_MAX = 8
-
-
 def inspect_gguf(path: str | os.PathLike) -> GGUFInfo:
     """Read a GGUF's metadata and tensor index; raise a typed error for missing/foreign/cut files."""
     scan_header(path)   # bounded: what the full reader below would choke on is refused here
     p = Path(path)
-    st = p.stat()
-    memo_key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    hit = _INFO_MEMO.get(memo_key)
-    if hit is not None:
-        return replace(hit)
-    info = _inspect(p, st.st_size)
-    if len(_INFO_MEMO) >= _INFO_MEMO_MAX:
-        _INFO_MEMO.pop(next(iter(_INFO_MEMO)))
-    _INFO_MEMO[memo_key] = info
-    return replace(info)
+    return _inspect(p, p.stat().st_size)
 
 
 def _inspect(p: Path, size: int) -> GGUFInfo:
