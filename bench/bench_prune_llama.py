@@ -147,7 +147,11 @@ def main(argv=None) -> int:
     ap.add_argument("--agreement-only", action="store_true",
                     help="only compare llama.cpp's and the torch reference's statistics on SmolLM2 "
                          "(bench/results/bench_prune_llama_agreement.json)")
+    ap.add_argument("--plot-only", action="store_true", help="only draw the PNG from bench_prune_llama.json")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        draw_plot(json.loads((RESULTS / "bench_prune_llama.json").read_text()))
+        return 0
     if args.agreement_only:
         from ..runtime.locate import default_model_path
 
@@ -220,6 +224,11 @@ def main(argv=None) -> int:
     print(f"baseline RSS (python + torch + package imported): {results['baseline_rss'] / 1e6:.0f} MB")
     write_results("bench_prune_llama", results)
 
+    draw_plot(results)
+    return 0
+
+
+def draw_plot(results: dict) -> None:
     def draw(ax):
         marks = {"smollm2": "o", "gemma": "s"}
         for model, m in results["models"].items():
@@ -234,7 +243,6 @@ def main(argv=None) -> int:
         ax.set_title("one-shot pruning: llama.cpp (blue) vs torch (orange) calibration")
 
     plot("bench_prune_llama", draw)
-    return 0
 
 
 if __name__ == "__main__":
