@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="folder for the results (and the model files, unless --work)")
-    ap.add_argument("--work", help="folder for the model files (default: --out/work)")
+    ap.add_argument("--work", help="folder for the model files (default: a temporary folder, removed at the end)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
     ap.add_argument("--keeps", default="0.8,0.63")
     ap.add_argument("--method", default="wanda", help="wanda (no torch) or flap; obs needs torch")
@@ -234,8 +235,10 @@ def main(argv=None) -> int:
     # loads a 4.6 GB model on the CPU once per file)
     os.environ.setdefault("A3B_VET", "off")
     out = Path(args.out)
-    work = Path(args.work) if args.work else out / "work"
+    # the model files (about 13 GB at the real shape) stay out of --out, which holds only results
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-gpu-prune-"))
     work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     found = gpus()
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if found else 0)
     device = found[0].description if found else "CPU"

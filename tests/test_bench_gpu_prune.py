@@ -22,4 +22,5 @@ def test_gpu_prune_bench_runs_at_a_tiny_shape_without_torch(tmp_path):
     assert set(r["speed"]) == {"unpruned", "wanda@0.8"}
     assert all(v["decode_tps"] > 0 and v["prefill_tps"] > 0 for v in r["speed"].values())
     assert "| wanda@0.8 | 416 |" in (tmp_path / "bench_gpu_prune.md").read_text()
-    assert not (tmp_path / "work").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_gpu_prune.json", "bench_gpu_prune.md",
+                                                          "bench_gpu_prune.png"]
