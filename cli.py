@@ -261,6 +261,11 @@ def cmd_doctor(args) -> int:
         lines.append(("llama.cpp build", si["system_info"], True))
         lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else
                       "no (CPU only build; the README's GPU section says how to install a CUDA build)", True))
+        from .runtime.cxxruntime import carriers
+
+        own = carriers()
+        lines.append(("C++ runtime", f"{', '.join(own)} carry their own copy: safe only where llama.cpp loads "
+                      "before torch and numpy (docs/gpu.md)" if own else "shared with the system's (fine)", True))
         from .runtime.llama.devices import devices
 
         for d in devices():

@@ -83,10 +83,11 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
-    def quant(name: str, rows: int, cols: int, scale: float = 0.002):
+    def quant(name: str, rows: int, cols: int, scale: float = 0.002, zero_rows: int = 0):
         # raw quantised bytes, one row of blocks per matrix row; gguf derives the shape from them
-        w.add_tensor(name, q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1),
-                     raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        blocks = q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1)
+        blocks[:zero_rows] = 0   # scale 0: these rows compute 0
+        w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
 
     def ones(name: str, n: int):
         w.add_tensor(name, np.ones(n, dtype=np.float32))
@@ -94,7 +95,9 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     e, f, hd = s["n_embd"], s["n_ff"], s["head_dim"]
     quant("token_embd.weight", s["n_vocab"], e, 0.01)
     ones("output_norm.weight", e)
-    quant("output.weight", s["n_vocab"], e)
+    # the control tokens' logits are 0, below the largest of the others, so greedy decoding never
+    # ends early at </s> and every request generates the tokens it asks for
+    quant("output.weight", s["n_vocab"], e, zero_rows=3)
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         ones(p + "attn_norm.weight", e)
@@ -268,16 +271,21 @@ def memory_rows(path: Path) -> dict:
 
     rt = Runtime()
     base = gpu_free()
-    spec = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=2048, n_parallel=2)
+    spec = rt.spec(str(path), n_gpu_layers=gpu_layers())   # A3BLoader's defaults
     rt.generate(prompt_tokens=prompt(8), model=spec, max_tokens=2, chat=False)
     one = base - gpu_free()
     rt.embed(["w301 w302 w303", "w304"], model=spec)
     with_embed = base - gpu_free()
-    editor = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=4096, n_parallel=1)
+    # the language server at its default settings asks for the loader's default context: it shares
+    # the workflow's context (its requests take a free sequence there)
+    editor = rt.spec(str(path), n_gpu_layers=gpu_layers())
     rt.generate(prompt_tokens=prompt(8), model=editor, max_tokens=2, chat=False)
     with_editor = base - gpu_free()
+    # an editor configured with its own nCtx gets a context of its own
+    own = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=4096, n_parallel=1)
+    rt.generate(prompt_tokens=prompt(8), model=own, max_tokens=2, chat=False)
+    with_own_editor = base - gpu_free()
     auto = rt.spec(str(path))            # n_gpu_layers="auto"
-    rt.unload()
     t0 = time.perf_counter()
     n = rt.unload()
     deadline = time.time() + 60
@@ -289,6 +297,8 @@ def memory_rows(path: Path) -> dict:
     rt.unload()
     return {"gen_bytes": one, "gen_embed_bytes": with_embed, "gen_embed_editor_bytes": with_editor,
             "ratio_embed": with_embed / one if one else None, "ratio_editor": with_editor / one if one else None,
+            "gen_embed_editor_own_ctx_bytes": with_own_editor,
+            "ratio_editor_own_ctx": with_own_editor / one if one else None,
             "unload_s": unload_s, "contexts_unloaded": n, "auto_choice": chosen}
 
 
@@ -300,11 +310,23 @@ def main(argv=None) -> int:
     ap.add_argument("--bin", help="folder with llama-batched-bench and llama-server")
     ap.add_argument("--gen", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--only", default="raw,runtime,tools,memory", help="which parts to run (comma list)")
+    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
+    if args.report:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report(json.loads(Path(args.report).read_text()), out_dir)
+        return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = set(args.only.split(","))
-    res: dict = {"shape": args.shape, "gen": args.gen}
+    res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
+    try:
+        from comfyui_a3b.runtime.llama.devices import gpus
+
+        res["device"] = gpus()[0].description
+    except Exception:  # noqa: BLE001 - a label only
+        res["device"] = "CPU"
+
     path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
     if not path.exists():
         t0 = time.perf_counter()
@@ -335,8 +357,73 @@ def main(argv=None) -> int:
         step("llama_server", lambda: llama_server(b / "llama-server", path, args.gen))
     if "memory" in parts:
         step("memory", lambda: memory_rows(path))
-    print(json.dumps(res, indent=2, default=str))
+    report(res, out_dir)
     return 0
+
+
+def report(res: dict, out_dir: Path) -> list[list[str]]:
+    """The table (printed) and bench_gpu.png: decode tokens/s at 1, 4 and 16 concurrent requests."""
+    rows: list[list[str]] = []
+    series: dict[str, dict[int, float]] = {}
+
+    def add(label: str, by_n: dict[int, float]):
+        series[label] = by_n
+        base = (res.get("batched_bench", {}).get("rows") or {})
+        cells = []
+        for n in (1, 4, 16):
+            v = by_n.get(n)
+            ref = (base.get(n) or base.get(str(n)) or {}).get("speed_tg")
+            ratio = f" ({v / ref:.2f}x)" if v is not None and ref and label != "llama-batched-bench" else ""
+            cells.append("-" if v is None else f"{v:.0f}{ratio}")
+        rows.append([label, *cells])
+
+    if "error" not in res.get("raw", {"error": 1}):
+        add("llama-cpp-python Llama", {1: res["raw"]["decode_tps"]})
+    for key, label in (("runtime_serial", "a3b runtime"), ("runtime_threads", "a3b runtime, rows sampled in threads")):
+        r = res.get(key, {})
+        if "decode_tps" in r:
+            add(label, {1: r["decode_tps"], 4: r["aggregate_tps_4"], 16: r["aggregate_tps_16"]})
+    bb = (res.get("batched_bench", {}).get("rows") or {})
+    if bb:
+        add("llama-batched-bench", {int(n): v["speed_tg"] for n, v in bb.items() if str(n).isdigit()})
+    ls = res.get("llama_server", {}).get("aggregate_tps")
+    if ls:
+        add("llama-server", {int(n): v for n, v in ls.items()})
+    head = ["decode tokens/s (x llama-batched-bench)", "1 request", "4 concurrent", "16 concurrent"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    for r in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    prefill = {"Llama": res.get("raw", {}).get("prefill_tps"),
+               "a3b runtime": res.get("runtime_threads", {}).get("prefill_tps"),
+               "llama-batched-bench": bb.get("prefill_512")}
+    print("prefill tokens/s:", ", ".join(f"{k} {v:.0f}" for k, v in prefill.items() if v))
+    mem = res.get("memory", {})
+    if mem.get("gen_bytes"):   # 0 on a CPU-only build
+        print(f"GPU memory: generation {mem['gen_bytes'] / 2**30:.2f} GiB, + embeddings x{mem['ratio_embed']:.2f}, "
+              f"+ the language server x{mem['ratio_editor']:.2f} (with its own 4096-token context "
+              f"x{mem.get('ratio_editor_own_ctx') or 0:.2f}); unload frees it in {mem['unload_s']:.2f} s; "
+              f"auto: {mem['auto_choice']}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return rows
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, by_n in series.items():
+        ns = sorted(by_n)
+        ax.plot(ns, [by_n[n] for n in ns], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 4, 16], ["1", "4", "16"])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("decode tokens/s (all requests)")
+    ax.set_title(f"random {res.get('shape')} Q4_0 on {res.get('device', 'the GPU')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "bench_gpu.png", dpi=120)
+    return rows
 
 
 def _fresh(fn, *args):

@@ -26,6 +26,11 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
+    # llama.cpp's libraries first where nothing loaded the C++ runtime yet (see llama/cxxruntime.py)
+    from . import cxxruntime as _cxxruntime
+
+    _cxxruntime.preload()
+
     from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
                    scheduler, serving, store, vet, worker)
     from .core import Runtime, get_runtime

@@ -343,6 +343,7 @@ def test_user_errors_are_one_line_and_exit_2(args, needle):
 def test_doctor():
     p = a3b("doctor", timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
-    for key in ("python", "llama-cpp-python", "llama.cpp build", "GPU offload", "default model", "generation"):
+    for key in ("python", "llama-cpp-python", "llama.cpp build", "GPU offload", "C++ runtime", "default model",
+                "generation"):
         assert key in p.stdout
     assert "ERR" not in p.stdout

@@ -234,3 +234,26 @@ def test_embedding_text_longer_than_the_embedding_context(rt):
         rt.embed([long_text])
     v = rt.embed([long_text], model=rt.spec(None, embed_n_ctx=1024))
     assert v.shape == (1, 576)
+
+
+@pytest.mark.slow
+def test_greedy_rows_are_read_without_the_chain_and_give_the_chains_tokens(rt, monkeypatch):
+    """The greedy fast path (an argmax over the row) picks exactly what llama.cpp's greedy chain picks."""
+    from comfyui_a3b.runtime.llama import backend
+
+    spec = rt.spec(n_ctx=512, n_parallel=2)
+    prompts = ["def fibonacci(n):", "The capital of France is", "1, 1, 2, 3, 5,"]
+    fast = [rt.generate(p, model=spec, chat=False, max_tokens=24, sampling=GREEDY).tokens for p in prompts]
+    rt.unload()
+    original = backend.LlamaBackend.new_sampler
+
+    def through_the_chain(self, sp, seed):
+        s = original(self, sp, seed)
+        assert s.greedy    # the preset is greedy alone: the fast path was the one taken above
+        s.greedy = False
+        return s
+
+    monkeypatch.setattr(backend.LlamaBackend, "new_sampler", through_the_chain)
+    chain = [rt.generate(p, model=spec, chat=False, max_tokens=24, sampling=GREEDY).tokens for p in prompts]
+    rt.unload()
+    assert fast == chain and all(len(t) >= 4 for t in fast)

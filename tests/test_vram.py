@@ -143,3 +143,30 @@ def test_comfyuis_own_model_management_unloads_our_model(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.split("\n")
     assert "resident 1 1 True" in lines and "offload 1 0 False" in lines and "unload_all 0 0" in lines, p.stdout
+
+
+def test_more_gpu_layers_than_the_model_has_are_clamped_and_said():
+    assert offload.clamp_layers(99, 36) == (37, "n_gpu_layers=99 is more than the model's 36 layers + output: "
+                                                "all 36 layers and the output on the GPU")
+    assert offload.clamp_layers(37, 36) == (37, None) and offload.clamp_layers(10, 36) == (10, None)
+
+
+def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_path, monkeypatch):
+    from comfyui_a3b.runtime import ModelLoadFailed, Runtime
+    from comfyui_a3b.runtime import llama as engine
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", n_layer=4)
+    args = dict(n_ctx=256, n_parallel=1, kv_cache_type="f16")
+    cpu = offload.host_bytes(path, n_gpu_layers=0, **args)
+    layers, output, _ = offload.model_sizes(path)
+    assert cpu > sum(layers) + output                                   # weights and KV cache
+    assert offload.host_bytes(path, n_gpu_layers=-1, **args) == 0       # all on the GPU: nothing on the CPU
+    assert offload.host_bytes(path, n_gpu_layers=2, **args) < cpu
+    monkeypatch.setattr(engine, "total_memory", lambda: cpu - 1)
+    rt = Runtime()
+    with pytest.raises(ModelLoadFailed, match=r"main memory .* more than this machine's"):
+        rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
+    assert rt.store.loaded() == []
+    monkeypatch.setattr(engine, "total_memory", lambda: cpu + 1)
+    rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
+    rt.unload()

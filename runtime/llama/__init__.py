@@ -44,6 +44,9 @@ class LlamaEngine:
     def load_weights(self, spec: LoadSpec) -> Weights:
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
         n_gpu_layers, how = gpu_layers(load_path, spec)
+        offload.check_fits_in_memory(
+            offload.host_bytes(load_path, n_gpu_layers=n_gpu_layers, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
+                               kv_cache_type=spec.kv_cache_type), total_memory(), Path(spec.path).name)
         return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
                        offload=how)
 
@@ -84,7 +87,22 @@ def gpu_layers(path, spec: LoadSpec) -> tuple[int, str]:
             f"n_gpu_layers={n} asks for the GPU, but the installed llama-cpp-python was built for the CPU only. "
             "Use n_gpu_layers 0 (or 'auto'), or install a GPU build: see the README's GPU section "
             "(CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python).")
+    if n > 0:
+        n, note = offload.clamp_layers(n, len(offload.model_sizes(path)[0]))
+        if note:
+            log.info("%s: %s", Path(path).name, note)
+            return n, note
     return n, ("CPU only" if n == 0 else f"{'all' if n < 0 else n} layers on the GPU, as asked")
+
+
+def total_memory() -> int:
+    """This machine's main memory in bytes (0 where unknown: then nothing is refused)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - an unknown size only turns the check off
+        return 0
 
 
 ENGINE = LlamaEngine()

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import LlamaCppUnavailable
+from .. import cxxruntime
 
 log = logging.getLogger("a3b.llama")
 
@@ -37,6 +38,7 @@ def llama():
     with lib_lock:
         if _lib is not None:
             return _lib
+        cxxruntime.note_order()
         try:
             import llama_cpp
         except Exception as e:  # ImportError, or OSError from a broken shared library
@@ -44,6 +46,9 @@ def llama():
                 f"llama-cpp-python is not usable ({type(e).__name__}: {e}). Install it with "
                 "'pip install llama-cpp-python' (CPU) or see the README for a CUDA/Metal build."
             ) from e
+        problem = cxxruntime.clash()
+        if problem:
+            raise LlamaCppUnavailable(problem)
 
         @llama_cpp.llama_log_callback
         def _cb(level: int, text: bytes, user_data):  # called from C, with the GIL

@@ -12,6 +12,7 @@ import glob
 import os
 from dataclasses import dataclass
 
+from ..cxxruntime import mapped_libraries
 from .binding import llama
 
 #: enum ggml_backend_dev_type
@@ -65,15 +66,7 @@ def _loaded_ggml() -> str | None:
     """The ggml library this process already mapped (Linux). A wheel cannot hold symbolic links, so
     libggml.so, libggml.so.0 and libggml.so.0.x are three copies of one file: opening another name
     than the one llama.cpp loaded would load ggml a second time, with its own backend registry."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rsplit(" ", 1)[-1].strip()
-                if os.path.basename(path).startswith("libggml.so"):
-                    return path
-    except OSError:
-        pass
-    return None
+    return next((p for p in mapped_libraries() if os.path.basename(p).startswith("libggml.so")), None)
 
 
 def _ggml_beside(folder: str) -> str:

@@ -15,8 +15,10 @@ down. It is an estimate: llama.cpp's own buffers can differ by some percent, hen
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..gguf_info import scan_header
 
@@ -56,8 +58,14 @@ def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
     return int(n // block_size * block_bytes)
 
 
-def model_sizes(path) -> tuple[list[int], int, dict]:
-    """(bytes of each layer's weights, bytes of the output layer, metadata)."""
+def model_sizes(path) -> tuple[tuple[int, ...], int, dict]:
+    """(bytes of each layer's weights, bytes of the output layer, metadata); read once per file version."""
+    st = os.stat(path)
+    return _model_sizes(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=32)
+def _model_sizes(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, ...], int, dict]:
     scan = scan_header(path)
     meta = scan.metadata
     arch = meta.get("general.architecture", "")
@@ -77,7 +85,7 @@ def model_sizes(path) -> tuple[list[int], int, dict]:
             embedding = size
     if not has_output:
         output += embedding   # tied embeddings: the output layer on the GPU is a copy of token_embd
-    return layers, output, meta
+    return tuple(layers), output, meta   # shared by the cache: read-only
 
 
 def kv_bytes_per_layer(meta: dict, n_cells: int, kv_type: str) -> int:
@@ -121,3 +129,39 @@ def plan(path, *, n_ctx: int, n_parallel: int, n_batch: int, kv_cache_type: str,
         reason = "as many layers as fit in the free memory"
     per_layer = (sum(layers) // max(n_layer, 1)) + kv_layer
     return OffloadPlan(n, n_layer, used + (compute if n else 0), free_bytes, per_layer, reason)
+
+
+def clamp_layers(n: int, n_layer: int) -> tuple[int, str | None]:
+    """`n_gpu_layers` as llama.cpp will apply it, and a note when the request was larger than the model.
+
+    llama.cpp takes any count above n_layer + 1 (every layer and the output) as "everything" without
+    a word; saying so tells a user that 99 meant all 36 layers, not that 99 layers exist."""
+    if n_layer > 0 and n > n_layer + 1:
+        return n_layer + 1, (f"n_gpu_layers={n} is more than the model's {n_layer} layers + output: "
+                             f"all {n_layer} layers and the output on the GPU")
+    return n, None
+
+
+def host_bytes(path, *, n_gpu_layers: int, n_ctx: int, n_parallel: int, kv_cache_type: str) -> int:
+    """Bytes of main memory the layers left on the CPU need: their weights and their KV cache."""
+    layers, output, meta = model_sizes(path)
+    n_layer = len(layers)
+    on_gpu = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    cpu_layers = layers[:max(n_layer - on_gpu, 0)]           # the last layers go to the GPU first
+    kv = kv_bytes_per_layer(meta, n_ctx * n_parallel, kv_cache_type) * len(cpu_layers)
+    return sum(cpu_layers) + (output if on_gpu <= n_layer else 0) + kv
+
+
+def check_fits_in_memory(needed: int, total_ram: int, name: str) -> None:
+    """Refuse, before loading, a model whose CPU part is larger than this machine's memory.
+
+    Memory-mapped weights larger than the RAM still "load", then every token reads the file from
+    disk again: minutes per token, with the rest of the machine (ComfyUI included) starved of page
+    cache. That is never what a user wants, so it is an error that says what would fit."""
+    from ..errors import ModelLoadFailed
+
+    if total_ram and needed > total_ram:
+        raise ModelLoadFailed(
+            f"{name} needs about {needed / 2**30:.1f} GiB of main memory for what stays on the CPU (weights and "
+            f"KV cache), more than this machine's {total_ram / 2**30:.1f} GiB. Offload layers to a GPU "
+            "(n_gpu_layers), use a smaller quantisation or model, or a smaller n_ctx / n_parallel.")

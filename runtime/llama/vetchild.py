@@ -70,12 +70,9 @@ def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> N
     os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
     os.dup2(w, 1)
     signal.alarm(max(1, int(timeout)))
-    try:
-        import llama_cpp  # noqa: F401 - mapped before the limit below, which counts on top of it
-    except BaseException:  # noqa: BLE001 - _check reports an import failure as an error
-        pass
     if mem_limit > 0:
-        # On top of what the libraries mapped already: a CUDA or Vulkan build's runtime reserves
+        # On top of what the libraries (imported by the server before it forked) mapped already:
+        # a CUDA or Vulkan build's runtime reserves
         # gigabytes of address space as it loads, so an absolute limit would fail its mappings.
         limit = _address_space() + mem_limit
         try:

@@ -1,0 +1,61 @@
+"""The check for a llama.cpp library carrying its own C++ runtime (runtime/cxxruntime.py).
+
+A CUDA build seen in practice exported libstdc++'s locale machinery from libggml-cuda.so and crashed
+at the first model load whenever torch or numpy had loaded the system's libstdc++ first. These
+tests build two small shared libraries named like ggml's, one with the C++ runtime linked in
+statically and one without, load them after numpy in a fresh interpreter, and check that only the
+first is found and that the runtime would refuse (with a message) rather than crash.
+"""
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"),
+                                reason="needs g++ on Linux to build the test libraries")
+
+SOURCE = ('#include <sstream>\n'
+          'extern "C" int width(int x) { std::stringstream s; s << x; return (int)s.str().size(); }\n')
+
+
+def _build(tmp_path, name, static):
+    src = tmp_path / "w.cpp"
+    src.write_text(SOURCE)
+    out = tmp_path / name
+    flags = ["-static-libstdc++"] if static else []
+    subprocess.run(["g++", "-shared", "-fPIC", *flags, "-o", str(out), str(src)], check=True, timeout=120)
+    return out
+
+
+def test_a_library_that_carries_its_own_cxx_runtime_is_found_and_refused(tmp_path):
+    carrier = _build(tmp_path, "libggml-carrier.so", static=True)
+    plain = _build(tmp_path, "libggml-plain.so", static=False)
+    code = textwrap.dedent(f"""
+        import ctypes, numpy
+        from comfyui_a3b.runtime import cxxruntime as c
+        for p in ({str(plain)!r}, {str(carrier)!r}):
+            ctypes.CDLL(p)
+        print(c.carriers())
+        c._stdcxx_first = True      # as in ComfyUI: torch loaded libstdc++ before llama.cpp
+        print(c.clash())
+        c._stdcxx_first = False     # llama.cpp's libraries first: the safe order
+        print(c.clash())
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    found, refused, safe = p.stdout.splitlines()
+    assert found == "['libggml-carrier.so']"
+    assert "libggml-carrier.so carries its own copy of the C++ runtime" in refused and "README" in refused
+    assert safe == "None"
+
+
+def test_our_own_processes_load_llama_cpp_before_the_cxx_runtime():
+    """Importing the package where nothing loaded libstdc++ yet imports llama_cpp first."""
+    code = ("import comfyui_a3b, sys; from comfyui_a3b.runtime import cxxruntime as c; "
+            "print(c._stdcxx_first, 'llama_cpp' in sys.modules)")
+    p = subprocess.run([sys.executable, "-S", "-c", "import site; site.main(); " + code], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "True"]
