@@ -22,7 +22,8 @@ mkdir -p "$OUT"
 "$PY" - <<'EOF'
 import importlib, sys
 missing = []
-for mod in ("numpy", "yaml", "tqdm", "gguf", "llama_cpp", "comfyui_a3b"):
+# the runtime first: it imports llama_cpp before anything loads the C++ runtime (runtime/cxxruntime.py)
+for mod in ("comfyui_a3b.runtime", "llama_cpp", "numpy", "yaml", "tqdm", "gguf"):
     try:
         importlib.import_module(mod)
     except Exception as e:  # noqa: BLE001 - report every missing piece at once
