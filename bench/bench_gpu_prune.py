@@ -24,6 +24,7 @@ into --out; `--plot FILE.json` draws the PNG later where matplotlib is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -114,7 +115,9 @@ class VramSampler:
 def run_prune(model: Path, out: Path, args: list[str], cache: Path, block_torch: bool) -> dict:
     cmd = [sys.executable, "-c", CHILD, "prune", str(model), "--out", str(out), "--force", "--quiet", "--json",
            "--cache-dir", str(cache), *args]
-    env = dict(os.environ, **({"A3B_BENCH_BLOCK_TORCH": "1"} if block_torch else {}))
+    # the files are the ones this run writes: no need to vet them in a child process first (that
+    # loads a 4.6 GB model on the CPU once per file)
+    env = dict(os.environ, A3B_VET="off", **({"A3B_BENCH_BLOCK_TORCH": "1"} if block_torch else {}))
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     vram = VramSampler(p.pid)
@@ -153,6 +156,20 @@ def speeds(paths: dict[str, Path], n_gpu_layers: int, decode_tokens: int, prefil
         for ev in evs.values():
             ev.close()
     return res
+
+
+@contextlib.contextmanager
+def _vetting_off():
+    """A3B_VET=off while this run loads the files it wrote itself (restored afterwards)."""
+    before = os.environ.get("A3B_VET")
+    os.environ["A3B_VET"] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("A3B_VET", None)
+        else:
+            os.environ["A3B_VET"] = before
 
 
 def table(r: dict) -> str:
@@ -231,9 +248,6 @@ def main(argv=None) -> int:
     from .bench_gpu import write_model
     from .common import machine
 
-    # the files are the ones this run writes: no need to vet them in a child process first (that
-    # loads a 4.6 GB model on the CPU once per file)
-    os.environ.setdefault("A3B_VET", "off")
     out = Path(args.out)
     # the model files (about 13 GB at the real shape) stay out of --out, which holds only results
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-gpu-prune-"))
@@ -270,7 +284,8 @@ def main(argv=None) -> int:
         vr = "n/a" if res["peak_vram"] is None else f"{res['peak_vram'] / 1e9:.2f} GB"
         print(f"{name}: FFN {s['n_ff']}, {res['wall_s']:.0f} s, peak RSS {res['peak_rss'] / 1e9:.2f} GB "
               f"(anonymous {res['peak_anon'] / 1e9:.2f} GB), peak VRAM {vr}; stages {s.get('seconds')}", flush=True)
-    r["speed"] = speeds(paths, ngl, args.decode_tokens, args.prefill_tokens, args.reps, args.threads)
+    with _vetting_off():
+        r["speed"] = speeds(paths, ngl, args.decode_tokens, args.prefill_tokens, args.reps, args.threads)
     r["total_s"] = time.perf_counter() - t_start
     md = table(r)
     print(md)
