@@ -64,7 +64,7 @@ def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLi
     cfg.validate()
     from .source import SourceModel
 
-    SourceModel(source_path)  # typed errors (missing file, unsupported architecture) before any work
+    SourceModel(source_path, torch_reference=False)  # typed errors (missing file, not a GGUF) before any work
     out = variant_path(source_path, cfg, cache_dir)
     if out.is_file():
         return out

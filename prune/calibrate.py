@@ -92,8 +92,9 @@ def collect(model, windows: list[list[int]], source_sha256: str, cache_dir: str 
         if st is not None:
             return st
     widths = model.ffn_widths
-    acc = [dict(count=0, sum=torch.zeros(w, dtype=torch.float64), sumsq=torch.zeros(w, dtype=torch.float64),
-                sumabs=torch.zeros(w, dtype=torch.float64), gram=torch.zeros(w, w, dtype=torch.float64))
+    z = dict(dtype=torch.float64, device=model.device)
+    acc = [dict(count=0, sum=torch.zeros(w, **z), sumsq=torch.zeros(w, **z), sumabs=torch.zeros(w, **z),
+                gram=torch.zeros(w, w, **z))
            for w in widths]
 
     def hook(il: int, h, a):
@@ -116,7 +117,8 @@ def collect(model, windows: list[list[int]], source_sha256: str, cache_dir: str 
             model.hidden(x, hook)
             bar.update(x.shape[0])
     bar.close()
-    layers = [LayerStats(a["count"], a["sum"].numpy(), a["sumsq"].numpy(), a["sumabs"].numpy(), a["gram"].numpy())
+    layers = [LayerStats(a["count"], a["sum"].cpu().numpy(), a["sumsq"].cpu().numpy(), a["sumabs"].cpu().numpy(),
+                         a["gram"].cpu().numpy())
               for a in acc]
     st = CalibrationStats(layers, tokens, key)
     if path is not None:

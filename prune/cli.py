@@ -15,9 +15,10 @@ from .config import PruneConfig
 from .errors import InvalidRequest
 from .methods import METHODS
 
-DESCRIPTION = ("A3B gated-FFN pruning of a llama/qwen2/qwen3 GGUF: remove the least useful FFN neurons "
-               "(and optionally query heads) of every layer, recover quality by distillation against the "
-               "original, and write a smaller GGUF that llama.cpp loads as is. Needs the 'prune' extra "
+DESCRIPTION = ("A3B FFN pruning of a GGUF: remove the least useful FFN neurons of every layer (llama, qwen2, "
+               "qwen3, qwen35, gemma3; statistics from llama.cpp's own evaluation of the quantised file, streamed "
+               "in bounded memory), optionally query heads and recovery by distillation (torch reference: llama, "
+               "qwen2, qwen3), and write a smaller GGUF that llama.cpp loads as is. Needs the 'prune' extra "
                "(torch): pip install 'comfyui-a3b[prune]'.")
 
 #: What distillation trains (PruneConfig.validate checks the same two names).
@@ -44,6 +45,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-file", action="append", default=[], metavar="FILE",
                    help="calibrate on this text file instead of the built-in standard-library corpus "
                         "(repeatable; default: the built-in corpus)")
+    p.add_argument("--calib-dir", action="append", default=[], metavar="DIR",
+                   help="calibrate (and recover) on the UTF-8 text files under this folder (repeatable; default: the "
+                        "built-in corpus)")
+    p.add_argument("--calibration", choices=("auto", "llama", "torch"), default=d.calibration,
+                   help="where statistics come from: llama.cpp's evaluation of the GGUF (any supported architecture, "
+                        "streamed), the torch reference forward (llama/qwen2/qwen3: sequential a3b, recovery, head "
+                        "pruning), or auto: torch where recovery or head pruning needs it, llama.cpp otherwise "
+                        "(default: %(default)s)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+                   help="where the torch parts run (recovery, reference statistics, least-squares fits); auto takes "
+                        "a CUDA GPU when torch sees one (default: %(default)s)")
+    p.add_argument("--n-gpu-layers", type=int, default=d.n_gpu_layers, metavar="N",
+                   help="llama.cpp calibration: layers offloaded to the GPU, -1 = all, 0 = CPU only "
+                        "(default: %(default)s)")
+    p.add_argument("--gram-budget-mb", type=int, default=d.gram_budget_mb, metavar="MB",
+                   help="llama.cpp calibration: memory for the Gram matrices gathered in one pass (obs, a3b); "
+                        "wide FFNs then take several passes (default: %(default)s)")
+    p.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus,
+                   help="recovery text: the calibration corpus, or the wide corpus of everything installed (the "
+                        "standard library, every package's sources and documentation, Debian's documentation) "
+                        "(default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="distillation learning rate")
     p.add_argument("--recover-batch", type=int, default=d.recover_batch, metavar="N",
                    help="windows per distillation step")
@@ -77,7 +99,9 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
                       lr=args.lr, recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
                       recover_train=args.recover_train, recover_code_share=args.recover_code_share,
                       qat=args.qat, gate_sparsity=args.gate_sparsity, align=args.align, seed=args.seed,
-                      calib_files=tuple(args.calib_file), threads=args.threads)
+                      calib_files=tuple(args.calib_file), calib_dirs=tuple(args.calib_dir), threads=args.threads,
+                      calibration=args.calibration, device=args.device, n_gpu_layers=args.n_gpu_layers,
+                      gram_budget_mb=args.gram_budget_mb, recover_corpus=args.recover_corpus)
     cfg.validate()
     return cfg
 

@@ -22,7 +22,12 @@ def default_cache_dir() -> Path:
 
 # Settings added after variants were cached: at their defaults they leave the key (and so the cached
 # files' names) as it was, since the defaults reproduce what those files were made with.
-_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep")
+_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep", "calibration", "calib_dirs", "recover_corpus")
+# Settings that change where or how fast the work runs, not what it makes.
+_NOT_IN_KEY = ("threads", "device", "n_gpu_layers", "gram_budget_mb")
+
+CALIBRATIONS = ("auto", "llama", "torch")
+RECOVER_CORPORA = ("calib", "wide")
 
 
 @dataclass
@@ -44,7 +49,16 @@ class PruneConfig:
     gate_windows: int = 8
     align: int | None = None
     calib_files: tuple[str, ...] = ()
+    calib_dirs: tuple[str, ...] = ()
     threads: int = 0
+    # where the statistics come from: llama.cpp's graph evaluation (any architecture it runs, streamed,
+    # bounded memory), the torch reference forward (llama/qwen2/qwen3; sequential a3b, recovery, head
+    # pruning), or auto (torch where one of those needs it, else llama.cpp)
+    calibration: str = "auto"
+    device: str = "auto"          # torch parts: cuda, cpu or auto
+    n_gpu_layers: int = 0         # llama.cpp calibration: layers offloaded to the GPU (-1: all)
+    gram_budget_mb: int = 4096    # memory for the Gram matrices of one llama.cpp calibration pass
+    recover_corpus: str = "calib"  # recovery text: the calibration corpus, or the wide corpus (corpus.py)
 
     def validate(self) -> None:
         for name in ("lr", "gate_sparsity", "recover_code_share"):  # keep ratios: range checks below
@@ -74,13 +88,32 @@ class PruneConfig:
         for f in self.calib_files:
             if not Path(f).is_file():
                 raise InvalidRequest(f"calibration file not found: {f}")
+        for d in self.calib_dirs:
+            if not Path(d).is_dir():
+                raise InvalidRequest(f"calibration folder not found: {d}")
+        if self.calibration not in CALIBRATIONS:
+            raise InvalidRequest(f"calibration is one of {', '.join(CALIBRATIONS)}, got {self.calibration!r}")
+        if self.recover_corpus not in RECOVER_CORPORA:
+            raise InvalidRequest(f"recovery corpus is one of {', '.join(RECOVER_CORPORA)}, got {self.recover_corpus!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise InvalidRequest(f"device is one of auto, cpu, cuda, got {self.device!r}")
+        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
+            raise InvalidRequest("n_gpu_layers must be -1 (all), 0 (CPU only) or a layer count, "
+                                 f"got {self.n_gpu_layers!r}")
+        if self.gram_budget_mb < 1:
+            raise InvalidRequest(f"gram budget must be at least 1 MB, got {self.gram_budget_mb}")
 
     def key(self) -> str:
         """Hash of every setting that shapes the output (threads do not), naming cached files."""
         d = asdict(self)
-        d.pop("threads")
+        for name in _NOT_IN_KEY:
+            d.pop(name)
         for name in _KEY_NEUTRAL_AT_DEFAULT:
             if d[name] == getattr(PruneConfig, name):
                 d.pop(name)
         d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
+        if "calib_dirs" in d:
+            from .corpus import dir_digest
+
+            d["calib_dirs"] = [dir_digest(x) for x in self.calib_dirs]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Recovery: logit distillation of the pruned model from the unpruned one (CPU, torch).
+"""Recovery: logit distillation of the pruned model from the unpruned one (torch, on the models' device).
 
 The student learns the teacher's next-token distribution (KL divergence over the full vocabulary)
 on calibration text. What it trains is a choice (`train`): "ffn", the FFN weights pruning changed,
@@ -12,6 +12,9 @@ default), in a seeded order.
 With `quant_types` the matrices train through llama.cpp's quantiser (qat.py), so the file written
 afterwards holds what was trained. A checkpoint (trained tensors, optimiser, position in the data)
 is written every `checkpoint_every` steps; a run interrupted after one resumes from it.
+
+On a GPU (the models' device) the forward passes run under bf16 autocast and the loss is read back
+every `sync_every` steps, not every step, so the GPU is not stalled by a host round trip per step.
 """
 from __future__ import annotations
 
@@ -86,7 +89,7 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
             seed: int = 0, train: str = "all", quant_types: dict[str, str] | None = None,
             shares: list[float] | None = None,
             checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 50, progress: bool = True,
-            should_stop=None) -> DistillReport:
+            should_stop=None, autocast: bool = True, sync_every: int = 10) -> DistillReport:
     """Train `student` towards `teacher` for `steps` steps of `batch` windows.
 
     `windows` is one (n, seq_len) int array per kind of text; batches mix the kinds by `shares`
@@ -97,7 +100,9 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
     from tqdm import tqdm
 
     from . import qat
+    from .device import autocast as amp
 
+    dev = student.device
     seq_len = int(windows[0].shape[1]) if windows else 0
     rep = DistillReport(steps=steps, seq_len=seq_len, batch=batch, lr=lr, train=train)
     if steps <= 0:
@@ -112,6 +117,12 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98), fused=True)
+    pending: list = []  # losses still on the device
+
+    def flush() -> None:
+        if pending:
+            rep.losses.extend(float(v) for v in torch.stack(pending).cpu())
+            pending.clear()
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: ((s + 1) / warm if s < warm
@@ -128,10 +139,13 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
         while step < steps:
             if should_stop is not None and should_stop():
                 break
-            x = torch.from_numpy(data.next().astype(np.int64))
-            with torch.no_grad():
-                t_logp = F.log_softmax(teacher(x), -1).flatten(0, 1)
-            s_logp = F.log_softmax(student(x), -1).flatten(0, 1)
+            x = torch.from_numpy(data.next().astype(np.int64)).to(dev, non_blocking=True)
+            with torch.no_grad(), amp(str(dev.type), autocast):
+                t_logits = teacher(x)
+            with amp(str(dev.type), autocast):
+                s_logits = student(x)
+            t_logp = F.log_softmax(t_logits.float(), -1).flatten(0, 1)
+            s_logp = F.log_softmax(s_logits.float(), -1).flatten(0, 1)
             loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -139,13 +153,17 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
             opt.step()
             sched.step()
             step += 1
-            rep.losses.append(loss.item())
+            pending.append(loss.detach())
             rep.tokens += x.numel()
             bar.update(1)
-            bar.set_postfix(kl=f"{np.mean(rep.losses[-10:]):.4f}")
+            if step % sync_every == 0 or step == steps or dev.type == "cpu":
+                flush()
+                bar.set_postfix(kl=f"{np.mean(rep.losses[-10:]):.4f}")
             if checkpoint and (step % checkpoint_every == 0 or step == steps):
+                flush()
                 _save(checkpoint, step, named, opt, sched, data, rep)
     finally:
+        flush()
         bar.close()
         student.eval()
         for p in params:
@@ -179,7 +197,7 @@ def _resume(path, named, opt, sched, data, rep) -> int:
     if not path.is_file():
         return 0
     try:
-        st = torch.load(path, weights_only=False)
+        st = torch.load(path, weights_only=False, map_location="cpu")
         if set(st["tensors"]) != set(named):
             return 0
         with torch.no_grad():

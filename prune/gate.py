@@ -22,13 +22,13 @@ def calibrate_thresholds(model, windows: np.ndarray, sparsity: float, max_sample
     torch = require_torch()
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"gate sparsity must be in [0, 1), got {sparsity}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
     samples: list[list] = [[] for _ in model.layers]
 
     def hook(il, h, a):
         v = a.detach().abs().flatten()
         if v.numel() > max_samples // 4:
-            v = v[torch.randint(0, v.numel(), (max_samples // 4,), generator=gen)]
+            v = v[torch.randint(0, v.numel(), (max_samples // 4,), generator=gen, device=v.device)]
         samples[il].append(v)
         return None
 

@@ -65,7 +65,7 @@ def collect_grams(model, tokens: np.ndarray, cache_path: Path | None = None, bat
         except (OSError, KeyError, ValueError):
             pass  # damaged: recompute
     dim = model.hp.n_head * model.hp.head_dim
-    acc = [torch.zeros(dim, dim, dtype=torch.float64) for _ in model.layers]
+    acc = [torch.zeros(dim, dim, dtype=torch.float64, device=model.device) for _ in model.layers]
 
     def probe(il: int, o):
         x = o.reshape(-1, o.shape[-1])
@@ -86,7 +86,7 @@ def collect_grams(model, tokens: np.ndarray, cache_path: Path | None = None, bat
         for layer in model.layers:
             layer.attn_probe = None
         bar.close()
-    grams = [a.numpy() / max(1, tokens.size) for a in acc]
+    grams = [a.cpu().numpy() / max(1, tokens.size) for a in acc]
     if cache_path is not None:
         from .calibrate import save_npz_atomic
 

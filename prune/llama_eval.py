@@ -18,9 +18,9 @@ from ..runtime.llama import Weights, fill_batch, llama, sequence
 
 
 class LlamaEval:
-    def __init__(self, path: str | os.PathLike, n_ctx: int = 512, n_threads: int = 0):
+    def __init__(self, path: str | os.PathLike, n_ctx: int = 512, n_threads: int = 0, n_gpu_layers: int = 0):
         L = llama()
-        self.weights = Weights(Path(path))
+        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers)
         self.n_vocab = self.weights.n_vocab
         p = L.llama_context_default_params()
         p.n_ctx = n_ctx
@@ -101,6 +101,15 @@ class LlamaEval:
             pos += 1
             tok = int(np.argmax(self._last_logits()))
         return n_tokens / (time.perf_counter() - t0)
+
+    def prefill_speed(self, tokens: list[int]) -> float:
+        """Tokens/s of reading `tokens` as one prompt from an empty cache (logits for the last only)."""
+        L = llama()
+        L.llama_memory_clear(self.mem, True)
+        t0 = time.perf_counter()
+        self._decode(tokens, 0, False)
+        self._last_logits()  # waits for the computation (a GPU computes asynchronously)
+        return len(tokens) / (time.perf_counter() - t0)
 
     def _last_logits(self) -> np.ndarray:
         L = llama()

@@ -38,13 +38,14 @@ class LayerPlan:
     bias: np.ndarray | None          # new ffn_down.bias (n_embd,), None = none
 
 
-def scores(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, st: LayerStats | None,
+def scores(method: str, gate: np.ndarray | None, up: np.ndarray | None, down: np.ndarray, st: LayerStats | None,
            rng: np.random.Generator) -> np.ndarray:
     dn = np.linalg.norm(down, axis=0)
     if method == "random":
-        return rng.random(gate.shape[0])
+        return rng.random(down.shape[1])
     if method == "magnitude":
-        return np.linalg.norm(gate, axis=1) * np.linalg.norm(up, axis=1) * dn
+        g = np.linalg.norm(gate, axis=1) if gate is not None else 1.0
+        return g * np.linalg.norm(up, axis=1) * dn
     if st is None:
         raise ValueError(f"method {method!r} needs calibration statistics")
     if method == "wanda":
@@ -58,6 +59,11 @@ def _top(score: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-score, kind="stable")[:k])
 
 
+def obs_chunk(n: int) -> int:
+    """Neurons removed per OBS step: 8 for small FFNs, about n/256 for wide ones (12288 -> 48)."""
+    return max(8, n // 256)
+
+
 def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
     """Remove n - k of the first n columns of W (torch float64, (n_out, m)), G the damped Gram.
 
@@ -69,8 +75,8 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
 
     m = G.shape[0]
     Hinv = torch.linalg.inv(G)
-    alive = torch.ones(m, dtype=torch.bool)
-    protected = torch.zeros(m, dtype=torch.bool)
+    alive = torch.ones(m, dtype=torch.bool, device=W.device)
+    protected = torch.zeros(m, dtype=torch.bool, device=W.device)
     if fit_bias:
         protected[n] = True
     left = n - k
@@ -87,33 +93,39 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
         alive[S] = False
         left -= c
     keep = torch.nonzero(alive[:n]).flatten()
-    return LayerPlan(keep.numpy(), W[:, keep].float().numpy(), W[:, n].float().numpy() if fit_bias else None)
+    return LayerPlan(keep.cpu().numpy(), W[:, keep].float().cpu().numpy(),
+                     W[:, n].float().cpu().numpy() if fit_bias else None)
 
 
 def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None, fit_bias: bool,
-               damp: float = 0.01, chunk: int = 8) -> LayerPlan:
-    """One-shot structured OBS on the unpruned model's statistics (method "obs")."""
+               damp: float = 0.01, chunk: int | None = None, device: str = "cpu") -> LayerPlan:
+    """One-shot structured OBS on the unpruned model's statistics (method "obs"), on `device`."""
     import torch
 
     n = down.shape[1]
-    G = torch.from_numpy(st.gram).double()
-    W = torch.from_numpy(down).double().clone()
+    chunk = chunk or 8
+    G = torch.as_tensor(st.gram).to(device=device, dtype=torch.float64)
+    W = torch.from_numpy(np.ascontiguousarray(down)).to(device=device, dtype=torch.float64).clone()
     if fit_bias:  # constant feature 1: its Gram row is sum h, its diagonal the token count
-        s = torch.from_numpy(st.sum).double()
-        G = torch.cat([torch.cat([G, s[:, None]], 1), torch.cat([s, torch.tensor([float(st.count)])])[None]], 0)
-        b0 = torch.zeros(down.shape[0], dtype=torch.float64) if bias is None else torch.from_numpy(bias).double()
+        s = torch.from_numpy(st.sum).to(device=device, dtype=torch.float64)
+        cnt = torch.tensor([float(st.count)], dtype=torch.float64, device=device)
+        G = torch.cat([torch.cat([G, s[:, None]], 1), torch.cat([s, cnt])[None]], 0)
+        b0 = (torch.zeros(down.shape[0], dtype=torch.float64, device=device) if bias is None
+              else torch.from_numpy(bias).to(device=device, dtype=torch.float64))
         W = torch.cat([W, b0[:, None]], 1)
-    G = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(G.shape[0], dtype=torch.float64)
+    G = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(G.shape[0], dtype=torch.float64, device=device)
     return obs_prune(W, G, n, k, fit_bias, chunk)
 
 
-def plan_layer(method: str, gate: np.ndarray, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
-               st: LayerStats | None, k: int, rng: np.random.Generator, bias_ok: bool) -> LayerPlan:
-    n = gate.shape[0]
+def plan_layer(method: str, gate: np.ndarray | None, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
+               st: LayerStats | None, k: int, rng: np.random.Generator, bias_ok: bool, device: str = "cpu",
+               chunk: int | None = None) -> LayerPlan:
+    """`gate` is None for an FFN without one (down(act(up x))); magnitude then scores ||up_i||."""
+    n = down.shape[1]
     if k >= n:
         return LayerPlan(np.arange(n), None, None)
     if method == "obs":
-        return obs_select(down, st, k, bias, fit_bias=bias_ok)
+        return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk)
     if method == "a3b":
         raise ValueError("method a3b is sequential: use sequential.sequential_plans")
     keep = _top(scores(method, gate, up, down, st, rng), k)

@@ -158,4 +158,4 @@ def export(model, names) -> dict:
         for attr, suffix in TENSORS.items():
             owner[f"blk.{i}.{suffix}"] = (layer, attr)
     with torch.no_grad():
-        return {n: getattr(*owner[n]).detach().float().numpy().copy() for n in names}
+        return {n: getattr(*owner[n]).detach().float().cpu().numpy().copy() for n in names}

@@ -90,14 +90,14 @@ class Layer(nn.Module):
         return x + self.ffn(_rms(x, self.ffn_norm, self.hp.eps), il, hook)
 
 
-def _rope_tables(hp: HParams, T: int, offset: int = 0, freq_factors=None):
+def _rope_tables(hp: HParams, T: int, offset: int = 0, freq_factors=None, device=None):
     half = hp.head_dim // 2
     inv = hp.rope_base ** (-torch.arange(0, half, dtype=torch.float64) * 2.0 / hp.head_dim)
     if freq_factors is not None:
-        inv = inv / freq_factors.double()
+        inv = inv / freq_factors.double().cpu()
     pos = (torch.arange(offset, offset + T, dtype=torch.float64) * hp.rope_scale)
     ang = torch.outer(pos, inv)
-    return torch.cos(ang).float(), torch.sin(ang).float()
+    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
 
 
 def _rope(x, cos, sin, kind: str):
@@ -148,6 +148,10 @@ class RefModel(nn.Module):
         return cls(src.hp, {name: src.weight(name) for name in src.tensors}, emulate)
 
     @property
+    def device(self):
+        return self.embd.device
+
+    @property
     def ffn_widths(self) -> list[int]:
         return [int(layer.gate.shape[0]) for layer in self.layers]
 
@@ -155,8 +159,9 @@ class RefModel(nn.Module):
         """Final normed hidden states (B, T, n_embd)."""
         if tokens.dim() == 1:
             tokens = tokens[None]
+        tokens = tokens.to(self.embd.device)
         x = F.embedding(tokens, self.embd)
-        cos, sin = _rope_tables(self.hp, tokens.shape[1], freq_factors=self.freq_factors)
+        cos, sin = _rope_tables(self.hp, tokens.shape[1], freq_factors=self.freq_factors, device=self.embd.device)
         for il, layer in enumerate(self.layers):
             x = layer(x, cos, sin, il, hook)
         return _rms(x, self.out_norm, self.hp.eps)
@@ -177,7 +182,7 @@ def nll(model: RefModel, seqs: list[list[int]], hook: FFNHook | None = None) -> 
     """Summed next-token negative log-likelihood and token count over sequences (each scored alone)."""
     total, n = 0.0, 0
     for s in seqs:
-        x = torch.tensor(s, dtype=torch.long)
+        x = torch.tensor(s, dtype=torch.long, device=model.device)
         logits = model(x, hook)[0, :-1]
         total += float(F.cross_entropy(logits, x[1:], reduction="sum"))
         n += len(s) - 1

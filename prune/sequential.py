@@ -29,8 +29,9 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
 
     hp = teacher.hp
     F = torch.nn.functional
-    toks = torch.from_numpy(tokens.astype(np.int64))
-    cos, sin = _rope_tables(hp, toks.shape[1], freq_factors=teacher.freq_factors)
+    dev = teacher.device
+    toks = torch.from_numpy(tokens.astype(np.int64)).to(dev)
+    cos, sin = _rope_tables(hp, toks.shape[1], freq_factors=teacher.freq_factors, device=dev)
     with torch.no_grad():
         xt = F.embedding(toks, teacher.embd)
         xs = xt.clone()
@@ -39,8 +40,8 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
     for layer in teacher.layers:
         n = layer.gate.shape[0]
         m = n + (1 if fit_bias else 0)
-        G = torch.zeros(m, m, dtype=torch.float64)
-        C = torch.zeros(m, hp.n_embd, dtype=torch.float64)
+        G = torch.zeros(m, m, dtype=torch.float64, device=dev)
+        C = torch.zeros(m, hp.n_embd, dtype=torch.float64, device=dev)
         a_s_all = torch.empty_like(xs)
         with torch.no_grad():
             for i in range(0, toks.shape[0], batch):
@@ -52,18 +53,18 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
                 u = _rms(a_s, layer.ffn_norm, hp.eps)
                 h = (F.silu(F.linear(u, layer.gate)) * F.linear(u, layer.up)).reshape(-1, n)
                 if fit_bias:
-                    h = torch.cat([h, torch.ones(h.shape[0], 1)], 1)
+                    h = torch.cat([h, torch.ones(h.shape[0], 1, device=dev)], 1)
                 target = (xt[sl] - a_s).reshape(-1, hp.n_embd)
                 if layer.down_bias is not None and not fit_bias:
                     target = target - layer.down_bias
                 G += (h.T @ h).double()
                 C += (h.T @ target).double()
-            Gd = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(m, dtype=torch.float64)
+            Gd = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(m, dtype=torch.float64, device=dev)
             W = torch.linalg.solve(Gd, C).T.contiguous()          # (n_embd, m): least-squares optimum
             plan = obs_prune(W, Gd, n, k, fit_bias, chunk)
-            keep = torch.from_numpy(plan.keep)
-            down = torch.from_numpy(plan.down)
-            bias = torch.from_numpy(plan.bias) if plan.bias is not None else layer.down_bias
+            keep = torch.from_numpy(plan.keep).to(dev)
+            down = torch.from_numpy(plan.down).to(dev)
+            bias = torch.from_numpy(plan.bias).to(dev) if plan.bias is not None else layer.down_bias
             for i in range(0, toks.shape[0], batch):
                 sl = slice(i, i + batch)
                 u = _rms(a_s_all[sl], layer.ffn_norm, hp.eps)

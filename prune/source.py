@@ -1,7 +1,9 @@
 """Read a source GGUF for pruning: hyperparameters, raw tensors and dequantised weights (no torch).
 
-Only architectures whose layers are plain pre-norm attention + SwiGLU FFN blocks are supported:
-llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k RMS norms). llama.cpp applies rotary
+The torch reference forward knows architectures whose layers are plain pre-norm attention + SwiGLU
+FFN blocks: llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k RMS norms). Streamed pruning with
+llama.cpp calibration reads any architecture (`torch_reference=False`); layout.py says which it can
+prune. llama.cpp applies rotary
 embeddings to adjacent pairs for llama (GGUF conversion permutes q/k accordingly) and to halves
 (NeoX style) for qwen2/qwen3; the reference forward follows the same convention.
 """
@@ -55,16 +57,21 @@ def _scalar(v: Any, what: str, path: Path) -> Any:
 
 
 class SourceModel:
-    """A GGUF opened for reading. `raw(name)` gives the stored bytes, `weight(name)` float32 values."""
+    """A GGUF opened for reading. `raw(name)` gives the stored bytes, `weight(name)` float32 values.
 
-    def __init__(self, path: str | os.PathLike):
+    `torch_reference`: the file is for the torch reference forward, which knows llama/qwen2/qwen3.
+    """
+
+    def __init__(self, path: str | os.PathLike, torch_reference: bool = True):
         self.path = Path(path).resolve()
         info = inspect_gguf(self.path)  # typed errors for missing / foreign / truncated files
         self.info = info
-        if info.architecture not in SUPPORTED_ARCHITECTURES:
+        self.torch_reference = torch_reference
+        if torch_reference and info.architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedArchitecture(
-                f"A3B pruning supports the {', '.join(SUPPORTED_ARCHITECTURES)} architectures; "
-                f"{self.path.name} is {info.architecture!r}. Pick a model of a supported architecture.")
+                f"the torch reference forward (recovery, sequential a3b, head pruning) knows the "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} architectures; {self.path.name} is {info.architecture!r}. "
+                "One-shot pruning calibrated through llama.cpp covers more: --calibration llama --recover-steps 0.")
         from gguf import GGUFReader
 
         self.reader = GGUFReader(str(self.path), "r")
@@ -79,24 +86,31 @@ class SourceModel:
             v = f.contents()
             return _scalar(v, suffix, self.path)
 
+        def lenient(suffix: str, default: Any) -> Any:  # per-layer arrays are fine where torch is not used
+            if torch_reference:
+                return key(suffix, default)
+            f = self.fields.get(f"{arch}.{suffix}")
+            v = default if f is None else f.contents()
+            return max(v) if isinstance(v, list) and v else v
+
         n_embd = int(key("embedding_length"))
-        n_head = int(key("attention.head_count"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
-        scaling = key("rope.scaling.type", "none")
+        n_head = int(lenient("attention.head_count", 1) or 1)
+        head_dim = int(lenient("attention.key_length", n_embd // n_head))
+        scaling = key("rope.scaling.type", "none") if torch_reference else "none"
         if scaling not in ("none", "linear"):
             raise UnsupportedArchitecture(f"{self.path.name} uses RoPE scaling {scaling!r}; the reference "
                                           "forward supports none and linear.")
         emb = self.tensors["token_embd.weight"]
         self.hp = HParams(
-            arch=arch, n_layer=int(key("block_count")), n_embd=n_embd, n_ff=int(key("feed_forward_length")),
-            n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)), head_dim=head_dim,
+            arch=arch, n_layer=int(key("block_count")), n_embd=n_embd, n_ff=int(lenient("feed_forward_length", 0)),
+            n_head=n_head, n_head_kv=int(lenient("attention.head_count_kv", n_head) or n_head), head_dim=head_dim,
             n_vocab=int(emb.shape[1]), eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_base=float(key("rope.freq_base", 10000.0)), rope_type=ROPE_TYPE[arch],
+            rope_base=float(key("rope.freq_base", 10000.0)), rope_type=ROPE_TYPE.get(arch, "neox"),
             rope_scale=1.0 / float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
             n_ctx_train=int(key("context_length", 2048)),
             file_type=self.fields["general.file_type"].contents() if "general.file_type" in self.fields else None,
             tied_output="output.weight" not in self.tensors)
-        for i in range(self.hp.n_layer):
+        for i in range(self.hp.n_layer if torch_reference else 0):
             for part in ("ffn_gate", "ffn_up", "ffn_down"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
                     raise UnsupportedArchitecture(f"{self.path.name} has no blk.{i}.{part}.weight: A3B pruning "

@@ -261,7 +261,10 @@ def inspect_gguf(path: str | os.PathLike) -> GGUFInfo:
     """Read a GGUF's metadata and tensor index; raise a typed error for missing/foreign/cut files."""
     scan_header(path)   # bounded: what the full reader below would choke on is refused here
     p = Path(path)
-    size = p.stat().st_size
+    return _inspect(p, p.stat().st_size)
+
+
+def _inspect(p: Path, size: int) -> GGUFInfo:
     from gguf import GGUFReader
 
     try:

@@ -1,4 +1,5 @@
-"""Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen3 shapes.
+"""Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen3 / qwen35 /
+gemma3 / qwen3moe shapes.
 
 They load in llama.cpp in milliseconds and cover architectures and broken files the embedded model
 cannot: an unknown architecture, a truncated copy, a file that is not GGUF at all.
@@ -25,11 +26,16 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, n_layer: int = 2,
-                    n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 256,
+                    n_head: int = 4, n_head_kv: int = 2, n_ff: int | list[int] = 128, n_ctx: int = 256,
                     seed: int = 0, dtype=np.float32, extra_kv: dict | None = None,
                     block_count: int | None = None, duplicate_token: bool = False,
                     chat_template: str | None = None) -> Path:
-    """Write a random-weight model of `arch` (llama, qwen2, qwen3, or any name for unknown-arch tests).
+    """Write a random-weight model of `arch` (llama, qwen2, qwen3, qwen35, gemma3, qwen3moe, or any name
+    for unknown-arch tests).
+
+    qwen35 is the Gated-DeltaNet / attention hybrid (every fourth layer attention, the others linear
+    attention); gemma3 has post-attention and post-FFN norms and a GELU FFN; qwen3moe has an expert
+    FFN (4 experts, 2 used). `n_ff` may be a list (one width per layer).
 
     `block_count` writes that layer count into the metadata whatever the tensors hold, and
     `duplicate_token` gives two vocabulary entries the same text: files llama.cpp's loader asserts on.
@@ -44,14 +50,34 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer if block_count is None else block_count)
-    w.add_feed_forward_length(n_ff)
+    if isinstance(n_ff, (list, tuple)):
+        w.add_array(f"{arch}.feed_forward_length", [int(x) for x in n_ff])
+        widths = [int(x) for x in n_ff]
+    else:
+        w.add_feed_forward_length(n_ff)
+        widths = [int(n_ff)] * n_layer
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen35", "gemma3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "gemma3":
+        w.add_sliding_window(64)
+    if arch == "qwen35":  # linear attention: 2 key heads and 4 value heads of 8, conv kernel 4
+        w.add_uint32(f"{arch}.ssm.conv_kernel", 4)
+        w.add_uint32(f"{arch}.ssm.inner_size", 32)
+        w.add_uint32(f"{arch}.ssm.state_size", 8)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", 4)
+        w.add_uint32(f"{arch}.ssm.group_count", 2)
+        w.add_uint32(f"{arch}.full_attention_interval", 2)
+        w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+        w.add_array(f"{arch}.rope.dimension_sections", [head_dim // 4, head_dim // 4, 0, 0])
+    if arch == "qwen3moe":
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", widths[0])
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == np.float32 else gguf.LlamaFileType.MOSTLY_F16)
     tokens, scores, types = _vocab()
     if duplicate_token:
@@ -86,22 +112,47 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     t("output.weight", n_vocab, n_embd)
     for i in range(n_layer):
         p = f"blk.{i}."
+        ff = widths[i]
         ones(p + "attn_norm.weight", n_embd)
-        t(p + "attn_q.weight", n_head * head_dim, n_embd)
-        t(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
-        t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
-        t(p + "attn_output.weight", n_embd, n_head * head_dim)
-        if arch == "qwen2":
-            w.add_tensor(p + "attn_q.bias", np.zeros(n_head * head_dim, dtype=np.float32))
-            w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
-            w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
-        if arch == "qwen3":
-            ones(p + "attn_q_norm.weight", head_dim)
-            ones(p + "attn_k_norm.weight", head_dim)
-        ones(p + "ffn_norm.weight", n_embd)
-        t(p + "ffn_gate.weight", n_ff, n_embd)
-        t(p + "ffn_up.weight", n_ff, n_embd)
-        t(p + "ffn_down.weight", n_embd, n_ff)
+        if arch == "qwen35" and (i + 1) % 2:  # a linear-attention (Gated DeltaNet) layer
+            key_dim, value_dim = 8 * 2, 8 * 4
+            t(p + "attn_qkv.weight", key_dim * 2 + value_dim, n_embd)
+            t(p + "attn_gate.weight", value_dim, n_embd)
+            t(p + "ssm_conv1d.weight", key_dim * 2 + value_dim, 4)
+            w.add_tensor(p + "ssm_dt.bias", np.zeros(4, dtype=np.float32))
+            w.add_tensor(p + "ssm_a", -np.ones(4, dtype=np.float32))
+            t(p + "ssm_beta.weight", 4, n_embd)
+            t(p + "ssm_alpha.weight", 4, n_embd)
+            ones(p + "ssm_norm.weight", 8)
+            t(p + "ssm_out.weight", n_embd, value_dim)
+        else:
+            q_rows = n_head * head_dim * (2 if arch == "qwen35" else 1)  # qwen35: query and its gate
+            t(p + "attn_q.weight", q_rows, n_embd)
+            t(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
+            t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+            t(p + "attn_output.weight", n_embd, n_head * head_dim)
+            if arch == "qwen2":
+                w.add_tensor(p + "attn_q.bias", np.zeros(n_head * head_dim, dtype=np.float32))
+                w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
+                w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
+            if arch in ("qwen3", "qwen35", "gemma3", "qwen3moe"):
+                ones(p + "attn_q_norm.weight", head_dim)
+                ones(p + "attn_k_norm.weight", head_dim)
+        if arch in ("qwen35", "gemma3"):
+            ones(p + "post_attention_norm.weight", n_embd)
+        if arch != "qwen35":
+            ones(p + "ffn_norm.weight", n_embd)
+        if arch == "gemma3":
+            ones(p + "post_ffw_norm.weight", n_embd)
+        if arch == "qwen3moe":
+            t(p + "ffn_gate_inp.weight", 4, n_embd)
+            t(p + "ffn_gate_exps.weight", 4, ff, n_embd)
+            t(p + "ffn_up_exps.weight", 4, ff, n_embd)
+            t(p + "ffn_down_exps.weight", 4, n_embd, ff)
+            continue
+        t(p + "ffn_gate.weight", ff, n_embd)
+        t(p + "ffn_up.weight", ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

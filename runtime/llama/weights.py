@@ -73,13 +73,19 @@ class Weights:
     """A loaded llama_model and its vocabulary (the `Vocab` of engine.py)."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None,
-                 offload: str = ""):
+                 offload: str = "", vocab_only: bool = False, repack: bool = True):
+        """`vocab_only`: the vocabulary without the weights (tokenizing). `repack`: let llama.cpp's CPU
+        backend copy weights into its interleaved layouts (faster CPU matrix products, but anonymous
+        memory the size of those weights instead of the memory-mapped file's pages)."""
         vet.check_file(path)   # first load of a file: in a child process, see runtime/vet.py
         L = llama()
         self.path = Path(path)
         params = L.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap else L.LLAMA_LOAD_MODE_NONE
+        params.vocab_only = bool(vocab_only)
+        if not repack:
+            params.use_extra_bufts = False
         mark = log_mark()
         t0 = time.perf_counter()
         ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
@@ -92,13 +98,18 @@ class Weights:
         self._cond = threading.Condition()
         self.vocab_ptr = L.llama_model_get_vocab(ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab_ptr)
-        self.n_ctx_train = L.llama_model_n_ctx_train(ptr)
-        self.n_embd = L.llama_model_n_embd(ptr)
-        self.n_layer = L.llama_model_n_layer(ptr)
-        self.n_head = L.llama_model_n_head(ptr)
-        self.n_head_kv = L.llama_model_n_head_kv(ptr)
-        self.size_bytes = int(L.llama_model_size(ptr))
-        self.has_encoder = bool(L.llama_model_has_encoder(ptr))
+        self.vocab_only = bool(vocab_only)
+        if vocab_only:  # llama.cpp aborts on per-layer queries of a model loaded without its layers
+            self.n_ctx_train = self.n_embd = self.n_layer = self.n_head = self.n_head_kv = self.size_bytes = 0
+            self.has_encoder = False
+        else:
+            self.n_ctx_train = L.llama_model_n_ctx_train(ptr)
+            self.n_embd = L.llama_model_n_embd(ptr)
+            self.n_layer = L.llama_model_n_layer(ptr)
+            self.n_head = L.llama_model_n_head(ptr)
+            self.n_head_kv = L.llama_model_n_head_kv(ptr)
+            self.size_bytes = int(L.llama_model_size(ptr))
+            self.has_encoder = bool(L.llama_model_has_encoder(ptr))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab_ptr))
         self.bos = L.llama_vocab_bos(self.vocab_ptr)
         self.eos = L.llama_vocab_eos(self.vocab_ptr)
