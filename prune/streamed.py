@@ -43,21 +43,26 @@ GRAM_METHODS = ("obs", "a3b")
 def open_source(path: str | os.PathLike) -> tuple[SourceModel, FFNLayout]:
     """The source and its FFN layout; typed errors for an architecture llama.cpp does not run or whose
     FFN cannot be pruned (named)."""
-    from ..runtime.llama import llama_cpp_version, probe_architecture
-
     src = SourceModel(path, torch_reference=False)
     arch = src.info.architecture
-    ok, why = probe_architecture(src.path)
-    if not ok:
-        raise UnsupportedArchitecture(
-            f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) cannot run {src.path.name} "
-            f"(architecture {arch!r}: {why}); pruning calibrates through llama.cpp, so it needs a model llama.cpp "
-            "runs. Upgrade llama-cpp-python or pick another model.")
+    require_llama_runs(src)
     f = src.fields.get(f"{arch}.feed_forward_length")
     ffl = None if f is None else f.contents()
     shapes = {n: tuple(int(x) for x in reversed(t.shape)) for n, t in src.tensors.items()}
     layout = check_layout(arch, list(src.tensors), shapes, src.hp.n_layer, ffl, src.path.name)
     return src, layout
+
+
+def require_llama_runs(src: SourceModel) -> None:
+    """UnsupportedArchitecture unless the installed llama.cpp runs `src` (calibration runs it)."""
+    from ..runtime.llama import llama_cpp_version, probe_architecture
+
+    ok, why = probe_architecture(src.path)
+    if not ok:
+        raise UnsupportedArchitecture(
+            f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) cannot run {src.path.name} "
+            f"(architecture {src.info.architecture!r}: {why}); pruning calibrates through llama.cpp, so it needs a "
+            "model llama.cpp runs. Upgrade llama-cpp-python or pick another model.")
 
 
 def down_align(src: SourceModel, layout: FFNLayout) -> int:
