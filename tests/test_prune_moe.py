@@ -252,3 +252,19 @@ def test_expert_probe_reap_statistics_match_the_router(planted):
         assert (st.reap[il] > 0).sum() == (st.count[il] > 0).sum()
         assert st.count[il][DEAD[il]].sum() == 0
         assert st.hsq.shape == (2, E, 128) and (st.hsq[il][DEAD[il]] == 0).all()
+
+
+@pytest.mark.slow  # the loader's calibration defaults: 64 windows of 256 tokens
+def test_the_loader_serves_an_expert_pruned_variant_made_once(planted, tmp_path, monkeypatch):
+    from comfyui_a3b.nodes import core, defs
+
+    assert defs.LOADER.defaults()["experts_keep"] == 1.0
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(core, "_variants", {})
+    # the loader's default recover_steps would be refused by expert pruning: experts_keep < 1 runs one-shot
+    path = core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5)
+    assert path.is_relative_to(tmp_path / "cache") and inspect_gguf(path).expert_count == 4
+    core._variants.clear()
+    assert core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5) == path  # from the disk cache
+    with pytest.raises(core.NodeError, match="experts_keep must be in"):
+        core.pruned_variant(planted["qwen3moe"], 1.0, None, 0, 1.0, 0.0)
