@@ -32,11 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="GGUF path or name in $A3B_MODELS (default: the embedded SmolLM2-135M)")
     p.add_argument("--keep", type=float, default=None, metavar="RATIO",
-                   help=f"fraction of FFN neurons kept in every layer (in every kept expert of a mixture-of-experts "
-                        f"model), in (0, 1] (default: {d.keep:g}; 1 with --experts-keep)")
+                   help=f"fraction of FFN neurons kept (of a mixture-of-experts model: in every kept expert, 1 with "
+                        f"--experts-keep) in every layer, in (0, 1] (default: {d.keep})")
     p.add_argument("--experts-keep", type=float, default=None, metavar="RATIO",
                    help="mixture-of-experts models (qwen3moe, qwen35moe): fraction of the routed experts kept in "
-                        "every layer, in (0, 1]; --keep then defaults to 1 and --recover-steps to 0")
+                        "every layer, in (0, 1]; --keep then defaults to 1 and --recover-steps to 0 (default: 1, "
+                        "every expert)")
     p.add_argument("--expert-method", choices=EXPERT_METHODS, default=d.expert_method,
                    help="how experts are ranked: reap (router weight x output norm on routed tokens), frequency "
                         "(tokens routed), random (default: %(default)s)")
@@ -44,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads-keep", type=float, default=d.heads_keep, metavar="RATIO",
                    help="fraction of the query heads of every KV group kept, in (0, 1]; 1 = no head pruning")
     p.add_argument("--recover-steps", type=int, default=None, metavar="N",
-                   help=f"distillation steps after pruning (0 = none; default: {d.recover_steps}, 0 with "
-                        "--experts-keep)")
+                   help=f"distillation steps after pruning, 0 = none; 0 with --experts-keep "
+                        f"(default: {d.recover_steps})")
     p.add_argument("--out", "-o", default=None, metavar="FILE",
                    help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
