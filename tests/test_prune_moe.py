@@ -268,3 +268,18 @@ def test_the_loader_serves_an_expert_pruned_variant_made_once(planted, tmp_path,
     assert core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5) == path  # from the disk cache
     with pytest.raises(core.NodeError, match="experts_keep must be in"):
         core.pruned_variant(planted["qwen3moe"], 1.0, None, 0, 1.0, 0.0)
+
+
+@pytest.mark.slow
+def test_the_expert_pruning_bench_runs_at_a_tiny_size(tmp_path, monkeypatch):
+    import json
+
+    from comfyui_a3b.bench import bench_prune_moe, common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    assert bench_prune_moe.main(["--experts", "8", "--used", "2", "--layers", "2", "--embd", "64", "--ff", "64",
+                                 "--calib-windows", "4", "--seq-len", "64", "--heldout-windows", "2"]) == 0
+    r = json.loads((tmp_path / "bench_prune_moe.json").read_text())["results"]
+    assert set(r) == {f"{k}/{m}" for k in ("random", "planted") for m in ("reap", "frequency", "random")}
+    assert r["planted/reap"]["removed_dead_weak_layer0"] == [2, 2]  # REAP finds the planted experts
+    assert (tmp_path / "bench_prune_moe.png").stat().st_size > 0
