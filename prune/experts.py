@@ -518,8 +518,8 @@ def _align(src: SourceModel, lay: MoELayout, part: str) -> int:
 
 def prune_moe(source, out, cfg: PruneConfig, *, progress: bool = True, cache_dir=None, should_stop=None):
     """Prune the experts (and expert neurons) of `source` into `out`. Returns a pipeline.PruneResult."""
-    from .pipeline import PruneResult, _tokenizer, calibration_windows
-    from .streamed import require_llama_runs
+    from .pipeline import PruneResult
+    from .streamed import require_llama_runs, source_windows
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -551,16 +551,7 @@ def prune_moe(source, out, cfg: PruneConfig, *, progress: bool = True, cache_dir
     timings["load"] = time.perf_counter() - t0
     t = time.perf_counter()
     if needs_stats:
-        weights_ll, tokenize, bos = _tokenizer(src)
-        try:
-            seq_len = min(cfg.seq_len, src.hp.n_ctx_train)
-            if seq_len != cfg.seq_len:
-                from dataclasses import replace
-
-                cfg = replace(cfg, seq_len=seq_len)
-            wins, corpus_info = calibration_windows(tokenize, bos, cfg)
-        finally:
-            weights_ll.free()
+        wins, corpus_info, cfg = source_windows(src, cfg)
         st, cached = collect(src, lay, wins, cfg, neurons=narrow and data_methods,
                              shared=narrow_shared and data_methods, cache=cache, progress=progress,
                              should_stop=should_stop)
