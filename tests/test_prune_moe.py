@@ -283,3 +283,22 @@ def test_the_expert_pruning_bench_runs_at_a_tiny_size(tmp_path, monkeypatch):
     assert set(r) == {f"{k}/{m}" for k in ("random", "planted") for m in ("reap", "frequency", "random")}
     assert r["planted/reap"]["removed_dead_weak_layer0"] == [2, 2]  # REAP finds the planted experts
     assert (tmp_path / "bench_prune_moe.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_fused_gate_up_tensor_is_pruned_as_the_separate_ones(tmp_path, cache):
+    """qwen35moe may store each expert's gate and up rows in one ffn_gate_up_exps: the same model written
+    both ways gives the same logits, pruned or not."""
+    kw = dict(n_ctx=256, n_expert=E, n_expert_used=2, seed=4, tensor_hook=plant_dead_experts)
+    sep = write_tiny_gguf(tmp_path / "sep.gguf", "qwen35moe", **kw)
+    fused = write_tiny_gguf(tmp_path / "fused.gguf", "qwen35moe", fused_gate_up=True, **kw)
+    assert "blk.0.ffn_gate_up_exps.weight" in SourceModel(fused, torch_reference=False).tensors
+    assert np.allclose(_logits(sep), _logits(fused), atol=1e-5)
+    for method in ("a3b", "magnitude"):
+        cfg = PruneConfig(keep=0.5, method=method, experts_keep=0.5, **FAST)
+        a = prune(sep, tmp_path / f"sep-{method}.gguf", cfg, progress=False, cache_dir=cache)
+        b = prune(fused, tmp_path / f"fused-{method}.gguf", cfg, progress=False, cache_dir=cache)
+        assert a.metadata["experts.removed.1"] == b.metadata["experts.removed.1"]
+        fused_t = SourceModel(b.path, torch_reference=False).tensors["blk.1.ffn_gate_up_exps.weight"]
+        assert tuple(reversed(fused_t.shape)) == (4, 128, 64)
+        assert np.allclose(_logits(a.path), _logits(b.path), atol=1e-4)

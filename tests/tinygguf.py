@@ -35,7 +35,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
                     seed: int = 0, dtype=np.float32, extra_kv: dict | None = None,
                     block_count: int | None = None, duplicate_token: bool = False,
                     chat_template: str | None = None, n_expert: int = 4, n_expert_used: int = 2,
-                    n_ff_shexp: int = 64, moe: bool | None = None,
+                    n_ff_shexp: int = 64, moe: bool | None = None, fused_gate_up: bool = False,
                     tensor_hook: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
     """Write a random-weight model of `arch` (llama, qwen2, qwen3, qwen35, gemma3, qwen3moe, or any name
     for unknown-arch tests).
@@ -44,7 +44,8 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     attention); gemma3 has post-attention and post-FFN norms and a GELU FFN; qwen3moe has an expert
     FFN (`n_expert` experts of width `n_ff`, `n_expert_used` routed per token) and qwen35moe the
     qwen35 layers with that FFN plus a shared expert of width `n_ff_shexp`; `moe=True` writes the
-    expert FFN under any other architecture name. `n_ff` may be a list (one width per layer).
+    expert FFN under any other architecture name; `fused_gate_up` stores each expert's gate and up rows
+    in one ffn_gate_up_exps (the same values as the separate tensors). `n_ff` may be a list (one width per layer).
     `tensor_hook(name, values)` may replace any tensor's values before it is written (planted
     structure in tests).
 
@@ -118,8 +119,11 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     def add(name: str, values: np.ndarray):
         w.add_tensor(name, tensor_hook(name, values) if tensor_hook is not None else values)
 
+    def r(*shape: int, scale: float = 0.08) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
     def t(name: str, *shape: int, scale: float = 0.08):
-        add(name, (rng.standard_normal(shape) * scale).astype(dtype))
+        add(name, r(*shape, scale=scale))
 
     def ones(name: str, n: int):
         add(name, np.ones(n, dtype=np.float32))
@@ -164,8 +168,12 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
             ones(p + "post_ffw_norm.weight", n_embd)
         if moe:
             t(p + "ffn_gate_inp.weight", n_expert, n_embd)
-            t(p + "ffn_gate_exps.weight", n_expert, ff, n_embd)
-            t(p + "ffn_up_exps.weight", n_expert, ff, n_embd)
+            if fused_gate_up:
+                gate, up = r(n_expert, ff, n_embd), r(n_expert, ff, n_embd)
+                add(p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], 1))
+            else:
+                t(p + "ffn_gate_exps.weight", n_expert, ff, n_embd)
+                t(p + "ffn_up_exps.weight", n_expert, ff, n_embd)
             t(p + "ffn_down_exps.weight", n_expert, n_embd, ff)
             if arch == "qwen35moe":
                 t(p + "ffn_gate_inp_shexp.weight", n_embd)
