@@ -158,6 +158,11 @@ def test_bad_inputs_are_named(planted, tmp_path, cache):
     with pytest.raises(InvalidRequest, match="keeps 1 of the 8 experts.*fewer than the 2.*at least 0.25"):
         prune(planted["qwen3moe"], tmp_path / "o.gguf", PruneConfig(keep=1.0, experts_keep=0.15, **FAST),
               progress=False, cache_dir=cache)
+    # the boundary: as many experts as are routed per token
+    edge = prune(planted["qwen3moe"], tmp_path / "edge.gguf", PruneConfig(keep=1.0, experts_keep=0.25, **FAST),
+                 progress=False, cache_dir=cache)
+    assert (inspect_gguf(edge.path).expert_count, inspect_gguf(edge.path).expert_used_count) == (2, 2)
+    assert np.isfinite(_logits(edge.path)).all()
     other = write_tiny_gguf(tmp_path / "other.gguf", "qwen2moe", moe=True)
     with pytest.raises(UnsupportedArchitecture, match="'qwen2moe'.*qwen3moe, qwen35moe"):
         prune(other, tmp_path / "o.gguf", PruneConfig(keep=1.0, experts_keep=0.5, **FAST), progress=False,
