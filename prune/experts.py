@@ -109,7 +109,7 @@ def check_moe_layout(src: SourceModel) -> MoELayout:
     """The expert layout of `src`, or UnsupportedArchitecture / InvalidRequest saying what is wrong."""
     arch, name = src.info.architecture, src.path.name
     names = list(src.tensors)
-    if not is_moe(names) or not src.meta(f"{arch}.expert_count"):
+    if not is_moe(names):
         raise InvalidRequest(
             f"{name} is a dense model ({arch}): it has no routed experts, so --experts-keep has nothing to remove. "
             "Use --keep to remove FFN neurons instead.")
@@ -118,6 +118,9 @@ def check_moe_layout(src: SourceModel) -> MoELayout:
             f"{name} is a mixture-of-experts model of architecture {arch!r}; expert pruning is checked for "
             f"{', '.join(MOE_ARCHITECTURES)} (which tensors carry the experts, how the router weights them). "
             "Pick a model of one of those.")
+    if not src.meta(f"{arch}.expert_count"):
+        raise UnsupportedArchitecture(f"{name} has expert tensors but no {arch}.expert_count: nothing says how many "
+                                      "experts each layer has.")
     n_layer = src.hp.n_layer
     n_expert = int(src.meta(f"{arch}.expert_count"))
     used = src.meta(f"{arch}.expert_used_count")
@@ -140,7 +143,9 @@ def check_moe_layout(src: SourceModel) -> MoELayout:
     fused = f"blk.0.{FUSED_EXPS}" in shapes
     n_embd = src.hp.n_embd
     shared = any(n.endswith(SHARED_DOWN) for n in names)
-    if shared and ffs is None:
+    if not shared:
+        ffs = None  # a width key without shared-expert tensors: nothing to narrow
+    elif ffs is None:
         ffs = shapes[f"blk.0.{SHARED_DOWN}"][-1]
     for n in names:
         il = _layer_of(n)
