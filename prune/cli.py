@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads-keep", type=float, default=d.heads_keep, metavar="RATIO",
                    help="fraction of the query heads of every KV group kept, in (0, 1]; 1 = no head pruning")
     p.add_argument("--recover-steps", type=int, default=None, metavar="N",
-                   help=f"distillation steps after pruning, 0 = none; 0 with --experts-keep "
-                        f"(default: {d.recover_steps})")
+                   help=f"distillation steps after pruning, 0 = none; 0 with --experts-keep or a mixture-of-experts "
+                        f"model (default: {d.recover_steps})")
     p.add_argument("--out", "-o", default=None, metavar="FILE",
                    help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -146,8 +146,16 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.locate import resolve_model
 
     source = resolve_model(args.model)
+    recovery_default = args.recover_steps is None
     cfg = config_from_args(args)
     out = output_path(source, args)
+    if recovery_default and cfg.recover_steps:
+        from dataclasses import replace
+
+        from ..runtime.gguf_info import inspect_gguf
+
+        if inspect_gguf(source).expert_count:  # mixture-of-experts pruning is one-shot
+            cfg = replace(cfg, recover_steps=0)
     # Imported after the checks, so that a mistake is reported before the heavy imports.
     from .pipeline import prune
 

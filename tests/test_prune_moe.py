@@ -204,6 +204,11 @@ def test_cli_prunes_experts_and_inspect_shows_them(planted, tmp_path, capsys):
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "experts / used per token" in text and "4 / 2" in text and "a3b.experts.removed.0" in text
+    # an MoE model without --experts-keep: narrower experts, one-shot (no recovery asked for)
+    out2 = tmp_path / "narrow.gguf"
+    assert main(["prune", str(planted["qwen3moe"]), "--keep", "0.5", "--method", "wanda", "--calib-windows", "4",
+                 "--seq-len", "64", "--out", str(out2), "--quiet", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "experts 8/8 per layer (none), 2 used per token, expert FFN width 64/128" in capsys.readouterr().out
     dense = write_tiny_gguf(tmp_path / "dense.gguf", "llama")
     assert main(["prune", str(dense), "--experts-keep", "0.5", "--out", str(tmp_path / "d.gguf"), "--quiet"]) == 2
     assert "dense model" in capsys.readouterr().err
