@@ -233,6 +233,9 @@ def cmd_inspect(args) -> int:
             ("FIM tokens", ", ".join(info.fim_tokens) or "none"),
             ("llama.cpp supports it", f"yes (llama-cpp-python {llama_cpp_version()})" if ok
              else f"NO: {why} (llama-cpp-python {llama_cpp_version()})")]
+    if info.expert_count:
+        rows += [("experts / used per token", f"{info.expert_count} / {info.expert_used_count}"),
+                 ("expert FFN width", info.expert_feed_forward_length)]
     rows += [(k, str(v)) for k, v in info.a3b.items()]
     for k, v in rows:
         t.add_row(k, str(v))

@@ -93,7 +93,7 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 
 def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_strength: float | None = None,
                keep_ratio: float = 1.0, prune_method: str | None = None, recover_steps: int | None = None,
-               heads_keep: float = 1.0, lora_folders: Sequence[str | os.PathLike] = (),
+               heads_keep: float = 1.0, experts_keep: float = 1.0, lora_folders: Sequence[str | os.PathLike] = (),
                free_vram: Callable[[int], None] | None = None, **load_options: Any) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
@@ -110,11 +110,12 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
                    **load_options)
     keep_ratio = 1.0 if keep_ratio is None else keep_ratio
     heads_keep = 1.0 if heads_keep is None else heads_keep
-    if keep_ratio != 1.0 or heads_keep != 1.0:
+    experts_keep = 1.0 if experts_keep is None else experts_keep
+    if keep_ratio != 1.0 or heads_keep != 1.0 or experts_keep != 1.0:
         if scheme_of(spec.path):
             raise NodeError(f"{spec.path} is served by another engine; pruning works on local GGUF files. "
-                            "Set keep_ratio and heads_keep to 1.0.")
-        pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep)
+                            "Set keep_ratio, heads_keep and experts_keep to 1.0.")
+        pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep, experts_keep)
         spec = rt.spec(replace(spec, path=str(pruned)))
     if spec.n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None \
             and not scheme_of(spec.path) and rt.gpu_available():
@@ -138,13 +139,18 @@ def prune_methods() -> list[str]:
 
 
 def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, recover_steps: int | None = None,
-                   heads_keep: float = 1.0) -> Path:
+                   heads_keep: float = 1.0, experts_keep: float = 1.0) -> Path:
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons and `heads_keep` of the
-    query heads of every KV group (made once, cached)."""
+    query heads of every KV group, and of a mixture-of-experts model `experts_keep` of its routed
+    experts (made once, cached). Expert pruning is one-shot: recovery steps are not used with it."""
     if not 0.0 < keep_ratio <= 1.0:
         raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
     if not 0.0 < heads_keep <= 1.0:
         raise NodeError(f"heads_keep must be in (0, 1]; got {heads_keep}. Use 1.0 to keep every attention head.")
+    if not 0.0 < experts_keep <= 1.0:
+        raise NodeError(f"experts_keep must be in (0, 1]; got {experts_keep}. Use 1.0 to keep every expert.")
+    if experts_keep < 1.0:
+        recover_steps = 0
     try:
         from .. import prune
     except Exception as e:
@@ -155,13 +161,15 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
         raise NodeError("This installation cannot make pruned variants (prune.cached_variant is "
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
-    key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep)
+    key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep, experts_keep)
     hit = _variants.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
         # a method or recover_steps of None means PruneConfig's default
-        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep))
+        extra = {"experts_keep": experts_keep} if experts_keep != 1.0 else {}
+        out = Path(fn(path, keep=keep_ratio, method=method, recover_steps=recover_steps, heads_keep=heads_keep,
+                      **extra))
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e

@@ -101,21 +101,21 @@ def _first(x: Any) -> Any:
 
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
-                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as):
+                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads,
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
-                           serve_as=serve_as,
+                           experts_keep=experts_keep, serve_as=serve_as,
                            lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
     return (spec,), {"text": [core.describe(spec)]}
 
 
-def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, **_):
+def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep=1.0, **_):
     return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps,
-                                  heads_keep)
+                                  heads_keep, experts_keep)
 
 
 def _model_options() -> list[str]:
@@ -156,6 +156,10 @@ LOADER = NodeDef(
         In("heads_keep", "FLOAT", 1.0, optional=True, min=0.1, max=1.0, step=0.01,
            tooltip=("A3B head pruning: keep this share of the query heads of every KV group (1.0 = off; "
                     "0.67 keeps 2 of 3). llama and qwen3 models with grouped-query attention; needs torch.")),
+        In("experts_keep", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
+           tooltip=("A3B expert pruning of mixture-of-experts models (qwen3moe, qwen35moe): keep this share of "
+                    "the routed experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot "
+                    "(recover_steps is not used). Made once and cached.")),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

@@ -32,7 +32,9 @@ def variant_path(source_path: str | os.PathLike, cfg: PruneConfig, cache_dir: st
     src = Path(source_path).resolve()
     base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     stem = src.name[:-5] if src.name.endswith(".gguf") else src.name
-    name = f"{stem}.a3b-{cfg.method}-keep{cfg.keep:g}-r{cfg.recover_steps}-{_source_sha(src)[:12]}-{cfg.key()}.gguf"
+    experts = f"-e{cfg.expert_method}{cfg.experts_keep:g}" if cfg.experts_keep < 1.0 else ""
+    name = (f"{stem}.a3b-{cfg.method}-keep{cfg.keep:g}{experts}-r{cfg.recover_steps}-{_source_sha(src)[:12]}"
+            f"-{cfg.key()}.gguf")
     return base / "variants" / name
 
 

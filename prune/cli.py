@@ -11,14 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-from .config import PruneConfig
+from .config import EXPERT_METHODS, PruneConfig
 from .errors import InvalidRequest
 from .methods import METHODS
 
 DESCRIPTION = ("A3B FFN pruning of a GGUF: remove the least useful FFN neurons of every layer (llama, qwen2, "
                "qwen3, qwen35, gemma3; statistics from llama.cpp's own evaluation of the quantised file, streamed "
-               "in bounded memory), optionally query heads and recovery by distillation (torch reference: llama, "
-               "qwen2, qwen3), and write a smaller GGUF that llama.cpp loads as is. Needs the 'prune' extra "
+               "in bounded memory), whole experts and expert neurons of mixture-of-experts models (qwen3moe, "
+               "qwen35moe; --experts-keep), optionally query heads and recovery by distillation (torch reference: "
+               "llama, qwen2, qwen3), and write a smaller GGUF that llama.cpp loads as is. Needs the 'prune' extra "
                "(torch): pip install 'comfyui-a3b[prune]'.")
 
 #: What distillation trains (PruneConfig.validate checks the same two names).
@@ -30,13 +31,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PruneConfig()  # one place for the defaults: the CLI, cached_variant and the A3BLoader agree
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="GGUF path or name in $A3B_MODELS (default: the embedded SmolLM2-135M)")
-    p.add_argument("--keep", type=float, default=d.keep, metavar="RATIO",
-                   help="fraction of FFN neurons kept in every layer, in (0, 1]")
+    p.add_argument("--keep", type=float, default=None, metavar="RATIO",
+                   help=f"fraction of FFN neurons kept (of a mixture-of-experts model: in every kept expert, 1 with "
+                        f"--experts-keep) in every layer, in (0, 1] (default: {d.keep})")
+    p.add_argument("--experts-keep", type=float, default=None, metavar="RATIO",
+                   help="mixture-of-experts models (qwen3moe, qwen35moe): fraction of the routed experts kept in "
+                        "every layer, in (0, 1]; --keep then defaults to 1 and --recover-steps to 0 (default: 1, "
+                        "every expert)")
+    p.add_argument("--expert-method", choices=EXPERT_METHODS, default=d.expert_method,
+                   help="how experts are ranked: reap (router weight x output norm on routed tokens), frequency "
+                        "(tokens routed), random (default: %(default)s)")
     p.add_argument("--method", choices=METHODS, default=d.method, help="neuron importance method")
     p.add_argument("--heads-keep", type=float, default=d.heads_keep, metavar="RATIO",
                    help="fraction of the query heads of every KV group kept, in (0, 1]; 1 = no head pruning")
-    p.add_argument("--recover-steps", type=int, default=d.recover_steps, metavar="N",
-                   help="distillation steps after pruning (0 = none)")
+    p.add_argument("--recover-steps", type=int, default=None, metavar="N",
+                   help=f"distillation steps after pruning, 0 = none; 0 with --experts-keep or a mixture-of-experts "
+                        f"model (default: {d.recover_steps})")
     p.add_argument("--out", "-o", default=None, metavar="FILE",
                    help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -93,7 +103,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> PruneConfig:
-    """The checked PruneConfig the parsed arguments describe."""
+    """The checked PruneConfig the parsed arguments describe.
+
+    With --experts-keep the neuron ratio and recovery default to off (expert pruning is one-shot and
+    removes whole experts); the resolved values are written back to `args` for the output's name.
+    """
+    d = PruneConfig()
+    experts = getattr(args, "experts_keep", None) is not None
+    if args.keep is None:
+        args.keep = 1.0 if experts else d.keep
+    if args.recover_steps is None:
+        args.recover_steps = 0 if experts else d.recover_steps
     cfg = PruneConfig(keep=args.keep, method=args.method, heads_keep=args.heads_keep,
                       recover_steps=args.recover_steps, calib_windows=args.calib_windows, seq_len=args.seq_len,
                       lr=args.lr, recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
@@ -101,7 +121,9 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
                       qat=args.qat, gate_sparsity=args.gate_sparsity, align=args.align, seed=args.seed,
                       calib_files=tuple(args.calib_file), calib_dirs=tuple(args.calib_dir), threads=args.threads,
                       calibration=args.calibration, device=args.device, n_gpu_layers=args.n_gpu_layers,
-                      gram_budget_mb=args.gram_budget_mb, recover_corpus=args.recover_corpus)
+                      gram_budget_mb=args.gram_budget_mb, recover_corpus=args.recover_corpus,
+                      experts_keep=args.experts_keep if experts else d.experts_keep,
+                      expert_method=args.expert_method)
     cfg.validate()
     return cfg
 
@@ -112,7 +134,8 @@ def output_path(source: Path, args: argparse.Namespace) -> Path:
     Checked before any work: the file is written only at the end, minutes into a run.
     """
     stem = source.name.removesuffix(".gguf")
-    out = Path(args.out) if args.out else source.with_name(f"{stem}.a3b-{args.method}-{args.keep:g}.gguf")
+    experts = f"e{args.expert_method}-{args.experts_keep:g}-" if getattr(args, "experts_keep", None) is not None else ""
+    out = Path(args.out) if args.out else source.with_name(f"{stem}.a3b-{experts}{args.method}-{args.keep:g}.gguf")
     if not out.parent.is_dir():
         raise InvalidRequest(f"The folder of --out {out} does not exist; create it or choose another --out.")
     return out
@@ -123,8 +146,16 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.locate import resolve_model
 
     source = resolve_model(args.model)
+    recovery_default = args.recover_steps is None
     cfg = config_from_args(args)
     out = output_path(source, args)
+    if recovery_default and cfg.recover_steps:
+        from dataclasses import replace
+
+        from ..runtime.gguf_info import inspect_gguf
+
+        if inspect_gguf(source).expert_count:  # mixture-of-experts pruning is one-shot
+            cfg = replace(cfg, recover_steps=0)
     # Imported after the checks, so that a mistake is reported before the heavy imports.
     from .pipeline import prune
 
@@ -144,8 +175,17 @@ def print_result(res, cfg: PruneConfig, *, as_json: bool) -> None:
                "n_head_source": res.metadata["n_head_source"], "method": cfg.method,
                "recover_steps": len(res.distill_losses), "final_kl": res.metadata["recover.final_kl"],
                "seconds": res.timings}
+    m = res.metadata
+    if "n_expert" in m:
+        summary.update({"n_expert": m["n_expert"], "n_expert_source": m["n_expert_source"],
+                        "n_expert_used": m["n_expert_used"], "expert_method": m["experts.method"]})
     if as_json:
         print(json.dumps(summary, indent=2))
+        return
+    if "n_expert" in m:
+        print(f"wrote {res.path}: experts {m['n_expert']}/{m['n_expert_source']} per layer "
+              f"({m['experts.method']}), {m['n_expert_used']} used per token, expert FFN width "
+              f"{res.n_ff}/{res.n_ff_source} ({cfg.method}), {sum(res.timings.values()):.0f} s")
         return
     heads = res.metadata["n_head"], res.metadata["n_head_source"]
     print(f"wrote {res.path}: FFN width {res.n_ff}/{res.n_ff_source} ({res.n_ff / res.n_ff_source:.3f}), "

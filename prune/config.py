@@ -22,11 +22,14 @@ def default_cache_dir() -> Path:
 
 # Settings added after variants were cached: at their defaults they leave the key (and so the cached
 # files' names) as it was, since the defaults reproduce what those files were made with.
-_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep", "calibration", "calib_dirs", "recover_corpus")
+_KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep", "calibration", "calib_dirs", "recover_corpus",
+                           "experts_keep", "expert_method")
 # Settings that change where or how fast the work runs, not what it makes.
 _NOT_IN_KEY = ("threads", "device", "n_gpu_layers", "gram_budget_mb")
 
 CALIBRATIONS = ("auto", "llama", "torch")
+#: How whole experts of a mixture-of-experts model are ranked (experts.py).
+EXPERT_METHODS = ("reap", "frequency", "random")
 RECOVER_CORPORA = ("calib", "wide")
 
 
@@ -59,6 +62,10 @@ class PruneConfig:
     n_gpu_layers: int = 0         # llama.cpp calibration: layers offloaded to the GPU (-1: all)
     gram_budget_mb: int = 4096    # memory for the Gram matrices of one llama.cpp calibration pass
     recover_corpus: str = "calib"  # recovery text: the calibration corpus, or the wide corpus (corpus.py)
+    # mixture-of-experts models (experts.py): the share of routed experts kept in every layer, and how
+    # they are ranked; `keep` then narrows every kept expert's FFN
+    experts_keep: float = 1.0
+    expert_method: str = "reap"
 
     def validate(self) -> None:
         for name in ("lr", "gate_sparsity", "recover_code_share"):  # keep ratios: range checks below
@@ -69,6 +76,13 @@ class PruneConfig:
         if not isinstance(self.heads_keep, (int, float)) or not 0.0 < float(self.heads_keep) <= 1.0:
             raise InvalidRequest(f"heads keep ratio must be in (0, 1], got {self.heads_keep!r}: it is the fraction "
                                  "of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
+        if (isinstance(self.experts_keep, bool) or not isinstance(self.experts_keep, (int, float))
+                or not 0.0 < float(self.experts_keep) <= 1.0):
+            raise InvalidRequest(f"experts keep ratio must be in (0, 1], got {self.experts_keep!r}: it is the fraction "
+                                 "of routed experts kept in every layer of a mixture-of-experts model (e.g. 0.5).")
+        if self.expert_method not in EXPERT_METHODS:
+            raise InvalidRequest(f"unknown expert ranking {self.expert_method!r}; choose one of "
+                                 f"{', '.join(EXPERT_METHODS)}")
         if not self.lr > 0:
             raise InvalidRequest(f"learning rate must be > 0, got {self.lr}")
         if self.method not in METHODS:

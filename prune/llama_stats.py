@@ -115,6 +115,9 @@ class FFNInputProbe(Probe):
     accumulated; `device`: where Gram matrices are accumulated ("cpu" with numpy, or a torch device).
     """
 
+    #: The down projection whose input is observed (a subclass may watch another FFN's, e.g. a shared expert's).
+    weight_pattern = _FFN_DOWN
+
     def __init__(self, n_layer: int, layers: Iterable[int] | None = None, gram_layers: Iterable[int] = (),
                  device: str = "cpu"):
         self.n_layer = n_layer
@@ -132,7 +135,7 @@ class FFNInputProbe(Probe):
         if node.op != "MUL_MAT":
             return None
         w = node.src(0)
-        m = _FFN_DOWN.match(w.name) if w is not None else None
+        m = self.weight_pattern.match(w.name) if w is not None else None
         if m is None:
             return None
         il = int(m.group(1))

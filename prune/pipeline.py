@@ -161,6 +161,10 @@ def prune(source: str | os.PathLike, out: str | os.PathLike, cfg: PruneConfig | 
     from ..runtime.gguf_info import inspect_gguf
 
     info = inspect_gguf(source)
+    if cfg.experts_keep < 1.0 or info.expert_count:
+        from .experts import prune_moe  # mixture-of-experts models, and the error for a dense one
+
+        return prune_moe(source, out, cfg, progress=progress, cache_dir=cache_dir, should_stop=should_stop)
     if choose_calibration(cfg, info.architecture) == "llama":
         from .streamed import prune_streamed
 

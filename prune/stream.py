@@ -125,27 +125,42 @@ def add_a3b(w, a3b: dict[str, Any]) -> None:
             vals = list(v)
             if vals and all(isinstance(x, str) for x in vals):
                 w.add_array(key, vals)
+            elif vals and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in vals):
+                w.add_key_value(key, [int(x) for x in vals], GGUFValueType.ARRAY, sub_type=GGUFValueType.UINT32)
             else:
                 w.add_key_value(key, [float(x) for x in vals], GGUFValueType.ARRAY, sub_type=GGUFValueType.FLOAT32)
         else:
             raise TypeError(f"cannot store {key}={v!r} in GGUF metadata")
 
 
-def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff: int, a3b: dict[str, Any],
-          n_head: int | None = None, progress: bool = False, should_stop: Callable[[], bool] | None = None) -> None:
+def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff: int | None, a3b: dict[str, Any],
+          n_head: int | None = None, progress: bool = False, should_stop: Callable[[], bool] | None = None,
+          kv: dict[str, int | list[int]] | None = None) -> None:
     """Write `tensors` (in this order) with `src`'s metadata, the new FFN width and query head count and
-    the a3b.* keys to `path` (the caller's temporary name)."""
+    the a3b.* keys to `path` (the caller's temporary name).
+
+    `n_ff` None keeps the source's FFN width key as it is; `kv` replaces (or adds) unsigned integer
+    keys, one value or one per layer (a mixture-of-experts file's expert count and widths).
+    """
     import gguf
     from tqdm import tqdm
 
     arch = src.info.architecture
     w = gguf.GGUFWriter(str(path), arch)
-    skip = {f"{arch}.feed_forward_length"} | {k for k in src.fields if k.startswith("a3b.")}
+    skip = {k for k in src.fields if k.startswith("a3b.")} | set(kv or {})
+    if n_ff is not None:
+        skip.add(f"{arch}.feed_forward_length")
     heads_change = n_head is not None and n_head != src.hp.n_head
     if heads_change:
         skip |= {f"{arch}.attention.head_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"}
     _copy_kv(w, src, skip)
-    w.add_feed_forward_length(int(n_ff))
+    if n_ff is not None:
+        w.add_feed_forward_length(int(n_ff))
+    for key, v in (kv or {}).items():
+        if isinstance(v, (list, tuple)):
+            w.add_key_value(key, [int(x) for x in v], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT32)
+        else:
+            w.add_uint32(key, int(v))
     if heads_change:
         w.add_head_count(int(n_head))
         w.add_key_length(int(src.hp.head_dim))

@@ -43,21 +43,43 @@ GRAM_METHODS = ("obs", "a3b")
 def open_source(path: str | os.PathLike) -> tuple[SourceModel, FFNLayout]:
     """The source and its FFN layout; typed errors for an architecture llama.cpp does not run or whose
     FFN cannot be pruned (named)."""
-    from ..runtime.llama import llama_cpp_version, probe_architecture
-
     src = SourceModel(path, torch_reference=False)
     arch = src.info.architecture
-    ok, why = probe_architecture(src.path)
-    if not ok:
-        raise UnsupportedArchitecture(
-            f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) cannot run {src.path.name} "
-            f"(architecture {arch!r}: {why}); pruning calibrates through llama.cpp, so it needs a model llama.cpp "
-            "runs. Upgrade llama-cpp-python or pick another model.")
+    require_llama_runs(src)
     f = src.fields.get(f"{arch}.feed_forward_length")
     ffl = None if f is None else f.contents()
     shapes = {n: tuple(int(x) for x in reversed(t.shape)) for n, t in src.tensors.items()}
     layout = check_layout(arch, list(src.tensors), shapes, src.hp.n_layer, ffl, src.path.name)
     return src, layout
+
+
+def require_llama_runs(src: SourceModel) -> None:
+    """UnsupportedArchitecture unless the installed llama.cpp runs `src` (calibration runs it)."""
+    from ..runtime.llama import llama_cpp_version, probe_architecture
+
+    ok, why = probe_architecture(src.path)
+    if not ok:
+        raise UnsupportedArchitecture(
+            f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) cannot run {src.path.name} "
+            f"(architecture {src.info.architecture!r}: {why}); pruning calibrates through llama.cpp, so it needs a "
+            "model llama.cpp runs. Upgrade llama-cpp-python or pick another model.")
+
+
+def source_windows(src: SourceModel, cfg: PruneConfig) -> tuple[list[list[int]], dict[str, Any], PruneConfig]:
+    """The calibration windows in `src`'s own tokens, their description for the metadata, and `cfg` with
+    the window length capped at the model's training context."""
+    from dataclasses import replace
+
+    from .pipeline import _tokenizer, calibration_windows
+
+    weights_ll, tokenize, bos = _tokenizer(src)
+    try:
+        if cfg.seq_len > src.hp.n_ctx_train:
+            cfg = replace(cfg, seq_len=src.hp.n_ctx_train)
+        wins, info = calibration_windows(tokenize, bos, cfg)
+    finally:
+        weights_ll.free()
+    return wins, info, cfg
 
 
 def down_align(src: SourceModel, layout: FFNLayout) -> int:
@@ -141,7 +163,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
     """Prune `source` into `out` (see the module docstring). Returns a pipeline.PruneResult."""
     from tqdm import tqdm
 
-    from .pipeline import PruneResult, calibration_windows, _tokenizer
+    from .pipeline import PruneResult
     from .writer import atomic_path
 
     if cfg.heads_keep < 1.0:
@@ -161,16 +183,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
     corpus_info: dict[str, Any] = {}
     needs_stats = pruning and cfg.method not in DATA_FREE
     if pruning:
-        weights_ll, tokenize, bos = _tokenizer(src)
-        try:
-            seq_len = min(cfg.seq_len, src.hp.n_ctx_train)
-            if seq_len != cfg.seq_len:
-                from dataclasses import replace
-
-                cfg = replace(cfg, seq_len=seq_len)
-            wins, corpus_info = calibration_windows(tokenize, bos, cfg)
-        finally:
-            weights_ll.free()
+        wins, corpus_info, cfg = source_windows(src, cfg)
         n_tokens = cfg.calib_windows * cfg.seq_len
         if cfg.method in GRAM_METHODS and n_tokens < 2 * n_ff:
             raise CorpusTooSmall(f"method {cfg.method} fits a {n_ff}x{n_ff} covariance per layer and needs at least "

@@ -50,6 +50,10 @@ class GGUFInfo:
     pooling_type: int | None
     fim_tokens: dict[str, int]
     a3b: dict[str, Any] = field(default_factory=dict)
+    # mixture-of-experts models: routed experts per layer, experts used per token, one expert's FFN width
+    expert_count: int | None = None
+    expert_used_count: int | list[int] | None = None
+    expert_feed_forward_length: int | list[int] | None = None
 
     @property
     def has_chat_template(self) -> bool:
@@ -318,6 +322,9 @@ def _inspect(p: Path, size: int) -> GGUFInfo:
         pooling_type=k("pooling_type"),
         fim_tokens=fim,
         a3b={name: v for name, v in meta.items() if name.startswith("a3b.")},
+        expert_count=k("expert_count"),
+        expert_used_count=k("expert_used_count"),
+        expert_feed_forward_length=k("expert_feed_forward_length"),
     )
 
 

@@ -1,14 +1,19 @@
 """Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen3 / qwen35 /
-gemma3 / qwen3moe shapes.
+gemma3 / qwen3moe / qwen35moe shapes.
 
 They load in llama.cpp in milliseconds and cover architectures and broken files the embedded model
 cannot: an unknown architecture, a truncated copy, a file that is not GGUF at all.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+#: Architectures written with a mixture-of-experts FFN (router, routed experts; qwen35moe adds a
+#: shared expert).
+MOE_ARCHS = ("qwen3moe", "qwen35moe")
 
 
 def _vocab() -> tuple[list[str], list[float], list[int]]:
@@ -29,13 +34,20 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
                     n_head: int = 4, n_head_kv: int = 2, n_ff: int | list[int] = 128, n_ctx: int = 256,
                     seed: int = 0, dtype=np.float32, extra_kv: dict | None = None,
                     block_count: int | None = None, duplicate_token: bool = False,
-                    chat_template: str | None = None) -> Path:
+                    chat_template: str | None = None, n_expert: int = 4, n_expert_used: int = 2,
+                    n_ff_shexp: int = 64, moe: bool | None = None, fused_gate_up: bool = False,
+                    tensor_hook: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
     """Write a random-weight model of `arch` (llama, qwen2, qwen3, qwen35, gemma3, qwen3moe, or any name
     for unknown-arch tests).
 
     qwen35 is the Gated-DeltaNet / attention hybrid (every fourth layer attention, the others linear
     attention); gemma3 has post-attention and post-FFN norms and a GELU FFN; qwen3moe has an expert
-    FFN (4 experts, 2 used). `n_ff` may be a list (one width per layer).
+    FFN (`n_expert` experts of width `n_ff`, `n_expert_used` routed per token) and qwen35moe the
+    qwen35 layers with that FFN plus a shared expert of width `n_ff_shexp`; `moe=True` writes the
+    expert FFN under any other architecture name; `fused_gate_up` stores each expert's gate and up rows
+    in one ffn_gate_up_exps (the same values as the separate tensors). `n_ff` may be a list (one width per layer).
+    `tensor_hook(name, values)` may replace any tensor's values before it is written (planted
+    structure in tests).
 
     `block_count` writes that layer count into the metadata whatever the tensors hold, and
     `duplicate_token` gives two vocabulary entries the same text: files llama.cpp's loader asserts on.
@@ -44,6 +56,8 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
 
     rng = np.random.default_rng(seed)
     path = Path(path)
+    moe = arch in MOE_ARCHS if moe is None else moe
+    hybrid = arch in ("qwen35", "qwen35moe")  # Gated DeltaNet layers between attention layers
     w = gguf.GGUFWriter(str(path), arch)
     head_dim = n_embd // n_head
     w.add_name(f"tiny-{arch}")
@@ -60,12 +74,12 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    if arch in ("qwen3", "qwen35", "gemma3", "qwen3moe"):
+    if arch in ("qwen3", "qwen35", "gemma3") + MOE_ARCHS:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch == "gemma3":
         w.add_sliding_window(64)
-    if arch == "qwen35":  # linear attention: 2 key heads and 4 value heads of 8, conv kernel 4
+    if hybrid:  # linear attention: 2 key heads and 4 value heads of 8, conv kernel 4
         w.add_uint32(f"{arch}.ssm.conv_kernel", 4)
         w.add_uint32(f"{arch}.ssm.inner_size", 32)
         w.add_uint32(f"{arch}.ssm.state_size", 8)
@@ -74,10 +88,12 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
         w.add_uint32(f"{arch}.full_attention_interval", 2)
         w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
         w.add_array(f"{arch}.rope.dimension_sections", [head_dim // 4, head_dim // 4, 0, 0])
-    if arch == "qwen3moe":
-        w.add_expert_count(4)
-        w.add_expert_used_count(2)
+    if moe:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
         w.add_uint32(f"{arch}.expert_feed_forward_length", widths[0])
+        if arch == "qwen35moe":
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_ff_shexp)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == np.float32 else gguf.LlamaFileType.MOSTLY_F16)
     tokens, scores, types = _vocab()
     if duplicate_token:
@@ -100,11 +116,17 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
         else:
             w.add_uint32(k, int(v))
 
+    def add(name: str, values: np.ndarray):
+        w.add_tensor(name, tensor_hook(name, values) if tensor_hook is not None else values)
+
+    def r(*shape: int, scale: float = 0.08) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
     def t(name: str, *shape: int, scale: float = 0.08):
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
+        add(name, r(*shape, scale=scale))
 
     def ones(name: str, n: int):
-        w.add_tensor(name, np.ones(n, dtype=np.float32))
+        add(name, np.ones(n, dtype=np.float32))
 
     n_vocab = len(tokens)
     t("token_embd.weight", n_vocab, n_embd)
@@ -114,19 +136,19 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
         p = f"blk.{i}."
         ff = widths[i]
         ones(p + "attn_norm.weight", n_embd)
-        if arch == "qwen35" and (i + 1) % 2:  # a linear-attention (Gated DeltaNet) layer
+        if hybrid and (i + 1) % 2:  # a linear-attention (Gated DeltaNet) layer
             key_dim, value_dim = 8 * 2, 8 * 4
             t(p + "attn_qkv.weight", key_dim * 2 + value_dim, n_embd)
             t(p + "attn_gate.weight", value_dim, n_embd)
             t(p + "ssm_conv1d.weight", key_dim * 2 + value_dim, 4)
-            w.add_tensor(p + "ssm_dt.bias", np.zeros(4, dtype=np.float32))
-            w.add_tensor(p + "ssm_a", -np.ones(4, dtype=np.float32))
+            add(p + "ssm_dt.bias", np.zeros(4, dtype=np.float32))
+            add(p + "ssm_a", -np.ones(4, dtype=np.float32))
             t(p + "ssm_beta.weight", 4, n_embd)
             t(p + "ssm_alpha.weight", 4, n_embd)
             ones(p + "ssm_norm.weight", 8)
             t(p + "ssm_out.weight", n_embd, value_dim)
         else:
-            q_rows = n_head * head_dim * (2 if arch == "qwen35" else 1)  # qwen35: query and its gate
+            q_rows = n_head * head_dim * (2 if hybrid else 1)  # qwen35: query and its gate
             t(p + "attn_q.weight", q_rows, n_embd)
             t(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
             t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
@@ -135,20 +157,29 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
                 w.add_tensor(p + "attn_q.bias", np.zeros(n_head * head_dim, dtype=np.float32))
                 w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
                 w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
-            if arch in ("qwen3", "qwen35", "gemma3", "qwen3moe"):
+            if arch in ("qwen3", "qwen35", "gemma3") + MOE_ARCHS:
                 ones(p + "attn_q_norm.weight", head_dim)
                 ones(p + "attn_k_norm.weight", head_dim)
-        if arch in ("qwen35", "gemma3"):
+        if hybrid or arch == "gemma3":
             ones(p + "post_attention_norm.weight", n_embd)
-        if arch != "qwen35":
+        if not hybrid:
             ones(p + "ffn_norm.weight", n_embd)
         if arch == "gemma3":
             ones(p + "post_ffw_norm.weight", n_embd)
-        if arch == "qwen3moe":
-            t(p + "ffn_gate_inp.weight", 4, n_embd)
-            t(p + "ffn_gate_exps.weight", 4, ff, n_embd)
-            t(p + "ffn_up_exps.weight", 4, ff, n_embd)
-            t(p + "ffn_down_exps.weight", 4, n_embd, ff)
+        if moe:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd)
+            if fused_gate_up:
+                gate, up = r(n_expert, ff, n_embd), r(n_expert, ff, n_embd)
+                add(p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], 1))
+            else:
+                t(p + "ffn_gate_exps.weight", n_expert, ff, n_embd)
+                t(p + "ffn_up_exps.weight", n_expert, ff, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, ff)
+            if arch == "qwen35moe":
+                t(p + "ffn_gate_inp_shexp.weight", n_embd)
+                t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
             continue
         t(p + "ffn_gate.weight", ff, n_embd)
         t(p + "ffn_up.weight", ff, n_embd)
