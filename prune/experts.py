@@ -47,7 +47,7 @@ from . import stream
 from .calibrate import LayerStats, save_npz_atomic
 from .config import PruneConfig, default_cache_dir
 from .errors import InvalidRequest
-from .layout import MOE_MARKERS, _layer_of
+from .layout import MOE_MARKERS, layer_of
 from .llama_stats import FFNInputProbe, Probe
 from .methods import DATA_FREE, width_for
 from .source import SourceModel
@@ -72,7 +72,7 @@ _WEIGHTED = re.compile(r"ffn_moe_weighted-(\d+)")
 
 
 def is_moe(tensor_names) -> bool:
-    return any(_layer_of(n) is not None and any(m in n for m in MOE_MARKERS) for n in tensor_names)
+    return any(layer_of(n) is not None and any(m in n for m in MOE_MARKERS) for n in tensor_names)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def check_moe_layout(src: SourceModel) -> MoELayout:
     elif ffs is None:
         ffs = shapes[f"blk.0.{SHARED_DOWN}"][-1]
     for n in names:
-        il = _layer_of(n)
+        il = layer_of(n)
         if il is None:
             continue
         part = n.split(".", 2)[2]
@@ -404,7 +404,7 @@ def expert_tensors(src: SourceModel, lay: MoELayout, pl: MoEPlan, k: int,
 
     out = []
     for name in src.tensors:
-        il = _layer_of(name)
+        il = layer_of(name)
         part = name.split(".", 2)[2] if il is not None else ""
         qt, shape = stream.source_type(src, name), stream.source_shape(src, name)
         experts = pl.experts.get(il) if il is not None else None

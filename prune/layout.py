@@ -36,7 +36,8 @@ class FFNLayout:
     down_bias_ok: bool
 
 
-def _layer_of(name: str) -> int | None:
+def layer_of(name: str) -> int | None:
+    """The block number of a `blk.N.*` tensor name (None for other names)."""
     if not name.startswith("blk."):
         return None
     try:
@@ -53,7 +54,7 @@ def check_layout(arch: str, tensor_names: list[str], tensor_shapes: dict[str, tu
     (an int, or a list of one value per layer).
     """
     moe = sorted({n.split(".", 2)[2] for n in tensor_names
-                  if _layer_of(n) is not None and any(m in n for m in MOE_MARKERS)})
+                  if layer_of(n) is not None and any(m in n for m in MOE_MARKERS)})
     if moe:
         raise UnsupportedArchitecture(
             f"{file_name} ({arch}) has a mixture-of-experts FFN ({', '.join(moe[:4])}): FFN-neuron pruning "
@@ -97,7 +98,7 @@ def check_layout(arch: str, tensor_names: list[str], tensor_shapes: dict[str, tu
                                           f"width {n_ff}.")
     known = set(ROW_SLICED) | set(COL_SLICED)
     for name in tensor_names:
-        if _layer_of(name) is None:
+        if layer_of(name) is None:
             continue
         part = name.split(".", 2)[2]
         if part.startswith("ffn_") and part not in known and "norm" not in part and "ffn_down.bias" != part:

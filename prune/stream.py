@@ -97,7 +97,7 @@ def check_disk(path: Path, need: int) -> None:
                             f"{free / 1e6:.0f} MB free; free some space or choose another --out.")
 
 
-def _copy_kv(w, src: SourceModel, skip: set[str]) -> None:
+def copy_kv(w, src: SourceModel, skip: set[str]) -> None:
     from gguf import GGUFValueType
 
     for name, f in src.fields.items():
@@ -153,7 +153,7 @@ def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff:
     heads_change = n_head is not None and n_head != src.hp.n_head
     if heads_change:
         skip |= {f"{arch}.attention.head_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"}
-    _copy_kv(w, src, skip)
+    copy_kv(w, src, skip)
     if n_ff is not None:
         w.add_feed_forward_length(int(n_ff))
     for key, v in (kv or {}).items():

@@ -32,7 +32,7 @@ from . import stream
 from .calibrate import LayerStats, save_npz_atomic
 from .config import PruneConfig, default_cache_dir
 from .errors import CorpusTooSmall, InvalidRequest
-from .layout import FFNLayout, check_layout
+from .layout import FFNLayout, check_layout, layer_of
 from .methods import DATA_FREE, LayerPlan, obs_chunk, width_for
 from .source import SourceModel
 
@@ -247,7 +247,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
     new_bias: list[stream.OutTensor] = []
     fallback = 0
     for name in src.tensors:
-        il = _layer(name)
+        il = layer_of(name)
         part = name.split(".", 2)[2] if il is not None else ""
         if not pruning or il is None or part not in ("ffn_gate.weight", "ffn_up.weight", "ffn_gate.bias",
                                                      "ffn_up.bias", "ffn_down.weight", "ffn_down.bias"):
@@ -303,15 +303,6 @@ def _bias_tensor(src: SourceModel, name: str, il: int, plan) -> stream.OutTensor
         return src.weight(name).astype(np.float32)
 
     return stream.OutTensor(name, 0, (n_embd,), make)
-
-
-def _layer(name: str) -> int | None:
-    if not name.startswith("blk."):
-        return None
-    try:
-        return int(name.split(".")[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def _collect(src: SourceModel, wins, layers: list[int], cfg: PruneConfig, device: str, progress: bool,

@@ -19,8 +19,7 @@ import numpy as np
 from ..runtime.errors import ModelLoadFailed
 from .errors import OutputExists
 from .source import SourceModel
-
-A3B_VERSION = 1
+from .stream import A3B_VERSION, copy_kv, add_a3b  # one way to write metadata, shared with streamed writing
 
 
 class RawTensor:
@@ -52,40 +51,6 @@ def atomic_path(final: str | os.PathLike, force: bool = False) -> Iterator[Path]
             tmp.unlink()
 
 
-def _copy_kv(w, src: SourceModel, skip: set[str]) -> None:
-    from gguf import GGUFValueType
-
-    for name, f in src.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in skip:
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
-        w.add_key_value(name, f.contents(), vtype, sub_type=sub)
-
-
-def _add_a3b(w, a3b: dict[str, Any]) -> None:
-    from gguf import GGUFValueType
-
-    for k, v in a3b.items():
-        key = k if k.startswith("a3b.") else f"a3b.{k}"
-        if isinstance(v, bool):
-            w.add_bool(key, v)
-        elif isinstance(v, int):
-            w.add_uint32(key, v) if v >= 0 else w.add_int32(key, v)
-        elif isinstance(v, float):
-            w.add_float32(key, v)
-        elif isinstance(v, str):
-            w.add_string(key, v)
-        elif isinstance(v, (list, tuple, np.ndarray)):
-            vals = list(v)
-            if vals and all(isinstance(x, str) for x in vals):
-                w.add_array(key, vals)
-            else:
-                w.add_key_value(key, [float(x) for x in vals], GGUFValueType.ARRAY, sub_type=GGUFValueType.FLOAT32)
-        else:
-            raise TypeError(f"cannot store {key}={v!r} in GGUF metadata")
-
-
 def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.ndarray | RawTensor], *,
                n_ff: int, a3b: dict[str, Any], n_head: int | None = None) -> None:
     """Write `src` with the `changed` tensors (float32, numpy (out, in) layout), new FFN width and
@@ -100,14 +65,14 @@ def write_gguf(src: SourceModel, path: str | os.PathLike, changed: dict[str, np.
     heads_change = n_head is not None and n_head != src.hp.n_head
     if heads_change:
         skip |= {f"{arch}.attention.head_count", f"{arch}.attention.key_length", f"{arch}.attention.value_length"}
-    _copy_kv(w, src, skip)
+    copy_kv(w, src, skip)
     w.add_feed_forward_length(int(n_ff))
     if heads_change:
         w.add_head_count(int(n_head))
         w.add_key_length(int(src.hp.head_dim))
         w.add_value_length(int(src.meta(f"{arch}.attention.value_length", src.hp.head_dim)))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)  # the quantiser sets the real type afterwards
-    _add_a3b(w, {"version": A3B_VERSION, **a3b})
+    add_a3b(w, {"version": A3B_VERSION, **a3b})
     names = list(src.tensors) + [n for n in changed if n not in src.tensors]
     for name in names:
         if name in changed and isinstance(changed[name], RawTensor):
