@@ -61,7 +61,7 @@ class Timing:
         return (self.n - 1) / (self.last - self.first) if self.n > 1 and self.last > self.first else 0.0
 
 
-def in_process(spec, i: int, n_tokens: int) -> Timing:
+def in_process(spec, i: int, n_tokens: int, slot: int = 0) -> Timing:
     from comfyui_a3b.runtime import get_runtime, preset
 
     t = Timing()
@@ -72,11 +72,18 @@ def in_process(spec, i: int, n_tokens: int) -> Timing:
     return t
 
 
-def over_http(url: str, i: int, n_tokens: int) -> Timing:
+# One httpx.Client per client slot, made before any clock starts and kept, as real clients do:
+# making one costs 20-80 ms (its SSL context), which would otherwise count as the server's time to
+# first token.
+_clients = [httpx.Client(timeout=300, trust_env=False) for _ in range(4)]
+
+
+def over_http(url: str, i: int, n_tokens: int, slot: int = 0) -> Timing:
+    client = _clients[slot]
     body = {"prompt": PROMPT.format(i=i), "max_tokens": n_tokens, "stream": True, "temperature": 0, "top_k": 1,
             "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
     t = Timing()
-    with httpx.stream("POST", url + "/completions", json=body, timeout=300, trust_env=False) as r:
+    with client.stream("POST", url + "/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -91,7 +98,7 @@ def measure(call, n_tokens: int, rounds: int, first_id: int) -> dict:
     singles = [call(first_id + 1 + r, n_tokens) for r in range(rounds)]
     out: list[Timing] = []
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=lambda k=k: out.append(call(first_id + 100 + k, n_tokens))) for k in range(4)]
+    threads = [threading.Thread(target=lambda k=k: out.append(call(first_id + 100 + k, n_tokens, k))) for k in range(4)]
     for th in threads:
         th.start()
     for th in threads:
@@ -132,7 +139,7 @@ def stop(proc: subprocess.Popen) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
-    ap.add_argument("--rounds", type=int, default=3, help="single-client requests per way (the median is reported)")
+    ap.add_argument("--rounds", type=int, default=9, help="single-client requests per way (the median is reported)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads of every way (0: each one's automatic choice); on a machine shared with other "
                          "jobs, 1 avoids llama.cpp's threads spinning against each other")
@@ -147,7 +154,7 @@ def main(argv=None) -> int:
     spec = rt.spec(model, n_parallel=4, n_threads=args.threads)
     rt.load(spec)
     res: dict[str, dict] = {}
-    res["in-process"] = measure(lambda i, n: in_process(spec, i, n), args.tokens, args.rounds, 0)
+    res["in-process"] = measure(lambda i, n, k=0: in_process(spec, i, n), args.tokens, args.rounds, 0)
     rt.unload()   # the servers below get the cores and memory to themselves
 
     port = free_port()
@@ -155,7 +162,7 @@ def main(argv=None) -> int:
     proc = start([sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http", f"127.0.0.1:{port}", "--model", model,
                   "--parallel", "4", *threads], url)
     try:
-        res["a3b serve"] = measure(lambda i, n: over_http(url, i, n), args.tokens, args.rounds, 1000)
+        res["a3b serve"] = measure(lambda i, n, k=0: over_http(url, i, n, k), args.tokens, args.rounds, 1000)
     finally:
         stop(proc)
 
@@ -165,7 +172,7 @@ def main(argv=None) -> int:
                   str(port), "--n_ctx", "2048", "--interrupt_requests", "false", "--verbose", "false", *lcs_threads],
                  url)
     try:
-        res["llama_cpp.server"] = measure(lambda i, n: over_http(url, i, n), args.tokens, args.rounds, 2000)
+        res["llama_cpp.server"] = measure(lambda i, n, k=0: over_http(url, i, n, k), args.tokens, args.rounds, 2000)
     finally:
         stop(proc)
 
