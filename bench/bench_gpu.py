@@ -40,6 +40,12 @@ SHAPES = {
     # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
     "qwen3-8b": dict(n_layer=36, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128, n_vocab=151936),
     "tiny": dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, n_vocab=2048),
+    # Qwen3-30B-A3B: https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (every layer a
+    # mixture of experts: 128 experts of width 768 (moe_intermediate_size), 8 routed per token)
+    "qwen3-30b-a3b": dict(n_layer=48, n_embd=2048, n_ff=768, n_head=32, n_head_kv=4, head_dim=128, n_vocab=151936,
+                          n_expert=128, n_expert_used=8),
+    "tiny-moe": dict(n_layer=2, n_embd=256, n_ff=128, n_head=4, n_head_kv=2, head_dim=64, n_vocab=2048,
+                     n_expert=16, n_expert_used=4),
 }
 #: prompts are token ids (the random model's text would tokenize to bytes)
 PROMPT_IDS = [(i * 7919) % 1500 + 300 for i in range(4000)]
@@ -55,16 +61,24 @@ def q4_0_blocks(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
 
 
 def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
+    """A random Q4_0 model of `shape`: qwen3, or qwen3moe where the shape has experts (`n_expert`;
+    `n_ff` is then each expert's width). Tensors are held until written (about the file's size in RAM)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     s = shape
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_name("random-qwen3")
+    moe = "n_expert" in s
+    arch = "qwen3moe" if moe else "qwen3"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"random-{arch}")
     w.add_context_length(8192)
     w.add_embedding_length(s["n_embd"])
     w.add_block_count(s["n_layer"])
     w.add_feed_forward_length(s["n_ff"])
+    if moe:
+        w.add_expert_count(s["n_expert"])
+        w.add_expert_used_count(s["n_expert_used"])
+        w.add_expert_feed_forward_length(s["n_ff"])
     w.add_head_count(s["n_head"])
     w.add_head_count_kv(s["n_head_kv"])
     w.add_key_length(s["head_dim"])
@@ -83,10 +97,11 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
-    def quant(name: str, rows: int, cols: int, scale: float = 0.002, zero_rows: int = 0):
-        # raw quantised bytes, one row of blocks per matrix row; gguf derives the shape from them
-        blocks = q4_0_blocks(rng, rows * cols, scale).reshape(rows, -1)
-        blocks[:zero_rows] = 0   # scale 0: these rows compute 0
+    def quant(name: str, rows: int, cols: int, scale: float = 0.002, zero_rows: int = 0, n: int = 0):
+        # raw quantised bytes, one row of blocks per matrix row (n > 0: n such matrices, one per
+        # expert); gguf derives the shape from them
+        blocks = q4_0_blocks(rng, max(n, 1) * rows * cols, scale).reshape(*((n,) if n else ()), rows, -1)
+        blocks[..., :zero_rows, :] = 0   # scale 0: these rows compute 0
         w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
 
     def ones(name: str, n: int):
@@ -108,9 +123,20 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
         ones(p + "attn_q_norm.weight", hd)
         ones(p + "attn_k_norm.weight", hd)
         ones(p + "ffn_norm.weight", e)
-        quant(p + "ffn_gate.weight", f, e)
-        quant(p + "ffn_up.weight", f, e)
-        quant(p + "ffn_down.weight", e, f)
+        if moe:
+            # the router: random rows with a spread of norms, so that some experts win more often
+            # than others (as trained routers do)
+            n_exp = s["n_expert"]
+            router = rng.standard_normal((n_exp, e)).astype(np.float32) * 0.02
+            router *= np.linspace(0.5, 1.5, n_exp, dtype=np.float32)[rng.permutation(n_exp), None]
+            w.add_tensor(p + "ffn_gate_inp.weight", router)
+            quant(p + "ffn_gate_exps.weight", f, e, n=n_exp)
+            quant(p + "ffn_up_exps.weight", f, e, n=n_exp)
+            quant(p + "ffn_down_exps.weight", e, f, n=n_exp)
+        else:
+            quant(p + "ffn_gate.weight", f, e)
+            quant(p + "ffn_up.weight", f, e)
+            quant(p + "ffn_down.weight", e, f)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

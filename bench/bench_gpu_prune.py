@@ -1,25 +1,30 @@
-"""Streamed pruning at a real dense shape with calibration on the GPU, and the pruned files' speed.
+"""Streamed pruning at a real shape with calibration on the GPU, and the pruned files' speed.
 
     python -m comfyui_a3b.bench.bench_gpu_prune --out DIR                    # Qwen3-8B shape, on a GPU
+    python -m comfyui_a3b.bench.bench_gpu_prune --out DIR --shape qwen3-30b-a3b   # experts (REAP) 0.75, 0.5
     python -m comfyui_a3b.bench.bench_gpu_prune --out DIR --shape tiny       # a check on the CPU
     sh bench/gpu_prune.sh DIR                                                # the same, with checks first
 
 1. Writes a random-weight Qwen3-8B-shape GGUF (36 layers, 4096 wide, FFN 12288, Q4_0; bench_gpu's
-   `write_model`). Random weights are fine for memory and speed, not for quality.
-2. For each keep ratio, `a3b prune --calibration llama --recover-steps 0 --n-gpu-layers -1` in a
+   `write_model`), or with `--shape qwen3-30b-a3b` a qwen3moe one at Qwen3-30B-A3B's shape (48
+   layers, 2048 wide, 128 experts of width 768, 8 routed per token, 32 query / 4 KV heads; about
+   17 GB). Random weights are fine for memory and speed, not for quality.
+2. For each keep ratio (of a mixture-of-experts shape: each `--experts-keeps` ratio, with
+   `--experts-keep R --expert-method reap`), `a3b prune --calibration llama --recover-steps 0 --n-gpu-layers -1` in a
    child process: statistics from llama.cpp's graph evaluation callback with every layer on the GPU,
    one layer planned at a time, the output written one tensor at a time. Measured: wall time, peak
    RSS and peak anonymous RSS of the child (sampled; file-backed pages of the memory-mapped source
    are page cache, anonymous memory is what the pruning holds), and the child's peak GPU memory
    (nvidia-smi, per process; else the device's used memory through ggml).
-3. The unpruned and the pruned files loaded side by side, fully offloaded: decode tokens/s (one
+3. The unpruned and the pruned files loaded side by side, fully offloaded (the seconds each load
+   takes, the file in the page cache, are recorded too): decode tokens/s (one
    token at a time after a short prompt) and prefill tokens/s (one long prompt), alternately, best
    of `--reps` each, as ratios to the unpruned file in the same run.
 
 Needs no torch: the default method (wanda) scores neurons from llama.cpp's per-neuron sums, so the
 GPU machine needs llama-cpp-python (CUDA build), numpy, gguf and tqdm only. `--method obs` (least
-squares, Gram matrices) needs torch. Writes bench_gpu_prune.json, .md and (with matplotlib) .png
-into --out; `--plot FILE.json` draws the PNG later where matplotlib is.
+squares, Gram matrices) needs torch. Writes bench_gpu_prune.json (of a mixture-of-experts shape:
+bench_gpu_prune_moe.json), .md and (with matplotlib) .png into --out; `--plot FILE.json` draws the PNG later where matplotlib is.
 """
 from __future__ import annotations
 
@@ -141,13 +146,17 @@ def speeds(paths: dict[str, Path], n_gpu_layers: int, decode_tokens: int, prefil
     from .bench_gpu import prompt
 
     n_ctx = max(prefill_tokens, 64 + decode_tokens) + 8
-    evs = {k: LlamaEval(p, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers) for k, p in paths.items()}
+    evs, load_s = {}, {}
+    for k, p in paths.items():
+        t0 = time.perf_counter()
+        evs[k] = LlamaEval(p, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers)
+        load_s[k] = time.perf_counter() - t0
     try:
         short, long = prompt(32), prompt(prefill_tokens - 1, 5)
         for ev in evs.values():  # warm-up
             ev.decode_speed(short, 4)
             ev.prefill_speed(long[:256])
-        res = {k: {"decode_tps": 0.0, "prefill_tps": 0.0} for k in evs}
+        res = {k: {"decode_tps": 0.0, "prefill_tps": 0.0, "load_s": load_s[k]} for k in evs}
         for _ in range(reps):
             for k, ev in evs.items():
                 res[k]["decode_tps"] = max(res[k]["decode_tps"], ev.decode_speed(short, decode_tokens))
@@ -174,17 +183,24 @@ def _vetting_off():
 
 def table(r: dict) -> str:
     base = r["speed"]["unpruned"]
-    lines = ["| file | FFN width | GB | prune wall s | peak RSS GB (x file) | peak anon RSS GB | peak VRAM GB | "
-             "decode tok/s (x) | prefill tok/s (x) |", "|" + " --- |" * 9]
-    lines.append(f"| unpruned | {r['n_ff']} | {r['model_bytes'] / 1e9:.2f} | - | - | - | - | "
+    moe = "n_expert" in r["shape_dims"]
+    width = "experts" if moe else "FFN width"
+    lines = [f"| file | {width} | GB | prune wall s | peak RSS GB (x file) | peak anon RSS GB | peak VRAM GB | "
+             "load s | decode tok/s (x) | prefill tok/s (x) |", "|" + " --- |" * 10]
+
+    def load(sp: dict) -> str:
+        return f"{sp['load_s']:.1f}" if "load_s" in sp else "n/a"
+
+    src_width = r["shape_dims"]["n_expert"] if moe else r["n_ff"]
+    lines.append(f"| unpruned | {src_width} | {r['model_bytes'] / 1e9:.2f} | - | - | - | - | {load(base)} | "
                  f"{base['decode_tps']:.1f} (1) | {base['prefill_tps']:.0f} (1) |")
     for name, c in r["prunes"].items():
         s = r["speed"][name]
         vr = f"{c['peak_vram'] / 1e9:.2f}" if c["peak_vram"] is not None else "n/a"
         lines.append(
-            f"| {name} | {c['n_ff']} | {c['bytes'] / 1e9:.2f} | {c['wall_s']:.0f} | "
+            f"| {name} | {c['n_expert'] if moe else c['n_ff']} | {c['bytes'] / 1e9:.2f} | {c['wall_s']:.0f} | "
             f"{c['peak_rss'] / 1e9:.2f} ({c['peak_rss'] / r['model_bytes']:.2f}x) | "
-            f"{c['peak_anon'] / 1e9:.2f} | {vr} | "
+            f"{c['peak_anon'] / 1e9:.2f} | {vr} | {load(s)} | "
             f"{s['decode_tps']:.1f} ({s['decode_tps'] / base['decode_tps']:.2f}) | "
             f"{s['prefill_tps']:.0f} ({s['prefill_tps'] / base['prefill_tps']:.2f}) |")
     return "\n".join(lines)
@@ -224,8 +240,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="folder for the results (and the model files, unless --work)")
     ap.add_argument("--work", help="folder for the model files (default: a temporary folder, removed at the end)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    ap.add_argument("--keeps", default="0.8,0.63")
+    ap.add_argument("--model", help="a random model of --shape written earlier (bench_gpu.write_model), "
+                                    "e.g. while llama-cpp-python was building; default: written now")
+    ap.add_argument("--keeps", default=None, help="FFN neuron keep ratios (default: 0.8,0.63 for a dense shape, "
+                                                 "none for a mixture-of-experts shape)")
+    ap.add_argument("--experts-keeps", default="0.75,0.5",
+                    help="expert keep ratios of a mixture-of-experts shape (qwen3-30b-a3b, tiny-moe)")
     ap.add_argument("--method", default="wanda", help="wanda (no torch) or flap; obs needs torch")
+    ap.add_argument("--expert-method", default="reap", help="expert ranking of a mixture-of-experts shape")
     ap.add_argument("--calib-windows", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="default: -1 with a GPU, else 0")
@@ -257,42 +279,56 @@ def main(argv=None) -> int:
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if found else 0)
     device = found[0].description if found else "CPU"
     t_start = time.perf_counter()
-    model = work / f"random-{args.shape}-q4_0.gguf"
+    dims = SHAPES[args.shape]
+    moe = "n_expert" in dims
+    method = args.expert_method if moe else args.method
+    base_name = "bench_gpu_prune_moe" if moe else "bench_gpu_prune"
+    model = Path(args.model) if args.model else work / f"random-{args.shape}-q4_0.gguf"
     t0 = time.perf_counter()
-    write_model(model, SHAPES[args.shape])
-    write_s = time.perf_counter() - t0
-    print(f"wrote {model.name}: {model.stat().st_size / 1e9:.2f} GB in {write_s:.0f} s; device {device}, "
-          f"n_gpu_layers {ngl}", flush=True)
-    r = {"benchmark": "bench_gpu_prune", "machine": machine(), "device": device, "shape": args.shape,
-         "shape_dims": SHAPES[args.shape], "method": args.method, "n_gpu_layers": ngl,
+    if not args.model:
+        write_model(model, dims)
+    write_s = time.perf_counter() - t0 if not args.model else None
+    print(f"{'wrote' if write_s is not None else 'using'} {model.name}: {model.stat().st_size / 1e9:.2f} GB"
+          + (f" in {write_s:.0f} s" if write_s is not None else "") + f"; device {device}, n_gpu_layers {ngl}",
+          flush=True)
+    r = {"benchmark": base_name, "machine": machine(), "device": device, "shape": args.shape,
+         "shape_dims": dims, "method": method, "n_gpu_layers": ngl,
          "calib_windows": args.calib_windows, "seq_len": args.seq_len, "model_bytes": model.stat().st_size,
          "n_ff": SHAPES[args.shape]["n_ff"], "write_model_s": write_s, "prunes": {},
          "command": "python -m comfyui_a3b.bench.bench_gpu_prune " + " ".join(argv if argv is not None
                                                                               else sys.argv[1:])}
     paths = {"unpruned": model}
-    for keep in [float(k) for k in args.keeps.split(",")]:
-        name = f"{args.method}@{keep:g}"
-        dst = work / f"pruned-{keep:g}.gguf"
-        cli = ["--keep", str(keep), "--method", args.method, "--calibration", "llama", "--recover-steps", "0",
-               "--n-gpu-layers", str(ngl), "--calib-windows", str(args.calib_windows), "--seq-len",
-               str(args.seq_len)] + (["--threads", str(args.threads)] if args.threads else [])
+    common = ["--calibration", "llama", "--recover-steps", "0", "--n-gpu-layers", str(ngl), "--calib-windows",
+              str(args.calib_windows), "--seq-len", str(args.seq_len)] + \
+        (["--threads", str(args.threads)] if args.threads else [])
+    runs = [(f"{args.method}@{float(k):g}", ["--keep", k, "--method", args.method])
+            for k in (args.keeps or ("" if moe else "0.8,0.63")).split(",") if k]
+    if moe:
+        runs += [(f"{args.expert_method}@experts {float(k):g}", ["--experts-keep", k, "--expert-method",
+                                                                 args.expert_method])
+                 for k in args.experts_keeps.split(",") if k]
+    for i, (name, how) in enumerate(runs):
+        dst = work / f"pruned-{i}.gguf"
+        cli = how + common
         res = run_prune(model, dst, cli, work / "cache", args.block_torch)
         s = res.pop("summary")
-        r["prunes"][name] = {**res, "n_ff": s["n_ff"], "bytes": dst.stat().st_size, "seconds": s.get("seconds"),
-                             "args": cli}
+        n_expert = s.get("n_expert")
+        r["prunes"][name] = {**res, "n_ff": s["n_ff"], "n_expert": n_expert, "bytes": dst.stat().st_size,
+                             "seconds": s.get("seconds"), "args": cli}
         paths[name] = dst
         vr = "n/a" if res["peak_vram"] is None else f"{res['peak_vram'] / 1e9:.2f} GB"
-        print(f"{name}: FFN {s['n_ff']}, {res['wall_s']:.0f} s, peak RSS {res['peak_rss'] / 1e9:.2f} GB "
+        print(f"{name}: FFN {s['n_ff']}, experts {n_expert}, {res['wall_s']:.0f} s, "
+              f"peak RSS {res['peak_rss'] / 1e9:.2f} GB "
               f"(anonymous {res['peak_anon'] / 1e9:.2f} GB), peak VRAM {vr}; stages {s.get('seconds')}", flush=True)
     with _vetting_off():
         r["speed"] = speeds(paths, ngl, args.decode_tokens, args.prefill_tokens, args.reps, args.threads)
     r["total_s"] = time.perf_counter() - t_start
     md = table(r)
     print(md)
-    (out / "bench_gpu_prune.json").write_text(json.dumps(r, indent=2, default=float))
-    (out / "bench_gpu_prune.md").write_text(md + "\n")
-    png = draw_png(r, out / "bench_gpu_prune.png")
-    print(f"wrote {out / 'bench_gpu_prune.json'}, .md" + (", .png" if png else " (no matplotlib: no PNG; "
+    (out / f"{base_name}.json").write_text(json.dumps(r, indent=2, default=float))
+    (out / f"{base_name}.md").write_text(md + "\n")
+    png = draw_png(r, out / f"{base_name}.png")
+    print(f"wrote {out / base_name}.json, .md" + (", .png" if png else " (no matplotlib: no PNG; "
           "python -m comfyui_a3b.bench.bench_gpu_prune --plot FILE.json draws it elsewhere)")
           + f"; total {r['total_s']:.0f} s")
     if not args.keep_files:

@@ -16,8 +16,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from .common import plot, print_table, write_results
+
+
+def torch_device(asked: str) -> str:
+    """What distillation ran on, in words (auto resolves to the GPU where torch sees one)."""
+    if asked == "cpu":
+        return "CPU"
+    try:
+        import torch
+    except ImportError:
+        return "no torch"
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
 
 
 def main(argv=None) -> int:
@@ -35,6 +47,9 @@ def main(argv=None) -> int:
     ap.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus)
     ap.add_argument("--keeps", default=None, help="several keep ratios (comma list) instead of --keep")
     ap.add_argument("--name", default="bench_recovery", help="results file name under bench/results/")
+    ap.add_argument("--model", help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+                    help="where distillation runs (auto: the GPU when torch sees one)")
     args = ap.parse_args(argv)
 
     from ..runtime import default_model_path, inspect_gguf
@@ -42,7 +57,7 @@ def main(argv=None) -> int:
     from ..prune.llama_eval import LlamaEval
     from .bench_prune_llama import heldout
 
-    base = default_model_path()
+    base = Path(args.model) if args.model else default_model_path()
     with LlamaEval(base, n_ctx=256) as ev:
         H = heldout(ev, args.heldout_windows, 256)
         base_ppl = {k: ev.perplexity(v) for k, v in H.items()}
@@ -52,7 +67,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         path = cached_variant(base, keep=keep, method=args.method, recover_steps=steps, lr=args.lr,
                               recover_batch=args.batch, recover_seq_len=args.seq_len, progress=True,
-                              recover_corpus=args.recover_corpus)
+                              recover_corpus=args.recover_corpus, device=args.device)
         made_s = time.perf_counter() - t0
         meta = inspect_gguf(path).a3b
         with LlamaEval(path, n_ctx=256) as ev:
@@ -63,7 +78,8 @@ def main(argv=None) -> int:
                        "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "seconds_to_get": made_s})
         got = ", ".join(f"{k} x{v:.3f}" for k, v in points[-1]["ppl_ratio"].items())
         print(f"keep {keep:g}, {steps} steps: {got}", flush=True)
-        write_results(args.name, {"model": base.name, "settings": vars(args), "base_perplexity": base_ppl,
+        write_results(args.name, {"model": base.name, "settings": vars(args), "torch_device": torch_device(args.device),
+                                  "base_perplexity": base_ppl,
                                   "heldout_tokens": {k: sum(len(w) for w in v) for k, v in H.items()},
                                   "points": points})
 

@@ -28,3 +28,22 @@ def test_gpu_prune_bench_runs_at_a_tiny_shape_without_torch(tmp_path):
     assert "| wanda@0.8 | 416 |" in (tmp_path / "bench_gpu_prune.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_gpu_prune.json", "bench_gpu_prune.md",
                                                           "bench_gpu_prune.png"]
+
+
+def test_gpu_prune_bench_prunes_experts_of_a_tiny_moe_shape(tmp_path):
+    from comfyui_a3b.bench.bench_gpu import SHAPES, write_model
+    from comfyui_a3b.bench.bench_gpu_prune import main
+
+    model = write_model(tmp_path / "moe.gguf", SHAPES["tiny-moe"])
+    out = tmp_path / "out"
+    rc = main(["--out", str(out), "--shape", "tiny-moe", "--model", str(model), "--experts-keeps", "0.75,0.5",
+               "--calib-windows", "4", "--seq-len", "64", "--prefill-tokens", "128", "--decode-tokens", "8",
+               "--reps", "1", "--block-torch", "--n-gpu-layers", "0"])
+    assert rc == 0
+    r = json.loads((out / "bench_gpu_prune_moe.json").read_text())
+    assert {k: c["n_expert"] for k, c in r["prunes"].items()} == {"reap@experts 0.75": 12, "reap@experts 0.5": 8}
+    sizes = [r["model_bytes"]] + [c["bytes"] for c in r["prunes"].values()]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    assert all(v["load_s"] > 0 and v["decode_tps"] > 0 for v in r["speed"].values())
+    assert model.is_file()   # a model given with --model is the caller's: left in place
+    assert "| reap@experts 0.5 | 8 |" in (out / "bench_gpu_prune_moe.md").read_text()
