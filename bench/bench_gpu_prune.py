@@ -24,7 +24,8 @@
 Needs no torch: the default method (wanda) scores neurons from llama.cpp's per-neuron sums, so the
 GPU machine needs llama-cpp-python (CUDA build), numpy, gguf and tqdm only. `--method obs` (least
 squares, Gram matrices) needs torch. Writes bench_gpu_prune.json (of a mixture-of-experts shape:
-bench_gpu_prune_moe.json), .md and (with matplotlib) .png into --out; `--plot FILE.json` draws the PNG later where matplotlib is.
+bench_gpu_prune_moe.json), .md and (with matplotlib) .png into --out; `--plot FILE.json` draws the
+PNG later where matplotlib is.
 """
 from __future__ import annotations
 
