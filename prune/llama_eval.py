@@ -9,32 +9,18 @@ import ctypes
 import math
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ..runtime.errors import ModelLoadFailed
-from ..runtime.llama import Weights, fill_batch, llama, sequence
+from ..runtime.llama import fill_batch, llama, sequence
+from .llama_context import LlamaContext
 
 
-class LlamaEval:
+class LlamaEval(LlamaContext):
     def __init__(self, path: str | os.PathLike, n_ctx: int = 512, n_threads: int = 0, n_gpu_layers: int = 0):
-        L = llama()
-        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers)
+        super().__init__(path, n_ctx, n_threads, n_gpu_layers)
         self.n_vocab = self.weights.n_vocab
-        p = L.llama_context_default_params()
-        p.n_ctx = n_ctx
-        p.n_batch = p.n_ubatch = n_ctx
-        p.n_seq_max = 1
-        p.n_threads = p.n_threads_batch = n_threads or os.cpu_count() or 1
-        p.no_perf = True
-        self.ctx = L.llama_init_from_model(self.weights.ptr, p)
-        if not self.ctx:
-            self.weights.free()
-            raise ModelLoadFailed(f"llama.cpp could not create an evaluation context for {path}")
-        self.mem = L.llama_get_memory(self.ctx)
-        self.n_ctx = n_ctx
-        self.batch = L.llama_batch_init(n_ctx, 0, 1)
 
     def tokenize(self, text: str) -> list[int]:
         return self.weights.tokenize(text, add_bos=False, special=False)
@@ -115,20 +101,6 @@ class LlamaEval:
         L = llama()
         ptr = L.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
-
-    def close(self) -> None:
-        L = llama()
-        if self.ctx:
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
-            self.weights.free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __del__(self):
         try:

@@ -27,13 +27,13 @@ import os
 import re
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..runtime.errors import InvalidRequest, ModelLoadFailed
 from . import ggml
 from .calibrate import LayerStats
+from .llama_context import LlamaContext
 
 log = logging.getLogger("comfyui_a3b.prune")
 
@@ -174,47 +174,32 @@ class FFNInputProbe(Probe):
         return LayerStats(a.count, a.sum, a.sumsq, a.sumabs, gram)
 
 
-class LlamaCalibrator:
+class LlamaCalibrator(LlamaContext):
     """One llama.cpp model and context whose graph evaluation feeds `Probe`s.
 
     `n_gpu_layers`: layers offloaded to a GPU (0: CPU only, -1: all); a GPU asked of a CPU-only
     build of llama-cpp-python is a clear error.
     """
 
-    def __init__(self, path: str | os.PathLike, n_ctx: int, n_gpu_layers: int = 0, n_threads: int = 0):
-        from ..runtime.llama import Weights, llama
+    purpose = "a calibration"
 
-        L = llama()
-        if n_gpu_layers != 0 and not L.llama_supports_gpu_offload():
+    def __init__(self, path: str | os.PathLike, n_ctx: int, n_gpu_layers: int = 0, n_threads: int = 0):
+        from ..runtime.llama import llama
+
+        if n_gpu_layers != 0 and not llama().llama_supports_gpu_offload():
             raise InvalidRequest(
                 f"--n-gpu-layers {n_gpu_layers} asks for the GPU, but the installed llama-cpp-python was built for "
                 "the CPU only. Use --n-gpu-layers 0, or install a GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\" pip "
                 "install --force-reinstall --no-cache-dir llama-cpp-python).")
-        # no CPU repacking: the weights llama.cpp keeps on the CPU stay pages of the memory-mapped file
-        # (page cache), not an anonymous copy of the model, so calibration's memory stays bounded
-        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers, repack=False)
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
         self.probes: list[Probe] = []
         self._wanted: dict[int, list[tuple[Probe, Hashable]]] = {}
         self._stop_after: set[tuple[int, Hashable]] = set()
         self._stopped = False
         self._error: BaseException | None = None
         self._cb = ggml.EVAL_CALLBACK(self._callback)  # kept alive as long as the context
-        p = L.llama_context_default_params()
-        p.n_ctx = n_ctx
-        p.n_batch = p.n_ubatch = n_ctx
-        p.n_seq_max = 1
-        p.n_threads = p.n_threads_batch = self.n_threads
-        p.no_perf = True
-        p.cb_eval = self._cb
-        p.cb_eval_user_data = None
-        self.ctx = L.llama_init_from_model(self.weights.ptr, p)
-        if not self.ctx:
-            self.weights.free()
-            raise ModelLoadFailed(f"llama.cpp could not create a calibration context for {path}")
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(n_ctx, 0, 1)
+        # no CPU repacking: the weights llama.cpp keeps on the CPU stay pages of the memory-mapped file
+        # (page cache), not an anonymous copy of the model, so calibration's memory stays bounded
+        super().__init__(path, n_ctx, n_threads, n_gpu_layers, repack=False, cb_eval=self._cb)
 
     # -- the callback -----------------------------------------------------------------------------
     def _callback(self, ptr, ask, _user) -> bool:
@@ -266,22 +251,6 @@ class LlamaCalibrator:
                 raise ModelLoadFailed(f"llama_decode failed with status {rc} during calibration")
             if progress is not None:
                 progress(1)
-
-    def close(self) -> None:
-        from ..runtime.llama import llama
-
-        L = llama()
-        if self.ctx:
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
-            self.weights.free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def gram_groups(n_layer: int, n_ff: int, budget_bytes: int) -> list[list[int]]:
