@@ -27,7 +27,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .common import free_port
 
 SHAPES = {
     # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
@@ -232,14 +233,8 @@ def batched_bench(binary: Path, path: Path, gen: int) -> dict:
     return {"command": " ".join(cmd), "rows": rows, "tail": (p.stdout + p.stderr)[-1500:] if not rows else ""}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def llama_server(binary: Path, path: Path, gen: int) -> dict:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(binary), "-m", str(path), "-ngl", "99", "-np", "16", "-c", str(16 * 640),
                              "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

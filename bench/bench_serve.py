@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -27,16 +26,10 @@ import time
 
 import httpx
 
-from .common import median, plot, print_table, write_results
+from .common import free_port, median, plot, print_table, write_results
 
 PROMPT = ("Request {i}. The following is a long, detailed story about a lighthouse keeper who finds a "
           "message in a bottle, told chapter by chapter.\n\nChapter 1\n\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Timing:
@@ -61,7 +54,7 @@ class Timing:
         return (self.n - 1) / (self.last - self.first) if self.n > 1 and self.last > self.first else 0.0
 
 
-def in_process(spec, i: int, n_tokens: int, slot: int = 0) -> Timing:
+def in_process(spec, i: int, n_tokens: int) -> Timing:
     from comfyui_a3b.runtime import get_runtime, preset
 
     t = Timing()
@@ -72,14 +65,10 @@ def in_process(spec, i: int, n_tokens: int, slot: int = 0) -> Timing:
     return t
 
 
-# One httpx.Client per client slot, made before any clock starts and kept, as real clients do:
-# making one costs 20-80 ms (its SSL context), which would otherwise count as the server's time to
-# first token.
-_clients = [httpx.Client(timeout=300, trust_env=False) for _ in range(4)]
-
-
-def over_http(url: str, i: int, n_tokens: int, slot: int = 0) -> Timing:
-    client = _clients[slot]
+def over_http(client: httpx.Client, url: str, i: int, n_tokens: int) -> Timing:
+    """One streamed completion through `client`: one per client thread, made before any clock
+    starts and kept, as real clients do (making one costs 20-80 ms, its SSL context, which would
+    otherwise count as the server's time to first token)."""
     body = {"prompt": PROMPT.format(i=i), "max_tokens": n_tokens, "stream": True, "temperature": 0, "top_k": 1,
             "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
     t = Timing()
@@ -94,8 +83,9 @@ def over_http(url: str, i: int, n_tokens: int, slot: int = 0) -> Timing:
 
 
 def measure(call, n_tokens: int, rounds: int, first_id: int) -> dict:
-    call(first_id, 8)   # warm-up: the model is loaded, the first request's costs are paid
-    singles = [call(first_id + 1 + r, n_tokens) for r in range(rounds)]
+    """`call(request id, tokens, client slot)`: one request, timed; slot 0 alone, then slots 0-3 at once."""
+    call(first_id, 8, 0)   # warm-up: the model is loaded, the first request's costs are paid
+    singles = [call(first_id + 1 + r, n_tokens, 0) for r in range(rounds)]
     out: list[Timing] = []
     t0 = time.perf_counter()
     threads = [threading.Thread(target=lambda k=k: out.append(call(first_id + 100 + k, n_tokens, k))) for k in range(4)]
@@ -110,20 +100,29 @@ def measure(call, n_tokens: int, rounds: int, first_id: int) -> dict:
                      "ttft_s": median([o.ttft for o in out]), "tokens": sum(o.n for o in out), "wall_s": wall}}
 
 
-def start(cmd: list[str], url: str, deadline_s: float = 120) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def wait_ready(url: str, proc: subprocess.Popen, deadline_s: float, headers: dict | None = None) -> None:
+    """Until GET `url` answers 200; RuntimeError if `proc` exits first, TimeoutError after `deadline_s`."""
     t_end = time.monotonic() + deadline_s
     while time.monotonic() < t_end:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited with status {proc.returncode}")
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
         try:
-            if httpx.get(url + "/models", timeout=2, trust_env=False).status_code == 200:
-                return proc
+            if httpx.get(url, headers=headers, timeout=2, trust_env=False).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    stop(proc)
-    raise TimeoutError(f"{url} did not start within {deadline_s} s")
+    raise TimeoutError(f"{url} did not answer within {deadline_s} s")
+
+
+def start(cmd: list[str], url: str, deadline_s: float = 120) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(url + "/models", proc, deadline_s)
+    except (RuntimeError, TimeoutError):
+        stop(proc)
+        raise
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -154,15 +153,19 @@ def main(argv=None) -> int:
     spec = rt.spec(model, n_parallel=4, n_threads=args.threads)
     rt.load(spec)
     res: dict[str, dict] = {}
-    res["in-process"] = measure(lambda i, n, k=0: in_process(spec, i, n), args.tokens, args.rounds, 0)
+    res["in-process"] = measure(lambda i, n, k: in_process(spec, i, n), args.tokens, args.rounds, 0)
     rt.unload()   # the servers below get the cores and memory to themselves
+    clients = [httpx.Client(timeout=300, trust_env=False) for _ in range(4)]   # one per client thread
+
+    def http_way(url: str):
+        return lambda i, n, k: over_http(clients[k], url, i, n)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     proc = start([sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http", f"127.0.0.1:{port}", "--model", model,
                   "--parallel", "4", *threads], url)
     try:
-        res["a3b serve"] = measure(lambda i, n, k=0: over_http(url, i, n, k), args.tokens, args.rounds, 1000)
+        res["a3b serve"] = measure(http_way(url), args.tokens, args.rounds, 1000)
     finally:
         stop(proc)
 
@@ -172,9 +175,11 @@ def main(argv=None) -> int:
                   str(port), "--n_ctx", "2048", "--interrupt_requests", "false", "--verbose", "false", *lcs_threads],
                  url)
     try:
-        res["llama_cpp.server"] = measure(lambda i, n, k=0: over_http(url, i, n, k), args.tokens, args.rounds, 2000)
+        res["llama_cpp.server"] = measure(http_way(url), args.tokens, args.rounds, 2000)
     finally:
         stop(proc)
+        for c in clients:
+            c.close()
 
     base = res["in-process"]
     rows = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -84,3 +85,10 @@ def plot(name: str, draw: Callable[[Any], None], size=(7, 4)) -> Path:
     plt.close(fig)
     print(f"wrote {path.relative_to(RESULTS.parent.parent)}")
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server a benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

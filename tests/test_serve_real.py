@@ -12,7 +12,6 @@ Servers bind to 127.0.0.1 on free ports, start within a deadline and are stopped
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,40 +22,12 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types as T
 
+from comfyui_a3b.bench.bench_serve import free_port, stop, wait_ready
+
 pytestmark = pytest.mark.slow
 
 KEY = "remote-key"
 TOKEN = "serve-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, deadline_s: float, headers: dict) -> None:
-    t_end = time.monotonic() + deadline_s
-    while time.monotonic() < t_end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}")
-        try:
-            if httpx.get(url, headers=headers, timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {deadline_s} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 @pytest.fixture(scope="module")
