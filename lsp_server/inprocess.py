@@ -18,6 +18,8 @@ import os
 import threading
 from typing import Any
 
+from ..runtime.options import switched_off
+
 log = logging.getLogger("a3b.lsp")
 
 ENV = "A3B_LSP"
@@ -44,7 +46,7 @@ def maybe_start(env: dict[str, str] | None = None) -> dict | None:
     """
     env = os.environ if env is None else env
     value = (env.get(ENV) or "").strip()
-    if not value or value.lower() in ("0", "off", "no", "false"):
+    if not value or switched_off(value):
         return None
     with _lock:
         if _state.get("listener") is not None:

@@ -62,7 +62,9 @@ def tune_allocator() -> bool:
     if _tuned:
         return True
     _tuned = True
-    if os.environ.get("A3B_MALLOC_TUNING", "on").strip().lower() in ("0", "off", "no", "false"):
+    from .options import switched_off
+
+    if switched_off(os.environ.get("A3B_MALLOC_TUNING", "on")):
         return False
     libc = _libc()
     if libc is None:

@@ -15,6 +15,14 @@ from typing import Any
 
 from .errors import InvalidRequest
 
+#: values of an on/off environment variable that mean off (any case, spaces around ignored)
+OFF_WORDS = ("0", "off", "no", "false")
+
+
+def switched_off(value: str) -> bool:
+    """Whether an on/off environment variable's value says off."""
+    return value.strip().lower() in OFF_WORDS
+
 #: Embedding pooling over a text's tokens (llama.cpp's own pooling types).
 POOLINGS = ("mean", "cls", "last")
 #: llama.cpp's flash-attention setting.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .errors import CorruptGGUF
 from .gguf_info import scan_header
-from .options import cache_root
+from .options import cache_root, switched_off
 
 log = logging.getLogger("a3b.vet")
 
@@ -47,7 +47,7 @@ history: list[tuple[str, float, str]] = []
 
 
 def enabled() -> bool:
-    return os.environ.get("A3B_VET", "on").strip().lower() not in ("0", "off", "no", "false")
+    return not switched_off(os.environ.get("A3B_VET", "on"))
 
 
 def _key(path: Path) -> tuple:

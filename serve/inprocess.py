@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any
 
+from ..runtime.options import switched_off
+
 log = logging.getLogger("a3b.serve")
 
 ENV = "A3B_SERVE"
@@ -28,7 +30,7 @@ def maybe_start(env: dict[str, str] | None = None) -> dict | None:
     OSError or an A3BError with what to change (a bad address, a port in use, a missing token)."""
     env = os.environ if env is None else env
     value = (env.get(ENV) or "").strip()
-    if not value or value.lower() in ("0", "off", "no", "false"):
+    if not value or switched_off(value):
         return None
     with _lock:
         if _state.get("server") is not None:
