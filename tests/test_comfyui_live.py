@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from comfyui_a3b.bench.common import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
@@ -31,17 +32,11 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.slow,
               pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ComfyServer:
     """One ComfyUI process with the pack; stopped by `stop()`."""
 
     def __init__(self, workdir: Path, with_pack: bool = True, env: dict[str, str] | None = None):
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
         nodes_dir = workdir / "custom_nodes"

@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types as T
 
-from comfyui_a3b.bench.bench_serve import free_port, stop, wait_ready
+from comfyui_a3b.bench.bench_serve import stop, wait_ready
+from comfyui_a3b.bench.common import free_port
 
 pytestmark = pytest.mark.slow
 
