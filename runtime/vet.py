@@ -15,6 +15,17 @@ loads a file in this process:
 Verdicts are cached by (real path, size, mtime), in memory and in `cache_root()/vetted.json`, so a
 file is vetted once, not at every start. `A3B_VET=off` turns vetting off (for files you trust, e.g.
 on a machine where starting a child process is not allowed).
+
+A crash is not always the file's fault. llama.cpp's CPU backend copies weights into interleaved
+layouts ("repacking", extra buffer types) whose kernels use the newest instructions the build was
+compiled for: a build made with `-march=native` on a processor that advertises AMX to the compiler
+but whose system does not allow it (seen in virtual machines) dies in `ldtilecfg` on the first
+matrix product of any quantised model. So a decode that dies of a signal is tried once more without
+repacking; if that works, repacking is broken for this llama.cpp build on this processor (not for
+the file): the verdict is kept per build and processor, every later load goes without repacking
+(`repack_allowed()`; slower CPU matrix products, a warning says how to rebuild), and files too large
+to be decoded while vetting learn it from the embedded model first. `A3B_CPU_REPACK=off` turns
+repacking off by hand.
 """
 from __future__ import annotations
 
@@ -44,6 +55,10 @@ _server: subprocess.Popen | None = None
 _disk_loaded = False
 #: what vetting cost, for status and the benchmark: [(path, seconds, verdict)]
 history: list[tuple[str, float, str]] = []
+#: how a CPU kernel dies: an instruction the system does not allow, a bad address
+KERNEL_SIGNALS = ("SIGSEGV", "SIGILL", "SIGBUS")
+REBUILD_HINT = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install '
+                '--force-reinstall --no-cache-dir llama-cpp-python')
 
 
 def enabled() -> bool:
@@ -53,6 +68,42 @@ def enabled() -> bool:
 def _key(path: Path) -> tuple:
     st = path.stat()
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _build_key() -> tuple:
+    """Whether CPU repacking works depends on the llama.cpp build and the processor as the system
+    presents it (its model and flags), not on the file: the key of that verdict."""
+    import hashlib
+    import importlib.util
+
+    try:
+        lib = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
+        stamp = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in lib.iterdir())
+    except (AttributeError, TypeError, OSError):
+        lib, stamp = Path("?"), []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        cpu = []
+    digest = hashlib.sha256(repr((stamp, cpu)).encode()).hexdigest()[:16]
+    return ("cpu-repack", str(lib), 0, digest)
+
+
+def repack_allowed() -> bool:
+    """False where llama.cpp's CPU repacking crashed with this build on this processor (see the
+    module docstring) or `A3B_CPU_REPACK=off`; loads then keep the weights in the file's layout."""
+    if switched_off(os.environ.get("A3B_CPU_REPACK", "on")):
+        return False
+    if not enabled():
+        return True
+    with _lock:
+        _load_disk()
+        build = _build_key()
+        if build not in _verdicts:  # verdicts of files vetted before this was known say nothing about it
+            _learn_repack(None)
+        v = _verdicts.get(build)
+    return not (v is not None and v.get("repack") is False)
 
 
 def _disk_file() -> Path:
@@ -95,13 +146,13 @@ def _start_server() -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
-def _ask(path: Path, size: int) -> dict:
+def _ask(path: Path, size: int, repack: bool = True) -> dict:
     """One request to the vetting server (started, or restarted, on demand)."""
     global _server
     for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
-        req = {"path": str(path), "decode": size <= DECODE_MAX_BYTES,
+        req = {"path": str(path), "decode": size <= DECODE_MAX_BYTES, "repack": repack,
                "timeout": 120 + 10 * size / (1 << 30), "mem_limit": size + (4 << 30) + size // 4}
         try:
             _server.stdin.write(json.dumps(req) + "\n")
@@ -113,6 +164,54 @@ def _ask(path: Path, size: int) -> dict:
             return json.loads(line)
         _server = None   # it died (it should not): start a new one and ask once more
     raise OSError("the vetting server stopped answering")
+
+
+def _ask_repack_aware(p: Path, size: int) -> dict:
+    """Vet `p` as the host will load it; a decode that dies of a signal with repacking is tried
+    again without it, and if that works, repacking is marked broken for this build (module docstring)."""
+    build = _build_key()
+    known = _verdicts.get(build, {}).get("repack")
+    decode = size <= DECODE_MAX_BYTES
+    if known is None and not decode:
+        _learn_repack(p)   # the decode that would show it is skipped for this file: learn it elsewhere
+        known = _verdicts.get(build, {}).get("repack")
+    if known is False:
+        return _ask(p, size, repack=False)
+    v = _ask(p, size, repack=True)
+    if v.get("ok") and v.get("decoded"):
+        _record_repack(True)
+    elif not v.get("ok") and decode and v.get("signal") in KERNEL_SIGNALS:
+        plain = _ask(p, size, repack=False)
+        if plain.get("ok") and plain.get("decoded"):
+            _record_repack(False, f"{v.get('signal')} in the first decode")
+            return plain
+    return v
+
+
+def _learn_repack(p: Path | None) -> None:
+    """Decode the embedded model (small) once to learn whether repacking works with this build."""
+    try:
+        from .locate import default_model_path
+
+        canary = default_model_path()
+        size = canary.stat().st_size
+        if (p is None or canary.resolve() != p.resolve()) and size <= DECODE_MAX_BYTES:
+            _ask_repack_aware(canary, size)
+    except Exception as e:  # noqa: BLE001 - no embedded model, no child: the file is vetted as before
+        log.debug("could not learn whether CPU repacking works: %s", e)
+
+
+def _record_repack(works: bool, why: str = "") -> None:
+    build = _build_key()
+    if _verdicts.get(build, {}).get("repack") is works:
+        return
+    _verdicts[build] = {"ok": True, "repack": works, "log": why}
+    if not works:
+        log.warning("llama.cpp crashed in its CPU weight repacking on this processor (%s); models load without it "
+                    "from now on (correct, but CPU matrix products are slower). The installed llama-cpp-python "
+                    "was probably built for CPU features this system does not allow (AMX in a virtual machine); "
+                    "rebuild it to get the speed back: %s", why or "a CPU kernel died", REBUILD_HINT)
+    _save_disk()
 
 
 def check_file(path: str | os.PathLike) -> None:
@@ -140,7 +239,7 @@ def _vet(p: Path, key: tuple) -> dict:
         v = {"ok": False, "status": "structure", "log": str(e)}
     else:
         try:
-            v = _ask(p, key[1])
+            v = _ask_repack_aware(p, key[1])
         except (OSError, ValueError) as e:
             # vetting itself is broken here (no way to start a child): say so once and go on
             log.warning("could not vet %s in a child process (%s); loading it without that check", p.name, e)

@@ -281,3 +281,61 @@ def test_output_into_a_closed_pipe_is_not_an_error(default_path):
     p.stdout.close()          # closed before the command writes a byte
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatch):
+    """A build whose CPU repacking kernels die (AMX compiled in, not allowed by the system) makes every
+    quantised model crash in its first decode. Vetting then tries the file without repacking; when
+    that works the file is fine, repacking is marked broken for this build (kept on disk), and later
+    files are vetted and loaded without it. The vetting server is replaced by one that behaves so."""
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(vet, "_verdicts", {})
+    monkeypatch.setattr(vet, "_disk_loaded", False)
+    asked = []
+
+    def server(path, size, repack=True):
+        asked.append((Path(path).name, repack))
+        if Path(path).name == "bad.gguf":
+            return {"ok": False, "status": "crashed", "signal": "SIGSEGV", "log": "llama.cpp aborted"}
+        if repack:
+            return {"ok": False, "status": "crashed", "signal": "SIGSEGV", "log": "ldtilecfg"}
+        return {"ok": True, "loads": True, "decoded": True}
+
+    monkeypatch.setattr(vet, "_ask", server)
+    files = {n: write_tiny_gguf(tmp_path / n) for n in ("a.gguf", "b.gguf", "bad.gguf")}
+    vet.check_file(files["a.gguf"])       # no CorruptGGUF: the file is fine
+    assert asked == [("a.gguf", True), ("a.gguf", False)]
+    assert not vet.repack_allowed()
+    vet.check_file(files["b.gguf"])       # known now: no crash to sit through again
+    assert asked[2:] == [("b.gguf", False)]
+    with pytest.raises(vet.CorruptGGUF, match="bad.gguf makes llama.cpp's loader crash"):
+        vet.check_file(files["bad.gguf"])  # a file that crashes either way is still refused
+    # a new process reads the verdict from disk
+    monkeypatch.setattr(vet, "_verdicts", {})
+    monkeypatch.setattr(vet, "_disk_loaded", False)
+    assert not vet.repack_allowed()
+    monkeypatch.setenv("A3B_VET", "off")
+    assert vet.repack_allowed()          # no vetting, no verdicts: llama.cpp's default
+    monkeypatch.setenv("A3B_CPU_REPACK", "off")
+    assert not vet.repack_allowed()
+
+
+def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(vet, "_verdicts", {})
+    monkeypatch.setattr(vet, "_disk_loaded", False)
+    asked = []
+
+    def server(path, size, repack=True):
+        asked.append((Path(path).name, repack))
+        if Path(path).name == "bad.gguf":
+            return {"ok": False, "status": "crashed", "signal": "SIGABRT", "log": "GGML_ASSERT failed"}
+        return {"ok": True, "loads": True, "decoded": True}
+
+    monkeypatch.setattr(vet, "_ask", server)
+    good, bad = write_tiny_gguf(tmp_path / "good.gguf"), write_tiny_gguf(tmp_path / "bad.gguf")
+    vet.check_file(good)
+    assert vet.repack_allowed() and asked == [("good.gguf", True)]
+    with pytest.raises(vet.CorruptGGUF, match="GGML_ASSERT"):
+        vet.check_file(bad)
+    assert asked[1:] == [("bad.gguf", True)]   # an abort is the file's: not tried again without repacking

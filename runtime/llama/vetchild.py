@@ -4,7 +4,8 @@ Run by runtime/vet.py as a separate process (`python vetchild.py`), standalone o
 imports only the standard library and llama_cpp, never the comfyui_a3b package. It reads one JSON
 request per line on stdin, forks a child per file (forking is safe here: this process has a single
 thread and never loads a model itself), and the child loads the file with llama.cpp on the CPU,
-creates a small context and decodes one token. The child's stderr and llama.cpp's log go to a pipe;
+creates a small context and decodes one token (with or without llama.cpp's CPU weight repacking, as
+the request says). The child's stderr and llama.cpp's log go to a pipe;
 its last line is the result. An abort (llama.cpp's GGML_ASSERT), a segmentation fault or a timeout
 kills only the child; the server reports it as one JSON line on stdout and goes on.
 """
@@ -19,7 +20,7 @@ import time
 RESULT = b"A3B-VET-RESULT "
 
 
-def _check(path: str, decode: bool) -> dict:
+def _check(path: str, decode: bool, repack: bool = True) -> dict:
     import ctypes
 
     import llama_cpp as L
@@ -32,6 +33,8 @@ def _check(path: str, decode: bool) -> dict:
     L.llama_backend_init()
     params = L.llama_model_default_params()
     params.n_gpu_layers = 0
+    if not repack:
+        params.use_extra_bufts = False
     model = L.llama_model_load_from_file(path.encode("utf-8"), params)
     if not model:
         return {"ok": True, "loads": False}   # a clean refusal: the host's own load reports it
@@ -66,7 +69,7 @@ def _address_space() -> int:
         return 0
 
 
-def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> None:
+def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int, w: int) -> None:
     os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
     os.dup2(w, 1)
     signal.alarm(max(1, int(timeout)))
@@ -80,7 +83,7 @@ def _child(path: str, decode: bool, timeout: float, mem_limit: int, w: int) -> N
         except (ValueError, OSError):
             pass
     try:
-        result = _check(path, decode)
+        result = _check(path, decode, repack)
     except BaseException as e:  # noqa: BLE001 - a Python error in the check is not the file's fault
         result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
     os.write(w, b"\n" + RESULT + json.dumps(result).encode() + b"\n")
@@ -96,7 +99,8 @@ def _vet(req: dict) -> dict:
     if pid == 0:
         os.close(r)
         try:
-            _child(path, bool(req.get("decode", True)), timeout, int(req.get("mem_limit", 0)), w)
+            _child(path, bool(req.get("decode", True)), bool(req.get("repack", True)), timeout,
+                   int(req.get("mem_limit", 0)), w)
         finally:
             os._exit(70)
     os.close(w)

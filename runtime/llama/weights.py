@@ -84,7 +84,7 @@ class Weights:
         params.n_gpu_layers = int(n_gpu_layers)
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap else L.LLAMA_LOAD_MODE_NONE
         params.vocab_only = bool(vocab_only)
-        if not repack:
+        if not repack or not vet.repack_allowed():
             params.use_extra_bufts = False
         mark = log_mark()
         t0 = time.perf_counter()
