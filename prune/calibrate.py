@@ -26,7 +26,11 @@ class LayerStats:
     sum: np.ndarray       # (n_ff,)
     sumsq: np.ndarray     # (n_ff,)
     sumabs: np.ndarray    # (n_ff,)
-    gram: np.ndarray      # (n_ff, n_ff) float64, sum over tokens of h h^T
+    gram: np.ndarray      # (n_ff, n_ff) float64, sum over tokens of h h^T (or of w_t h h^T, see below)
+    #: where the Gram matrix is token-weighted (llama_stats.FFNInputProbe), its bias row and corner:
+    #: sum w_t h_t and sum w_t; None where it is not weighted (then sum and count)
+    gram_sum: np.ndarray | None = None
+    gram_count: float | None = None
 
     @property
     def mean(self) -> np.ndarray:

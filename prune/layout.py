@@ -25,6 +25,8 @@ DOWN_BIAS_ARCHITECTURES = ("llama",)
 ROW_SLICED = ("ffn_gate.weight", "ffn_up.weight", "ffn_gate.bias", "ffn_up.bias")
 COL_SLICED = ("ffn_down.weight",)
 MOE_MARKERS = ("ffn_gate_inp", "_exps", "_shexp")
+#: The norm llama.cpp applies to the FFN output before the residual add, where the model has one.
+POST_FFN_NORM = "post_ffw_norm.weight"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class FFNLayout:
     n_ff: int
     gated: bool
     down_bias_ok: bool
+    #: an RMSNorm on the FFN output before the residual add (Gemma's `post_ffw_norm`): the error that
+    #: matters is then relative to each token's FFN output size, so calibration weights tokens by it
+    post_norm: bool = False
 
 
 def layer_of(name: str) -> int | None:
@@ -104,4 +109,5 @@ def check_layout(arch: str, tensor_names: list[str], tensor_shapes: dict[str, tu
         if part.startswith("ffn_") and part not in known and "norm" not in part and "ffn_down.bias" != part:
             raise UnsupportedArchitecture(f"{file_name} has {name}, an FFN tensor pruning does not know how to "
                                           "narrow; FFN pruning handles ffn_gate / ffn_up / ffn_down and their biases.")
-    return FFNLayout(arch, n_layer, n_ff, bool(gated), arch in DOWN_BIAS_ARCHITECTURES)
+    post_norm = all(f"blk.{i}.{POST_FFN_NORM}" in tensor_shapes for i in range(n_layer)) and n_layer > 0
+    return FFNLayout(arch, n_layer, n_ff, bool(gated), arch in DOWN_BIAS_ARCHITECTURES, post_norm)

@@ -10,7 +10,8 @@ memory before they are read).
 `FFNInputProbe` records, per layer, the input of the FFN down projection (the matrix product whose
 weight is `blk.<i>.ffn_down.weight`): the FFN's intermediate activations h = act(gate x) * up x in
 every architecture with a gate/up/down FFN. It accumulates the token count, sum h, sum h^2, sum |h|
-and, for the layers that need a least-squares refit, the Gram matrix H^T H. Gram matrices are
+and, for the layers that need a least-squares refit, the Gram matrix H^T H (token-weighted for
+models that normalise the FFN output, see `FFNInputProbe`). Gram matrices are
 n_ff x n_ff per layer (1.2 GB in float64 at n_ff 12288), so they are collected for a group of
 layers per pass (`gram_budget`), and a pass stops llama.cpp right after the last layer it needs.
 
@@ -106,6 +107,8 @@ class _Acc:
     sumsq: np.ndarray | None = None
     sumabs: np.ndarray | None = None
     gram: object = None  # numpy float64 or a torch float64 tensor on the chosen device
+    wsum: np.ndarray | None = None  # weighted Gram only: sum w_t h_t and sum w_t (the bias feature's row)
+    wcount: float = 0.0
 
 
 class FFNInputProbe(Probe):
@@ -113,17 +116,27 @@ class FFNInputProbe(Probe):
 
     `layers`: the layers to observe (None: all); `gram_layers`: those whose Gram matrix is
     accumulated; `device`: where Gram matrices are accumulated ("cpu" with numpy, or a torch device).
+
+    `weighted`: for models whose FFN output y = W_down h passes an RMSNorm before the residual add
+    (Gemma's post_ffw_norm), the Gram matrix is sum_t w_t h_t h_t^T with w_t = 1 / (mean(y_t^2) + eps).
+    After that norm a token's output error counts relative to its output's RMS, not in absolute
+    size, so an unweighted least-squares fit spends its budget on the few tokens with large FFN
+    outputs (on Gemma 3 270M at keep 0.8: held-out perplexity ratio 1.24 plain, 1.08 weighted, on
+    code). The sums (selection scores, the requantisation's importance matrix) stay unweighted.
     """
 
     #: The down projection whose input is observed (a subclass may watch another FFN's, e.g. a shared expert's).
     weight_pattern = _FFN_DOWN
+    #: keeps the weight of a token whose FFN output is all but zero finite (Gemma's own RMSNorm epsilon)
+    eps = 1e-6
 
     def __init__(self, n_layer: int, layers: Iterable[int] | None = None, gram_layers: Iterable[int] = (),
-                 device: str = "cpu"):
+                 device: str = "cpu", weighted: bool = False):
         self.n_layer = n_layer
         self.layers = set(range(n_layer)) if layers is None else set(layers)
         self.gram_layers = set(gram_layers)
         self.device = device
+        self.weighted = weighted
         self.acc: dict[int, _Acc] = {}
         self._torch = None
         if self.gram_layers and device != "cpu":
@@ -144,6 +157,12 @@ class FFNInputProbe(Probe):
     def last_key(self):
         return max(self.layers) if self.layers else None
 
+    def token_weights(self, node: ggml.TensorView) -> np.ndarray:
+        """w_t = 1 / (mean_c y_t^2 + eps), y the down projection's output (tokens x n_embd)."""
+        y = node.numpy()
+        y = y.reshape(-1, y.shape[-1]).astype(np.float64)
+        return 1.0 / ((y * y).mean(1) + self.eps)
+
     def record(self, il, node):
         x = node.src(1).numpy()
         x = x.reshape(-1, x.shape[-1])           # (tokens, n_ff)
@@ -156,22 +175,32 @@ class FFNInputProbe(Probe):
         a.sum += xd.sum(0)
         a.sumsq += (xd * xd).sum(0)
         a.sumabs += np.abs(xd).sum(0)
-        if il in self.gram_layers:
-            if self._torch is not None:
-                t = self._torch
-                xt = t.from_numpy(x).to(self.device)
+        if il not in self.gram_layers:
+            return
+        w = None
+        if self.weighted:
+            w = self.token_weights(node)
+            a.wsum = (w @ xd) + (0.0 if a.wsum is None else a.wsum)
+            a.wcount += float(w.sum())
+        if self._torch is not None:
+            t = self._torch
+            xt = t.from_numpy(x).to(self.device)
+            if w is None:
                 g = (xt.T @ xt).double()
-                a.gram = g if a.gram is None else a.gram + g
             else:
-                g = (x.T @ x).astype(np.float64)
-                a.gram = g if a.gram is None else a.gram + g
+                xt = xt.double()
+                g = (xt * t.from_numpy(w).to(self.device)[:, None]).T @ xt
+            a.gram = g if a.gram is None else a.gram + g
+        else:
+            g = (x.T @ x).astype(np.float64) if w is None else (xd * w[:, None]).T @ xd
+            a.gram = g if a.gram is None else a.gram + g
 
     def layer_stats(self, il: int) -> LayerStats:
         a = self.acc[il]
         gram = a.gram
         if gram is not None and not isinstance(gram, np.ndarray):
             gram = gram.cpu().numpy()
-        return LayerStats(a.count, a.sum, a.sumsq, a.sumabs, gram)
+        return LayerStats(a.count, a.sum, a.sumsq, a.sumabs, gram, a.wsum, a.wcount if a.wsum is not None else None)
 
 
 class LlamaCalibrator(LlamaContext):

@@ -107,8 +107,9 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
     G = torch.as_tensor(st.gram).to(device=device, dtype=torch.float64)
     W = torch.from_numpy(np.ascontiguousarray(down)).to(device=device, dtype=torch.float64).clone()
     if fit_bias:  # constant feature 1: its Gram row is sum h, its diagonal the token count
-        s = torch.from_numpy(st.sum).to(device=device, dtype=torch.float64)
-        cnt = torch.tensor([float(st.count)], dtype=torch.float64, device=device)
+        weighted = st.gram_sum is not None
+        s = torch.from_numpy(st.gram_sum if weighted else st.sum).to(device=device, dtype=torch.float64)
+        cnt = torch.tensor([float(st.gram_count if weighted else st.count)], dtype=torch.float64, device=device)
         G = torch.cat([torch.cat([G, s[:, None]], 1), torch.cat([s, cnt])[None]], 0)
         b0 = (torch.zeros(down.shape[0], dtype=torch.float64, device=device) if bias is None
               else torch.from_numpy(bias).to(device=device, dtype=torch.float64))

@@ -36,7 +36,7 @@ from .layout import FFNLayout, check_layout, layer_of
 from .methods import DATA_FREE, LayerPlan, obs_chunk, width_for
 from .source import SourceModel
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: token-weighted Gram matrices for a post-FFN norm (FFNLayout.post_norm)
 GRAM_METHODS = ("obs", "a3b")
 
 
@@ -118,9 +118,9 @@ def _plan_path(cache: Path, key: str, il: int) -> Path:
     return cache / "plans" / key / f"layer{il:03d}.npz"
 
 
-def _plan_key(src_sha: str, tokens_digest: str, cfg: PruneConfig, k: int, bias_ok: bool) -> str:
-    h = hashlib.sha256(f"v{PLAN_VERSION}:{src_sha}:{tokens_digest}:{cfg.method}:{k}:{int(bias_ok)}:{cfg.seed}"
-                       .encode())
+def _plan_key(src_sha: str, tokens_digest: str, cfg: PruneConfig, k: int, layout: FFNLayout) -> str:
+    h = hashlib.sha256(f"v{PLAN_VERSION}:{src_sha}:{tokens_digest}:{cfg.method}:{k}:{int(layout.down_bias_ok)}:"
+                       f"{cfg.seed}:{weighting(cfg, layout)}".encode())
     return h.hexdigest()[:24]
 
 
@@ -202,7 +202,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
 
         device = resolve_device(cfg.device)
     tok = np.array(wins, dtype=np.int32) if wins else np.zeros((0, 0), np.int32)
-    key = _plan_key(src.sha256, hashlib.sha256(tok.tobytes()).hexdigest(), cfg, k, layout.down_bias_ok)
+    key = _plan_key(src.sha256, hashlib.sha256(tok.tobytes()).hexdigest(), cfg, k, layout)
     plans: dict[int, dict[str, np.ndarray]] = {}
     passes = 0
     if pruning:
@@ -217,7 +217,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
         for group in groups:
             stats: dict[int, LayerStats] = {}
             if needs_stats:
-                stats = _collect(src, wins, group, cfg, device, progress, should_stop, len(groups), passes)
+                stats = _collect(src, layout, wins, group, cfg, device, progress, should_stop, len(groups), passes)
                 passes += 1
             for il in tqdm(group, desc=f"planning ({cfg.method})", unit="layer", disable=not progress):
                 if should_stop is not None and should_stop():
@@ -279,6 +279,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
         "source.sha256": src.sha256, "source.name": src.path.name,
         "source.file_type": int(src.hp.file_type) if src.hp.file_type is not None else 0,
         "calib.engine": "llama.cpp", "calib.n_gpu_layers": int(cfg.n_gpu_layers),
+        "calib.weighting": weighting(cfg, layout) if pruning else "none",
         "requant": "ggml_quantize_chunk, source type per tensor, calibration importance matrix",
         "requant.fallback_tensors": int(fallback),
         "recover.steps": 0, "recover.kind": "none", "recover.final_kl": 0.0,
@@ -305,15 +306,22 @@ def _bias_tensor(src: SourceModel, name: str, il: int, plan) -> stream.OutTensor
     return stream.OutTensor(name, 0, (n_embd,), make)
 
 
-def _collect(src: SourceModel, wins, layers: list[int], cfg: PruneConfig, device: str, progress: bool,
-             should_stop, n_passes: int, done: int) -> dict[int, LayerStats]:
+def weighting(cfg: PruneConfig, layout: FFNLayout) -> str:
+    """How the least-squares fit weights calibration tokens: "post-norm" (each by 1 / its FFN output's
+    mean square, for a normed FFN output; llama_stats.FFNInputProbe) or "uniform"."""
+    return "post-norm" if layout.post_norm and cfg.method in GRAM_METHODS else "uniform"
+
+
+def _collect(src: SourceModel, layout: FFNLayout, wins, layers: list[int], cfg: PruneConfig, device: str,
+             progress: bool, should_stop, n_passes: int, done: int) -> dict[int, LayerStats]:
     """One pass of llama.cpp over the calibration windows, observing `layers`."""
     from tqdm import tqdm
 
     from .llama_stats import FFNInputProbe, LlamaCalibrator
 
     gram = layers if cfg.method in GRAM_METHODS else []
-    probe = FFNInputProbe(src.hp.n_layer, layers=layers, gram_layers=gram, device=device)
+    probe = FFNInputProbe(src.hp.n_layer, layers=layers, gram_layers=gram, device=device,
+                          weighted=weighting(cfg, layout) == "post-norm")
     what = f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
     desc = f"calibrating (llama.cpp, {what}" + (f", pass {done + 1}/{n_passes})" if n_passes > 1 else ")")
     bar = tqdm(total=len(wins), desc=desc, unit="seq", disable=not progress)

@@ -76,6 +76,41 @@ def test_llama_cpp_statistics_agree_with_the_torch_reference(tiny, arch):
             assert np.abs(x - y).max() <= 2e-3 * np.abs(y).max()
 
 
+def test_gemma_gram_is_weighted_by_each_tokens_ffn_output(tiny):
+    """Gemma normalises the FFN output (post_ffw_norm): the Gram matrix weights token t by
+    1 / mean(y_t^2), y_t = W_down h_t; checked against h recorded separately and W_down from the file."""
+    from comfyui_a3b.prune.llama_stats import FFNInputProbe, LlamaCalibrator, PatternProbe
+    from comfyui_a3b.prune.streamed import open_source
+
+    src, layout = open_source(tiny["gemma3"])
+    assert layout.post_norm and not open_source(tiny["llama"])[1].post_norm
+    rng = np.random.default_rng(1)
+    wins = [[2] + [int(x) for x in rng.integers(3, 271, 47)] for _ in range(3)]
+    n = src.hp.n_layer
+    seen: dict[int, list[np.ndarray]] = {}
+
+    def keep_input(il, node):
+        x = node.src(1).numpy()
+        seen.setdefault(il, []).append(x.reshape(-1, x.shape[-1]).astype(np.float64))
+
+    plain = FFNInputProbe(n, gram_layers=range(n))
+    weighted = FFNInputProbe(n, gram_layers=range(n), weighted=True)
+    raw = PatternProbe(r"blk\.(\d+)\.ffn_down\.weight", keep_input, ops=("MUL_MAT",))
+    with LlamaCalibrator(tiny["gemma3"], 64) as cal:
+        cal.run([plain, weighted, raw], wins)
+    for il in range(n):
+        h = np.concatenate(seen[il])
+        y = h @ src.weight(f"blk.{il}.ffn_down.weight").astype(np.float64).T
+        w = 1.0 / ((y * y).mean(1) + FFNInputProbe.eps)
+        a, p = weighted.layer_stats(il), plain.layer_stats(il)
+        want = (h * w[:, None]).T @ h
+        assert np.abs(a.gram - want).max() <= 1e-3 * np.abs(want).max()
+        assert np.allclose(a.gram_sum, w @ h, rtol=1e-3, atol=1e-6) and a.gram_count == pytest.approx(w.sum(), 1e-4)
+        # the unweighted sums (scores, importance matrix) are the plain probe's; only the Gram differs
+        assert np.array_equal(a.sumsq, p.sumsq) and p.gram_sum is None
+        assert np.abs(a.gram / a.gram_count - p.gram / p.count).max() > 1e-3 * np.abs(p.gram / p.count).max()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pruned_file_loads_with_the_promised_width_and_metadata(tiny, tmp_path, cache, arch):
     out = tmp_path / f"{arch}-pruned.gguf"
@@ -85,6 +120,7 @@ def test_pruned_file_loads_with_the_promised_width_and_metadata(tiny, tmp_path, 
     a = info.a3b
     assert a["a3b.calib.engine"] == "llama.cpp" and a["a3b.n_ff"] == 64 and a["a3b.n_ff_source"] == 128
     assert a["a3b.selection"] == "obs-oneshot"
+    assert a["a3b.calib.weighting"] == ("post-norm" if arch == "gemma3" else "uniform")
     assert a["a3b.source.sha256"] == SourceModel(tiny[arch], torch_reference=False).sha256
     src = SourceModel(out, torch_reference=False)
     for i in range(src.hp.n_layer):
