@@ -139,11 +139,15 @@ def main(argv=None) -> int:
     ap.add_argument("--keeps", default="0.9,0.8,0.63")
     ap.add_argument("--heldout-windows", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--only", default="", help="comma-separated configuration names to run (default: all)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated configuration names to run (default: all); with --resume these are run "
+                         "again and the other rows are kept")
+    ap.add_argument("--decode-reps", type=int, default=11,
+                    help="alternating decode runs per file (best of each side; more reps, steadier ratio)")
     ap.add_argument("--work", default=None, help="folder for the pruned files (default: a temporary one)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows of bench/results/bench_prune_llama.json whose settings match and run the "
-                         "others (the unpruned file is measured again)")
+                         "others (the unpruned file is measured again); models not in --models are kept as they are")
     ap.add_argument("--agreement-only", action="store_true",
                     help="only compare llama.cpp's and the torch reference's statistics on SmolLM2 "
                          "(bench/results/bench_prune_llama_agreement.json)")
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
     prev_path = RESULTS / "bench_prune_llama.json"
     if args.resume and prev_path.is_file():
         old = json.loads(prev_path.read_text()).get("models", {})
+        results["models"].update({k: v for k, v in old.items() if k not in args.models.split(",")})
     rows = []
     for model in args.models.split(","):
         path = default_model_path() if model == "smollm2" else gemma_path()
@@ -192,10 +197,11 @@ def main(argv=None) -> int:
         print(f"{model}: {path.name} {size / 1e6:.1f} MB, held-out perplexity "
               + ", ".join(f"{k} {v:.2f}" for k, v in base.items()), flush=True)
         for name, cli in configs(model, keeps):
-            if only and name not in only:
-                continue
             was = old.get(model, {}).get("configs", {}).get(name)
-            if was is not None and was.get("args") == cli and old[model].get("tokens") == m["tokens"]:
+            if only and name not in only and was is None:
+                continue
+            if (was is not None and was.get("args") == cli and old[model].get("tokens") == m["tokens"]
+                    and not (only and name in only)):
                 m["configs"][name] = was  # ratios against the unpruned file of that run
                 c = was
                 rows.append([model, name, f"{c['n_ff']}/{c['n_ff_source']}", f"{c['bytes'] / 1e6:.1f}",
@@ -206,7 +212,7 @@ def main(argv=None) -> int:
             r = run_prune(path, out, cli, cache)
             with LlamaEval(out, n_ctx=args.seq_len) as ev:
                 ppl = {k: ev.perplexity(w) for k, w in sets.items()}
-            sa, sb, ratio = decode_ratio(path, out, prompt)
+            sa, sb, ratio = decode_ratio(path, out, prompt, reps=args.decode_reps)
             s = r["summary"]
             c = {"args": cli, "n_ff": s["n_ff"], "n_ff_source": s["n_ff_source"], "bytes": out.stat().st_size,
                  "ppl": ppl, "ratio": {k: ppl[k] / base[k] for k in ppl}, "decode_tps": [sa, sb],
