@@ -151,6 +151,8 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
         raise NodeError(f"experts_keep must be in (0, 1]; got {experts_keep}. Use 1.0 to keep every expert.")
     if experts_keep < 1.0:
         recover_steps = 0
+    elif recover_steps is not None and recover_steps < 0:
+        recover_steps = None  # the default for where recovery runs (prune.config.GPU_RECOVERY on a GPU)
     try:
         from .. import prune
     except Exception as e:

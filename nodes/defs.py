@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..prune.config import PruneConfig
+from ..prune.config import GPU_RECOVERY, PruneConfig
 from ..runtime import ConfidenceConfig, SamplingParams
 from ..runtime.errors import Cancelled
 from ..runtime.options import FLASH_ATTN_MODES, KV_CACHE_TYPES, POOLINGS, LoadSpec
@@ -147,9 +147,11 @@ LOADER = NodeDef(
            tooltip="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch."),
         In("prune_method", "COMBO", PruneConfig.method, optional=True, options=core.prune_methods,
            tooltip="How neurons are ranked when keep_ratio < 1."),
-        In("recover_steps", "INT", PruneConfig.recover_steps, optional=True, min=0, max=10000,
-           tooltip=("Distillation steps after pruning (0 = none) when keep_ratio < 1: each 8 windows of 128 "
-                    "tokens, about 8 s on 2 CPU cores for a 135M model. Made once, then cached.")),
+        In("recover_steps", "INT", -1, optional=True, min=-1, max=10000,
+           tooltip=("Distillation steps after pruning when keep_ratio < 1 (0 = none; -1 = the default for where it "
+                    f"runs: {PruneConfig.recover_steps} steps of 8 x 128 tokens on the CPU, about 8 s each for a 135M "
+                    f"model on 2 cores; {GPU_RECOVERY['recover_steps']} steps of 32 x 512 on a CUDA GPU, about 8 "
+                    "minutes on an H200). Made once, then cached.")),
         In("serve_as", "COMBO", LoadSpec.serve_as, optional=True, options=core.serve_as_choices,
            tooltip=("Serve the file as is, a copy re-encoded once (q8_0 reads prompts about twice as fast "
                     "for small Q4 models), or whichever measures faster here (auto).")),

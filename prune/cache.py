@@ -15,7 +15,7 @@ from typing import Any
 
 from ..runtime.gguf_info import sha256_file
 from .errors import InvalidRequest
-from .config import PruneConfig, default_cache_dir
+from .config import PruneConfig, default_cache_dir, with_device_defaults
 
 _sha_memo: dict[tuple[str, int, int], str] = {}
 
@@ -56,12 +56,13 @@ def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLi
     """Return the path of the pruned variant, making it first if it is not cached yet.
 
     `settings` are PruneConfig fields (keep=..., method=..., ...); those left out, or given as None,
-    take PruneConfig's defaults.
+    take PruneConfig's defaults, or for recovery on a CUDA GPU config.GPU_RECOVERY's.
     """
     known = {f.name for f in fields(PruneConfig)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidRequest(f"unknown pruning settings: {', '.join(sorted(unknown))}")
+    settings = with_device_defaults(settings)
     cfg = PruneConfig(**{k: v for k, v in settings.items() if v is not None})
     cfg.validate()
     from .source import SourceModel

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import EXPERT_METHODS, PruneConfig
+from .config import EXPERT_METHODS, GPU_RECOVERY, PruneConfig, with_device_defaults
 from .errors import InvalidRequest
 from .methods import METHODS
 
@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of the query heads of every KV group kept, in (0, 1]; 1 = no head pruning")
     p.add_argument("--recover-steps", type=int, default=None, metavar="N",
                    help=f"distillation steps after pruning, 0 = none; 0 with --experts-keep or a mixture-of-experts "
-                        f"model (default: {d.recover_steps})")
+                        f"model (default: {d.recover_steps}; {GPU_RECOVERY['recover_steps']} where recovery runs on a "
+                        "CUDA GPU)")
     p.add_argument("--out", "-o", default=None, metavar="FILE",
                    help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -72,15 +73,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gram-budget-mb", type=int, default=d.gram_budget_mb, metavar="MB",
                    help="llama.cpp calibration: memory for the Gram matrices gathered in one pass (obs, a3b); "
                         "wide FFNs then take several passes (default: %(default)s)")
-    p.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus,
+    p.add_argument("--recover-corpus", choices=("calib", "wide"), default=None,
                    help="recovery text: the calibration corpus, or the wide corpus of everything installed (the "
                         "standard library, every package's sources and documentation, Debian's documentation) "
-                        "(default: %(default)s)")
+                        f"(default: {d.recover_corpus}; {GPU_RECOVERY['recover_corpus']} on a CUDA GPU)")
     p.add_argument("--lr", type=float, default=d.lr, help="distillation learning rate")
-    p.add_argument("--recover-batch", type=int, default=d.recover_batch, metavar="N",
-                   help="windows per distillation step")
-    p.add_argument("--recover-seq-len", type=int, default=d.recover_seq_len, metavar="N",
-                   help="tokens per distillation window")
+    p.add_argument("--recover-batch", type=int, default=None, metavar="N",
+                   help=f"windows per distillation step (default: {d.recover_batch}; "
+                        f"{GPU_RECOVERY['recover_batch']} on a CUDA GPU)")
+    p.add_argument("--recover-seq-len", type=int, default=None, metavar="N",
+                   help=f"tokens per distillation window (default: {d.recover_seq_len}; "
+                        f"{GPU_RECOVERY['recover_seq_len']} on a CUDA GPU)")
     p.add_argument("--recover-train", choices=RECOVER_TRAIN, default=d.recover_train,
                    help="tensors distillation trains: every block tensor (all) or only the FFN (ffn)")
     p.add_argument("--recover-code-share", type=float, default=d.recover_code_share, metavar="SHARE",
@@ -106,14 +109,20 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
     """The checked PruneConfig the parsed arguments describe.
 
     With --experts-keep the neuron ratio and recovery default to off (expert pruning is one-shot and
-    removes whole experts); the resolved values are written back to `args` for the output's name.
+    removes whole experts); recovery left at its defaults takes config.GPU_RECOVERY's where it runs on
+    a CUDA GPU. The resolved values are written back to `args` for the output's name.
     """
     d = PruneConfig()
     experts = getattr(args, "experts_keep", None) is not None
     if args.keep is None:
         args.keep = 1.0 if experts else d.keep
-    if args.recover_steps is None:
-        args.recover_steps = 0 if experts else d.recover_steps
+    if args.recover_steps is None and experts:
+        args.recover_steps = 0
+    recovery = {k: getattr(args, k) for k in GPU_RECOVERY}
+    if args.keep < 1.0 or args.heads_keep < 1.0:  # nothing pruned, nothing to recover: no device to look for
+        recovery = with_device_defaults({**recovery, "device": args.device})
+    for k in GPU_RECOVERY:
+        setattr(args, k, recovery[k] if recovery[k] is not None else getattr(d, k))
     cfg = PruneConfig(keep=args.keep, method=args.method, heads_keep=args.heads_keep,
                       recover_steps=args.recover_steps, calib_windows=args.calib_windows, seq_len=args.seq_len,
                       lr=args.lr, recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,

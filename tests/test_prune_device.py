@@ -65,3 +65,36 @@ def test_where_the_work_runs_does_not_change_the_variant_key():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(InvalidRequest):
         PruneConfig(**bad).validate()
+
+
+def test_recovery_left_at_its_defaults_takes_the_gpu_setting_on_a_gpu(fake_gpu):
+    from comfyui_a3b import cli
+    from comfyui_a3b.prune import cli as prune_cli
+    from comfyui_a3b.prune.config import GPU_RECOVERY, with_device_defaults
+
+    parse = cli.build_parser().parse_args
+    cfg = prune_cli.config_from_args(parse(["prune", "m.gguf"]))
+    assert {k: getattr(cfg, k) for k in GPU_RECOVERY} == GPU_RECOVERY
+    # what the user says stays; only the unset settings change
+    cfg = prune_cli.config_from_args(parse(["prune", "m.gguf", "--recover-steps", "50", "--recover-batch", "4"]))
+    assert (cfg.recover_steps, cfg.recover_batch, cfg.recover_seq_len, cfg.recover_corpus) == (50, 4, 512, "wide")
+    # recovery on the CPU, none at all, or nothing pruned: the CPU defaults
+    d = PruneConfig()
+    for argv in (["--device", "cpu"], ["--recover-steps", "0"], ["--keep", "1"]):
+        cfg = prune_cli.config_from_args(parse(["prune", "m.gguf", *argv]))
+        assert (cfg.recover_batch, cfg.recover_seq_len, cfg.recover_corpus) == \
+            (d.recover_batch, d.recover_seq_len, d.recover_corpus), argv
+    # cached_variant and the A3BLoader pass None for unset settings
+    assert with_device_defaults({"keep": 0.8, "recover_steps": None})["recover_steps"] == GPU_RECOVERY["recover_steps"]
+
+
+def test_recovery_defaults_stay_the_cpus_without_a_gpu(no_cuda):
+    from comfyui_a3b import cli
+    from comfyui_a3b.prune import cli as prune_cli
+
+    cfg = prune_cli.config_from_args(cli.build_parser().parse_args(["prune", "m.gguf"]))
+    d = PruneConfig()
+    assert (cfg.recover_steps, cfg.recover_batch, cfg.recover_seq_len, cfg.recover_corpus) == \
+        (d.recover_steps, d.recover_batch, d.recover_seq_len, d.recover_corpus)
+    with pytest.raises(InvalidRequest, match="--device cuda asks for a GPU"):
+        prune_cli.config_from_args(cli.build_parser().parse_args(["prune", "m.gguf", "--device", "cuda"]))
