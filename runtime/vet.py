@@ -29,6 +29,7 @@ repacking off by hand.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -70,6 +71,7 @@ def _key(path: Path) -> tuple:
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
+@functools.lru_cache(maxsize=1)
 def _build_key() -> tuple:
     """Whether CPU repacking works depends on the llama.cpp build and the processor as the system
     presents it (its model and flags), not on the file: the key of that verdict."""
@@ -179,7 +181,10 @@ def _ask_repack_aware(p: Path, size: int) -> dict:
         return _ask(p, size, repack=False)
     v = _ask(p, size, repack=True)
     if v.get("ok") and v.get("decoded"):
-        _record_repack(True)
+        # only the embedded model says that repacking works: a float file has nothing to repack, and
+        # a file of another type may not reach the kernels that crash
+        if _is_canary(p):
+            _record_repack(True)
     elif not v.get("ok") and decode and v.get("signal") in KERNEL_SIGNALS:
         plain = _ask(p, size, repack=False)
         if plain.get("ok") and plain.get("decoded"):
@@ -188,16 +193,28 @@ def _ask_repack_aware(p: Path, size: int) -> dict:
     return v
 
 
-def _learn_repack(p: Path | None) -> None:
-    """Decode the embedded model (small) once to learn whether repacking works with this build."""
+def _canary() -> Path | None:
+    """The embedded model (Q4_1, a type llama.cpp repacks): the file that tells whether repacking works."""
     try:
         from .locate import default_model_path
 
-        canary = default_model_path()
-        size = canary.stat().st_size
-        if (p is None or canary.resolve() != p.resolve()) and size <= DECODE_MAX_BYTES:
-            _ask_repack_aware(canary, size)
-    except Exception as e:  # noqa: BLE001 - no embedded model, no child: the file is vetted as before
+        return default_model_path().resolve()
+    except Exception:  # noqa: BLE001 - not installed: nothing to learn from
+        return None
+
+
+def _is_canary(p: Path) -> bool:
+    c = _canary()
+    return c is not None and Path(p).resolve() == c
+
+
+def _learn_repack(p: Path | None) -> None:
+    """Decode the embedded model (small) once to learn whether repacking works with this build."""
+    canary = _canary()
+    try:
+        if canary is not None and (p is None or not _is_canary(p)) and canary.stat().st_size <= DECODE_MAX_BYTES:
+            _ask_repack_aware(canary, canary.stat().st_size)
+    except (OSError, ValueError) as e:  # no child process here: the file is vetted as before
         log.debug("could not learn whether CPU repacking works: %s", e)
 
 

@@ -335,7 +335,12 @@ def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_file
     monkeypatch.setattr(vet, "_ask", server)
     good, bad = write_tiny_gguf(tmp_path / "good.gguf"), write_tiny_gguf(tmp_path / "bad.gguf")
     vet.check_file(good)
-    assert vet.repack_allowed() and asked == [("good.gguf", True)]
+    assert asked == [("good.gguf", True)]
+    # a float file has nothing to repack: whether repacking works is learnt from the embedded model
+    from comfyui_a3b.runtime import default_model_path
+
+    assert vet.repack_allowed() and asked[1:] == [(default_model_path().name, True)]
+    assert vet.repack_allowed() and len(asked) == 2   # known now
     with pytest.raises(vet.CorruptGGUF, match="GGML_ASSERT"):
         vet.check_file(bad)
-    assert asked[1:] == [("bad.gguf", True)]   # an abort is the file's: not tried again without repacking
+    assert asked[2:] == [("bad.gguf", True)]   # an abort is the file's: not tried again without repacking
