@@ -26,7 +26,12 @@ PROMPT = "Write a detailed story about a lighthouse keeper who finds a message i
 def _raw_llama(path: str):
     from llama_cpp import Llama
 
+    from comfyui_a3b.runtime import vet
     from comfyui_a3b.runtime.llama import thread_counts
+
+    if not vet.repack_allowed():  # Llama() cannot turn llama.cpp's CPU repacking off
+        raise SystemExit("bench_runtime: the installed llama-cpp-python crashes in its CPU weight repacking on this "
+                         f"processor, so its own Llama() baseline cannot run here; rebuild it: {vet.REBUILD_HINT}")
 
     dec, batch = thread_counts()  # the same threads as the runtime uses, so the ratio compares code paths
     return Llama(model_path=path, n_ctx=2048, verbose=False, n_batch=256, n_threads=dec, n_threads_batch=batch)

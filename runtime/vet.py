@@ -94,11 +94,11 @@ def _build_key() -> tuple:
 
 def repack_allowed() -> bool:
     """False where llama.cpp's CPU repacking crashed with this build on this processor (see the
-    module docstring) or `A3B_CPU_REPACK=off`; loads then keep the weights in the file's layout."""
+    module docstring) or `A3B_CPU_REPACK=off`; loads then keep the weights in the file's layout.
+    Not known yet for this build: learnt once from the embedded model in the vetting server."""
     if switched_off(os.environ.get("A3B_CPU_REPACK", "on")):
         return False
-    if not enabled():
-        return True
+    # also with A3B_VET=off: that trusts the files, and a broken build crashes on every trusted file
     with _lock:
         _load_disk()
         build = _build_key()

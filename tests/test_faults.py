@@ -303,6 +303,8 @@ def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatc
 
     monkeypatch.setattr(vet, "_ask", server)
     files = {n: write_tiny_gguf(tmp_path / n) for n in ("a.gguf", "b.gguf", "bad.gguf")}
+    from comfyui_a3b.runtime import default_model_path
+
     vet.check_file(files["a.gguf"])       # no CorruptGGUF: the file is fine
     assert asked == [("a.gguf", True), ("a.gguf", False)]
     assert not vet.repack_allowed()
@@ -315,9 +317,15 @@ def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatc
     monkeypatch.setattr(vet, "_disk_loaded", False)
     assert not vet.repack_allowed()
     monkeypatch.setenv("A3B_VET", "off")
-    assert vet.repack_allowed()          # no vetting, no verdicts: llama.cpp's default
+    assert not vet.repack_allowed()      # files trusted, the build not: it crashes on every file
+    monkeypatch.setattr(vet, "_verdicts", {})
+    monkeypatch.setattr(vet, "_disk_loaded", False)
+    (tmp_path / "cache" / "vetted.json").unlink()
+    assert not vet.repack_allowed()      # learnt from the embedded model, vetting off or not
+    assert asked[-2:] == [(default_model_path().name, True), (default_model_path().name, False)]
     monkeypatch.setenv("A3B_CPU_REPACK", "off")
-    assert not vet.repack_allowed()
+    asked.clear()
+    assert not vet.repack_allowed() and asked == []
 
 
 def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_files(tmp_path, monkeypatch):
