@@ -26,7 +26,7 @@ import time
 
 import httpx
 
-from .common import free_port, median, plot, print_table, write_results
+from .common import free_port, llama_cpp_server, median, plot, print_table, write_results
 
 PROMPT = ("Request {i}. The following is a long, detailed story about a lighthouse keeper who finds a "
           "message in a bottle, told chapter by chapter.\n\nChapter 1\n\n")
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    proc = start([sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port",
+    proc = start([*llama_cpp_server(), "--model", model, "--host", "127.0.0.1", "--port",
                   str(port), "--n_ctx", "2048", "--interrupt_requests", "false", "--verbose", "false", *lcs_threads],
                  url)
     try:

@@ -92,3 +92,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: llama_cpp.server as is, except that models load without llama.cpp's CPU weight repacking (for a
+#: build whose repacking crashes on this processor, see runtime/vet.py; Llama() has no option for it)
+_SERVER_NO_REPACK = ("import runpy\n"
+                     "import llama_cpp.llama_cpp as C\n"
+                     "_defaults = C.llama_model_default_params\n"
+                     "def _params():\n"
+                     "    p = _defaults()\n"
+                     "    p.use_extra_bufts = False\n"
+                     "    return p\n"
+                     "C.llama_model_default_params = _params\n"
+                     "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)\n")
+
+
+def llama_cpp_server() -> list[str]:
+    """The command that starts llama-cpp-python's OpenAI server (its options follow), on any build."""
+    from ..runtime import vet
+
+    return [sys.executable, "-m", "llama_cpp.server"] if vet.repack_allowed() else [sys.executable, "-c",
+                                                                                    _SERVER_NO_REPACK]

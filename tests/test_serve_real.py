@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import httpx
@@ -23,7 +22,7 @@ import pytest_asyncio
 from lsprotocol import types as T
 
 from comfyui_a3b.bench.bench_serve import stop, wait_ready
-from comfyui_a3b.bench.common import free_port
+from comfyui_a3b.bench.common import free_port, llama_cpp_server
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +35,7 @@ def llama_server(default_path, tmp_path_factory):
     """llama_cpp.server on the embedded model, with an API key; its /v1 URL."""
     port = free_port()
     log = open(tmp_path_factory.mktemp("llama_server") / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(default_path),
+    proc = subprocess.Popen([*llama_cpp_server(), "--model", str(default_path),
                              "--model_alias", "smol", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
                              "--embedding", "true", "--logits_all", "true", "--api_key", KEY, "--verbose", "false"],
                             stdout=log, stderr=subprocess.STDOUT)
