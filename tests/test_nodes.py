@@ -427,3 +427,20 @@ def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
             node("A3BLoader").run(unique_id="1", **{**base_args, "lora": bad})
     rt.unload(base)
     rt.unload(tuned)
+
+
+def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(tmp_path, monkeypatch):
+    """-1 (the widget's default) reaches cached_variant as "unset" (None), which takes the CPU's or the
+    GPU's recovery setting (prune.config.with_device_defaults); a number the user sets passes as is."""
+    from comfyui_a3b import prune
+
+    assert defs.LOADER.defaults()["recover_steps"] == -1
+    seen = []
+    monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
+    monkeypatch.setattr(core, "_variants", {})
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"GGUF")
+    core.pruned_variant(src, 0.5, None, -1)
+    core.pruned_variant(src, 0.5, None, 40)
+    core.pruned_variant(src, 1.0, None, -1, 1.0, 0.5)   # expert pruning is one-shot
+    assert [kw["recover_steps"] for kw in seen] == [None, 40, 0]
