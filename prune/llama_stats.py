@@ -121,7 +121,7 @@ class FFNInputProbe(Probe):
     (Gemma's post_ffw_norm), the Gram matrix is sum_t w_t h_t h_t^T with w_t = 1 / (mean(y_t^2) + eps).
     After that norm a token's output error counts relative to its output's RMS, not in absolute
     size, so an unweighted least-squares fit spends its budget on the few tokens with large FFN
-    outputs (on Gemma 3 270M at keep 0.8: held-out perplexity ratio 1.24 plain, 1.08 weighted, on
+    outputs (on Gemma 3 270M at keep 0.8, width 1632: held-out perplexity ratio 1.24 plain, 1.09 weighted, on
     code). The sums (selection scores, the requantisation's importance matrix) stay unweighted.
     """
 
