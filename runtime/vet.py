@@ -23,9 +23,9 @@ but whose system does not allow it (seen in virtual machines) dies in `ldtilecfg
 matrix product of any quantised model. So a decode that dies of a signal is tried once more without
 repacking; if that works, repacking is broken for this llama.cpp build on this processor (not for
 the file): the verdict is kept per build and processor, every later load goes without repacking
-(`repack_allowed()`; slower CPU matrix products, a warning says how to rebuild), and files too large
-to be decoded while vetting learn it from the embedded model first. `A3B_CPU_REPACK=off` turns
-repacking off by hand.
+(`repack_allowed()`: the same results through llama.cpp's plain CPU kernels; a warning names a
+build that can repack), and files too large to be decoded while vetting learn it from the embedded
+model first. `A3B_CPU_REPACK=off` turns repacking off by hand.
 """
 from __future__ import annotations
 
@@ -224,10 +224,11 @@ def _record_repack(works: bool, why: str = "") -> None:
         return
     _verdicts[build] = {"ok": True, "repack": works, "log": why}
     if not works:
-        log.warning("llama.cpp crashed in its CPU weight repacking on this processor (%s); models load without it "
-                    "from now on (correct, but CPU matrix products are slower). The installed llama-cpp-python "
-                    "was probably built for CPU features this system does not allow (AMX in a virtual machine); "
-                    "rebuild it to get the speed back: %s", why or "a CPU kernel died", REBUILD_HINT)
+        log.warning("llama.cpp crashed in its CPU weight repacking on this processor (%s): the installed "
+                    "llama-cpp-python was probably built for CPU features this system does not allow (AMX in a "
+                    "virtual machine, for one). Models load without repacking from now on: the same results, "
+                    "through llama.cpp's plain CPU kernels. A build without those features repacks again: %s",
+                    why or "a CPU kernel died", REBUILD_HINT)
     _save_disk()
 
 
