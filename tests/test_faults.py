@@ -283,25 +283,45 @@ def test_output_into_a_closed_pipe_is_not_an_error(default_path):
     assert p.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
 
 
-def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatch):
+def _forget_verdicts(monkeypatch):
+    """The vetting verdicts as a new process starts with them (read from disk at first need)."""
+    monkeypatch.setattr(vet, "_verdicts", {})
+    monkeypatch.setattr(vet, "_disk_loaded", False)
+
+
+@pytest.fixture
+def fake_vetting(tmp_path, monkeypatch):
+    """A vetting server replaced by `fake_vetting(answer)`: answer(name, repack) gives its reply; the
+    (file name, repack) of every request is listed in the returned list. Verdicts go to tmp_path."""
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    _forget_verdicts(monkeypatch)
+
+    def install(answer):
+        asked = []
+
+        def server(path, size, repack=True):
+            asked.append((Path(path).name, repack))
+            return answer(Path(path).name, repack)
+
+        monkeypatch.setattr(vet, "_ask", server)
+        return asked
+
+    return install
+
+
+def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatch, fake_vetting):
     """A build whose CPU repacking kernels die (AMX compiled in, not allowed by the system) makes every
     quantised model crash in its first decode. Vetting then tries the file without repacking; when
     that works the file is fine, repacking is marked broken for this build (kept on disk), and later
     files are vetted and loaded without it. The vetting server is replaced by one that behaves so."""
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(vet, "_verdicts", {})
-    monkeypatch.setattr(vet, "_disk_loaded", False)
-    asked = []
-
-    def server(path, size, repack=True):
-        asked.append((Path(path).name, repack))
-        if Path(path).name == "bad.gguf":
+    def answer(name, repack):
+        if name == "bad.gguf":
             return {"ok": False, "status": "crashed", "signal": "SIGSEGV", "log": "llama.cpp aborted"}
         if repack:
             return {"ok": False, "status": "crashed", "signal": "SIGSEGV", "log": "ldtilecfg"}
         return {"ok": True, "loads": True, "decoded": True}
 
-    monkeypatch.setattr(vet, "_ask", server)
+    asked = fake_vetting(answer)
     files = {n: write_tiny_gguf(tmp_path / n) for n in ("a.gguf", "b.gguf", "bad.gguf")}
     from comfyui_a3b.runtime import default_model_path
 
@@ -312,14 +332,11 @@ def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatc
     assert asked[2:] == [("b.gguf", False)]
     with pytest.raises(vet.CorruptGGUF, match="bad.gguf makes llama.cpp's loader crash"):
         vet.check_file(files["bad.gguf"])  # a file that crashes either way is still refused
-    # a new process reads the verdict from disk
-    monkeypatch.setattr(vet, "_verdicts", {})
-    monkeypatch.setattr(vet, "_disk_loaded", False)
+    _forget_verdicts(monkeypatch)         # a new process reads the verdict from disk
     assert not vet.repack_allowed()
     monkeypatch.setenv("A3B_VET", "off")
     assert not vet.repack_allowed()      # files trusted, the build not: it crashes on every file
-    monkeypatch.setattr(vet, "_verdicts", {})
-    monkeypatch.setattr(vet, "_disk_loaded", False)
+    _forget_verdicts(monkeypatch)
     (tmp_path / "cache" / "vetted.json").unlink()
     assert not vet.repack_allowed()      # learnt from the embedded model, vetting off or not
     assert asked[-2:] == [(default_model_path().name, True), (default_model_path().name, False)]
@@ -328,19 +345,13 @@ def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatc
     assert not vet.repack_allowed() and asked == []
 
 
-def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_files(tmp_path, monkeypatch):
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(vet, "_verdicts", {})
-    monkeypatch.setattr(vet, "_disk_loaded", False)
-    asked = []
-
-    def server(path, size, repack=True):
-        asked.append((Path(path).name, repack))
-        if Path(path).name == "bad.gguf":
+def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_files(tmp_path, fake_vetting):
+    def answer(name, repack):
+        if name == "bad.gguf":
             return {"ok": False, "status": "crashed", "signal": "SIGABRT", "log": "GGML_ASSERT failed"}
         return {"ok": True, "loads": True, "decoded": True}
 
-    monkeypatch.setattr(vet, "_ask", server)
+    asked = fake_vetting(answer)
     good, bad = write_tiny_gguf(tmp_path / "good.gguf"), write_tiny_gguf(tmp_path / "bad.gguf")
     vet.check_file(good)
     assert asked == [("good.gguf", True)]
