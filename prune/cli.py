@@ -118,9 +118,8 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
         args.keep = 1.0 if experts else d.keep
     if args.recover_steps is None and experts:
         args.recover_steps = 0
-    recovery = {k: getattr(args, k) for k in GPU_RECOVERY}
-    if args.keep < 1.0 or args.heads_keep < 1.0:  # nothing pruned, nothing to recover: no device to look for
-        recovery = with_device_defaults({**recovery, "device": args.device})
+    recovery = with_device_defaults({**{k: getattr(args, k) for k in GPU_RECOVERY}, "device": args.device,
+                                     "keep": args.keep, "heads_keep": args.heads_keep})
     for k in GPU_RECOVERY:
         setattr(args, k, recovery[k] if recovery[k] is not None else getattr(d, k))
     cfg = PruneConfig(keep=args.keep, method=args.method, heads_keep=args.heads_keep,

@@ -41,14 +41,20 @@ GPU_RECOVERY = {"recover_steps": 2000, "recover_batch": 32, "recover_seq_len": 5
 
 def with_device_defaults(settings: dict) -> dict:
     """`settings` (PruneConfig fields; None or absent = unset) with GPU_RECOVERY filled in for the unset
-    ones where recovery will run on a CUDA GPU (`device` auto or cuda and torch sees one)."""
+    ones where recovery will run on a CUDA GPU (`device` auto or cuda and torch sees one). Where nothing
+    is pruned (keep and heads_keep 1) nothing is recovered: no device is looked for."""
+    def given(name: str):
+        v = settings.get(name)
+        return getattr(PruneConfig, name) if v is None else v
+
     unset = [k for k in GPU_RECOVERY if settings.get(k) is None]
-    if not unset or settings.get("recover_steps") == 0 or (settings.get("device") or "auto") == "cpu":
+    if (not unset or settings.get("recover_steps") == 0 or given("device") == "cpu"
+            or (given("keep") >= 1.0 and given("heads_keep") >= 1.0)):
         return settings
     from .device import resolve_device
 
     try:
-        device = resolve_device(settings.get("device") or "auto")
+        device = resolve_device(given("device"))
     except ImportError:
         return settings  # no torch: the pipeline says so where recovery needs it
     if device != "cuda":
