@@ -184,11 +184,11 @@ class FFNInputProbe(Probe):
             a.wcount += float(w.sum())
         if self._torch is not None:
             t = self._torch
-            xt = t.from_numpy(x).to(self.device)
             if w is None:
+                xt = t.from_numpy(x).to(self.device)
                 g = (xt.T @ xt).double()
             else:
-                xt = xt.double()
+                xt = t.from_numpy(xd).to(self.device)  # float64 already
                 g = (xt * t.from_numpy(w).to(self.device)[:, None]).T @ xt
             a.gram = g if a.gram is None else a.gram + g
         else:

@@ -212,8 +212,11 @@ def _learn_repack(p: Path | None) -> None:
     """Decode the embedded model (small) once to learn whether repacking works with this build."""
     canary = _canary()
     try:
-        if canary is not None and (p is None or not _is_canary(p)) and canary.stat().st_size <= DECODE_MAX_BYTES:
-            _ask_repack_aware(canary, canary.stat().st_size)
+        if canary is None or (p is not None and Path(p).resolve() == canary):
+            return
+        size = canary.stat().st_size
+        if size <= DECODE_MAX_BYTES:
+            _ask_repack_aware(canary, size)
     except (OSError, ValueError) as e:  # no child process here: the file is vetted as before
         log.debug("could not learn whether CPU repacking works: %s", e)
 
