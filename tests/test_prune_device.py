@@ -86,6 +86,8 @@ def test_recovery_left_at_its_defaults_takes_the_gpu_setting_on_a_gpu(fake_gpu):
             (d.recover_batch, d.recover_seq_len, d.recover_corpus), argv
     # cached_variant and the A3BLoader pass None for unset settings
     assert with_device_defaults({"keep": 0.8, "recover_steps": None})["recover_steps"] == GPU_RECOVERY["recover_steps"]
+    assert with_device_defaults({"keep": 1.0, "recover_steps": None}) == {"keep": 1.0, "recover_steps": None}
+    assert with_device_defaults({"keep": 1.0, "heads_keep": 0.5})["recover_batch"] == GPU_RECOVERY["recover_batch"]
 
 
 def test_recovery_defaults_stay_the_cpus_without_a_gpu(no_cuda):
