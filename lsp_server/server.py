@@ -22,7 +22,6 @@ import hashlib
 import inspect
 import itertools
 import logging
-import re
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ from . import fixes
 from .config import as_dict
 from .documents import DocumentError, _index_to_units
 from .engine import Engine, Session, _spans_in
+from .postprocess import word_before
 from .pygls_compat import has_workspace
 
 log = logging.getLogger("a3b.lsp")
@@ -459,7 +459,7 @@ class Features:
         a = await s.complete(params.text_document.uri, params.position, self.server.progress_for_load())
         if not a.text:
             return T.CompletionList(is_incomplete=True, items=[])
-        typed = re.search(r"\w*$", a.cursor.line_prefix).group(0)
+        typed = word_before(a.cursor.line_prefix)
         start = T.Position(line=params.position.line,
                            character=params.position.character - _units(typed, len(typed), s.encoding))
         first = a.text.split("\n", 1)[0]
@@ -491,8 +491,8 @@ class Features:
                 "end_line": d.range.end.line, "message": d.message}, [d]))
         selected = doc.text[min(a, b):max(a, b)] if a != b else doc.line_text(params.range.start.line)
         window = doc.text[max(0, min(a, b) - 4000):max(a, b) + 4000]
-        tb_text = selected if fixes.TRACEBACK_START in selected else window
-        if fixes.parse_traceback(tb_text) is not None:
+        tb_text = fixes.traceback_excerpt(selected if fixes.TRACEBACK_START in selected else window)
+        if tb_text is not None and fixes.parse_traceback(tb_text) is not None:
             actions.append(self._fix_action("Fix traceback with A3B",
                                             {"kind": "traceback", "uri": uri, "text": tb_text}))
         if a != b:
