@@ -95,6 +95,13 @@ def _units(line: str, index: int, encoding: str) -> int:
     return _index_to_units(line[:index], encoding)
 
 
+def _find_near(doc, text: str, start: int, end: int) -> int:
+    """Offset of `text` in the document between `start` and `end` (clipped), or -1."""
+    start = max(0, start)
+    i = doc.slice(start, end).find(text)
+    return -1 if i < 0 else start + i
+
+
 # -- protocol -------------------------------------------------------------------------------------
 class A3BProtocol(LanguageServerProtocol):
     """pygls' protocol with A3B's own document sync, a per-connection exit and cancellable commands.
@@ -214,10 +221,10 @@ class A3BServer(LanguageServer):
     def after_change(self, uri: str) -> None:
         """Publish spans whose text has arrived, and move or drop those already published."""
         doc = self.session.docs.get(uri)
-        if doc is None:
+        if doc is None or not (self.published.get(uri) or any(p[0] == uri for p in self.pending_spans)):
             return
-        placed = self._place_pending(uri, doc.text)
-        moved = self._follow_published(uri, doc.text)
+        placed = self._place_pending(uri, doc)
+        moved = self._follow_published(uri, doc)
         if placed or moved:
             enc = self.session.encoding
             diagnostics = [T.Diagnostic(range=doc.range_at(s, e, enc), message=msg,
@@ -226,7 +233,7 @@ class A3BServer(LanguageServer):
             self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                               diagnostics=diagnostics))
 
-    def _place_pending(self, uri: str, text: str) -> bool:
+    def _place_pending(self, uri: str, doc) -> bool:
         """Turn pending spans of `uri` whose text is now near its offset into published ones."""
         placed = False
         keep = []
@@ -235,7 +242,7 @@ class A3BServer(LanguageServer):
             if puri != uri:
                 keep.append(item)
                 continue
-            at = text.find(inserted, max(0, off - 200), off + len(inserted) + 200) if inserted else -1
+            at = _find_near(doc, inserted, off - 200, off + len(inserted) + 200) if inserted else -1
             if at < 0:
                 if len(keep) < MAX_PENDING_SPANS:
                     keep.append(item)
@@ -248,12 +255,12 @@ class A3BServer(LanguageServer):
         self.pending_spans = keep
         return placed
 
-    def _follow_published(self, uri: str, text: str) -> bool:
+    def _follow_published(self, uri: str, doc) -> bool:
         """Published spans follow their text, and vanish once it is edited away. True if any changed."""
         old = self.published.get(uri, [])
         moved = []
         for s, e, t, msg in old:
-            at = text.find(t, max(0, s - 500), e + 500)
+            at = _find_near(doc, t, s - 500, e + 500)
             if at >= 0:
                 moved.append((at, at + len(t), t, msg))
         if moved == old:
@@ -489,8 +496,8 @@ class Features:
             actions.append(self._fix_action(f"Fix with A3B: {msg[:60]}", {
                 "kind": "diagnostic", "uri": uri, "version": doc.version, "line": d.range.start.line,
                 "end_line": d.range.end.line, "message": d.message}, [d]))
-        selected = doc.text[min(a, b):max(a, b)] if a != b else doc.line_text(params.range.start.line)
-        window = doc.text[max(0, min(a, b) - 4000):max(a, b) + 4000]
+        selected = doc.slice(min(a, b), max(a, b)) if a != b else doc.line_text(params.range.start.line)
+        window = doc.slice(min(a, b) - 4000, max(a, b) + 4000)
         tb_text = fixes.traceback_excerpt(selected if fixes.TRACEBACK_START in selected else window)
         if tb_text is not None and fixes.parse_traceback(tb_text) is not None:
             actions.append(self._fix_action("Fix traceback with A3B",
@@ -560,7 +567,7 @@ class Features:
         doc = s.doc(uri)
         a = doc.offset_at(r.start, s.encoding, "range start")
         b = doc.offset_at(r.end, s.encoding, "range end")
-        code = doc.text[min(a, b):max(a, b)][:6000]
+        code = doc.slice(min(a, b), min(max(a, b), min(a, b) + 6000))
         if not code.strip():
             raise DocumentError("Select some code to explain.")
         res = await self.server.chat(fixes.explain_messages(code, doc.language_id), max_tokens=160)
