@@ -353,10 +353,15 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
     """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code.
 
     `stdin` is anything with `read1(size)` (an FdReader over the real stdin); `stdout` a binary file.
+    End of input means the editor is gone: what it sent before and is still queued is dropped then
+    (200 queued edits of a large file would otherwise keep a dead editor's server busy for
+    minutes), except the small messages among it that end a session (`shutdown`, `exit`), which
+    set the exit code.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stopped = asyncio.Event()
+    ended = threading.Event()   # set by the reading thread at end of input, seen between two messages
     conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
 
     def deliver(item) -> None:
@@ -377,9 +382,11 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
             deliver(e)
         except Exception as e:  # noqa: BLE001 - a closed pipe, whatever the platform calls it
             log.info("stdin: %s", e)
+        ended.set()
         deliver(None)
 
     threading.Thread(target=pump, name="a3b-lsp-stdin", daemon=True).start()
+    dropped = 0
     while not conn.done:
         item = await queue.get()
         if item is None:
@@ -387,10 +394,29 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
         if isinstance(item, FramingError):
             conn.send_error(None, -32700, f"Parse error: {item} The stream cannot continue.")
             break
+        if ended.is_set() and not _ends_session(item):
+            dropped += 1
+            continue
         conn.feed(item)
+    if dropped:
+        log.info("stdin closed: dropped %d queued messages", dropped)
     conn.close(conn.exit_code if conn.exit_code is not None else 1)
     await asyncio.sleep(0)  # let the last responses go out
     return conn.exit_code or 0
+
+
+#: Messages at most this long are read after end of input, for a `shutdown` or `exit` among them.
+SESSION_END_BYTES = 200
+
+
+def _ends_session(body: bytes) -> bool:
+    """A small `shutdown` request or `exit` notification (read without parsing anything large)."""
+    if len(body) > SESSION_END_BYTES:
+        return False
+    try:
+        return json.loads(body).get("method") in ("shutdown", "exit")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
 
 
 # -- TCP ------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The language server when its editor misbehaves or dies, over the fake engine (fast tier): a dead
-client while context indexing runs, completions beside indexing of many open files, warming.
+client while context indexing runs or with many messages still queued, completions beside indexing
+of many open files, warming.
 
 The fake model reads slowly on purpose (see the model URLs below), so background work is still
 running when the interesting thing happens.
@@ -7,11 +8,12 @@ running when the interesting thing happens.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 
-from lsp_helpers import FAKE_SERVER, SAMPLE, RawClient
+from lsp_helpers import FAKE_MODEL, FAKE_SERVER, SAMPLE, RawClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -129,3 +131,64 @@ async def test_an_edit_then_a_pause_warms_the_next_completions_prompt(fake_engin
         raw.request(100, "shutdown")
         raw.notify("exit")
         await raw.close()
+
+
+def _frame(msg: dict) -> bytes:
+    body = json.dumps(msg).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def _edit(uri: str, version: int, line: int, character: int, text: str) -> dict:
+    return {"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
+        "textDocument": {"uri": uri, "version": version},
+        "contentChanges": [{"range": {"start": {"line": line, "character": character},
+                                      "end": {"line": line, "character": character}}, "text": text}]}}
+
+
+async def _seconds_to_exit_after_stdin_closes(messages: bytes) -> float:
+    """Start a server, initialize it, write `messages` at once and close stdin: the seconds from
+    the close to the process's exit. What the server answers is read (and dropped) meanwhile, as
+    an editor's pipe would take it."""
+    raw = await RawClient.stdio("--model", FAKE_MODEL, server=FAKE_SERVER)
+
+    async def drain_stdout():
+        while await raw.reader.read(1 << 16):
+            pass
+
+    try:
+        await raw.initialize(options={"debounceMs": 0})
+        reading = asyncio.ensure_future(drain_stdout())
+        raw.writer.write(messages)
+        await raw.writer.drain()
+        t0 = time.monotonic()
+        raw.writer.close()
+        await asyncio.wait_for(raw.proc.wait(), 60)
+        took = time.monotonic() - t0
+        await reading
+        return took
+    finally:
+        if raw.proc.returncode is None:
+            raw.proc.kill()
+            await raw.proc.wait()
+
+
+async def test_stdin_closing_with_edits_of_a_20_mb_document_queued_exits_within_5_s(fake_engine):
+    uri = "file:///w/big.py"
+    line = "x = 1  # " + "a" * 20_000_000
+    out = [_frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+        "uri": uri, "languageId": "python", "version": 1, "text": line + "\n"}}})]
+    out += [_frame(_edit(uri, 2 + k, 0, len(line) - 10 + k, "b")) for k in range(200)]
+    assert await _seconds_to_exit_after_stdin_closes(b"".join(out)) < 5.0
+
+
+async def test_stdin_closing_exits_within_5_s_whatever_is_queued(fake_engine):
+    uri = "file:///w/small.py"
+    out = [_frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+        "uri": uri, "languageId": "python", "version": 1, "text": SAMPLE}}})]
+    # edits of 5000 changes each: reading them is quick, applying them all takes far longer than 5 s
+    change = _edit(uri, 0, 3, 0, "#")["params"]["contentChanges"][0]
+    for k in range(80):
+        msg = _edit(uri, 2 + k, 3, 0, "#")
+        msg["params"]["contentChanges"] = [change] * 5000
+        out.append(_frame(msg))
+    assert await _seconds_to_exit_after_stdin_closes(b"".join(out)) < 5.0
