@@ -34,7 +34,7 @@ from pygls.exceptions import (
     JsonRpcRequestCancelled,
 )
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
+from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.uris import from_fs_path
 
 from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
@@ -43,10 +43,12 @@ from . import fixes
 from .config import as_dict
 from .documents import DocumentError, _index_to_units
 from .engine import Engine, Session, _spans_in
+from .messages import Refusals, install_log_filter, strict_converter
 from .postprocess import word_before
 from .pygls_compat import has_workspace
 
 log = logging.getLogger("a3b.lsp")
+install_log_filter()
 
 REQUEST_FAILED = -32803
 #: A3B's own notification: the editor's cursor position, for warming the prompt there.
@@ -143,7 +145,7 @@ class A3BProtocol(LanguageServerProtocol):
         try:
             ls.session.change(params.text_document.uri, params.text_document.version, params.content_changes)
         except DocumentError as e:
-            ls.show(T.MessageType.Error, f"A3B could not apply an edit: {e} Close and reopen the file.")
+            ls.refusals.add(T.MessageType.Error, "could not apply an edit", str(e), "Close and reopen the file.")
         else:
             ls.after_change(params.text_document.uri)
 
@@ -157,13 +159,14 @@ class A3BServer(LanguageServer):
     """One connection: its session over the shared engine, and what several features share."""
 
     def __init__(self, engine: Engine, connection):
-        converter = default_converter()
+        converter = strict_converter()
         super().__init__("a3b", _version(), text_document_sync_kind=T.TextDocumentSyncKind.Incremental,
                          protocol_cls=A3BProtocol, converter_factory=lambda: converter)
         #: the converter pygls structures messages with, to structure command arguments alike
         self.converter = converter
         self.engine = engine
         self.connection = connection
+        self.refusals = Refusals(self.show, lambda: connection.done)
         self.session = Session(engine, notify=lambda level, msg: self.show(
             T.MessageType.Error if level == "error" else T.MessageType.Info, msg))
         self.shutdown_requested = False

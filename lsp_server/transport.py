@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from .engine import Engine
-from .pygls_compat import pending_requests, send_raw
+from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
 
 log = logging.getLogger("a3b.lsp")
@@ -165,18 +165,23 @@ class Connection:
         if method is not None and not self._in_order(msg_id, method):
             return
         proto = self.server.protocol
+        awaited = method is None and awaits_reply(proto, msg_id)
         try:
             message = proto.structure_message(data)
         except JsonRpcException as e:
             detail = _describe(e.__cause__) if e.__cause__ is not None else e.message
             if msg_id is not None and method is not None:
                 self.send_error(msg_id, e.code, f"Invalid params for {method}: {detail}")
+            elif awaited:
+                fail_request(proto, msg_id, JsonRpcInvalidParams(
+                    f"The editor's answer to request {msg_id} is not valid: {detail}"))
+                log.warning("%s: the answer to request %s is not valid: %s", self.label, msg_id, detail)
             else:
                 log.warning("dropped malformed %s: %s", method or "message", detail)
                 if method and not method.startswith("$/"):
                     from lsprotocol.types import MessageType
 
-                    self.server.show(MessageType.Warning, f"A3B ignored a malformed {method} notification: {detail}")
+                    self.server.refusals.add(MessageType.Warning, f"ignored a malformed {method} notification", detail)
             return
         proto.handle_message(message)
 

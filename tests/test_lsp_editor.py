@@ -7,7 +7,6 @@ prompt prewarming at batch priority; none of it may keep a completion waiting.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
