@@ -315,6 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", choices=("all", "soak", "editor"), default="all",
                     help="the soak, the editor scenario (bench/soak_editor.py), or both")
     ap.add_argument("--editor-files", type=int, default=6, help="files the editor scenario opens")
+    ap.add_argument("--editor-rounds", type=int, default=2, help="runs of each mode of the editor scenario")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -326,9 +327,10 @@ def main(argv=None) -> int:
 
 
 def editor_scenario(args) -> None:
-    res = soak_editor.run(args.editor_files)
-    print_table(f"Soak, editor scenario: {args.editor_files} files, a fresh `a3b lsp --stdio` with the default "
-                "settings for each mode (each file alone / opened one after another)", ["measure", "value"],
+    res = soak_editor.run(args.editor_files, args.editor_rounds)
+    print_table(f"Soak, editor scenario: {args.editor_files} files, {args.editor_rounds} runs of each mode, each "
+                "in a fresh `a3b lsp --stdio` with the default settings (each file alone / opened one after "
+                "another)", ["measure", "value"],
                 soak_editor.rows(res))
     write_results("soak_editor", {"args": vars(args), **res})
     plot("soak_editor", soak_editor.draw(res))
