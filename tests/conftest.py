@@ -45,6 +45,15 @@ def rt():
     return get_runtime()
 
 
+@pytest.fixture()
+def remote_models_unloaded(rt):
+    """Models on remote servers that a test loaded are unloaded after it."""
+    yield
+    for e in rt.store.loaded():
+        if e.spec.path.startswith("http"):
+            rt.unload(e.spec)
+
+
 @pytest.fixture(scope="session")
 def default_path():
     from comfyui_a3b.runtime import default_model_path
