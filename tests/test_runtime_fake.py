@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ConfidenceConfig, InvalidRequest,
+from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ChatPrompt, ConfidenceConfig, InvalidRequest,
                                  ModelLoadFailed, ModelUnloaded, PromptTooLong, Runtime, preset)
 
 GREEDY = preset("greedy")
@@ -51,10 +51,20 @@ def test_eos_ends_with_stop_and_stop_strings_are_never_streamed(rt):
 
 def test_chat_prompt_uses_the_models_template(rt):
     m = rt.load("fake://m")
-    text = rt.render_chat(m, [{"role": "user", "content": "hi"}])
+    prompt = ChatPrompt([{"role": "user", "content": "hi"}])
+    text = m.render_chat(prompt)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    toks = rt.chat_tokens([{"role": "user", "content": "hi"}], model="fake://m")
+    toks = m.prompt_tokens(prompt)
     assert toks[0] == m.vocab.bos and len(toks) == 1 + len(text.encode())
+    assert rt.count_tokens(prompt, model="fake://m") == len(toks)
+    # template variables are rendered into the model's own template; a named template takes none
+    noted = ChatPrompt(prompt.messages, variables={"note": "N1"})
+    assert m.render_chat(noted) == text + "N1"
+    assert rt.generate(noted, model="fake://m", max_tokens=2).n_prompt_tokens == len(toks) + 2
+    with pytest.raises(InvalidRequest, match="named template"):
+        rt.generate(ChatPrompt(prompt.messages, template="chatml", variables={"note": "N1"}), model="fake://m")
+    with pytest.raises(InvalidRequest, match="set by the runtime"):
+        rt.generate(ChatPrompt(prompt.messages, variables={"messages": []}), model="fake://m")
 
 
 def test_same_seed_same_text_and_seeds_differ(rt):
