@@ -258,13 +258,13 @@ class LoadedModel(Model):
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
-            err = ModelLoadFailed(f"{e}" + ("; the model is reloaded for the next request" if e.fatal else ""))
+            msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
             for entry in step.entries:
                 with self._lock:
                     trim = self.policy.release(entry.job, keep_cache=False)
                 if not e.fatal:
                     self._trim(trim)
-                self._finish(entry.job, "error", err)
+                self._finish(entry.job, "error", ModelLoadFailed(msg))   # one each: it carries the job's partial
             if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
                 log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
                 with self._lock:

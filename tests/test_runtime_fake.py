@@ -234,8 +234,9 @@ def test_cancelled_embedding_stops_between_packs(rt):
 
 def test_a_failed_decode_fails_its_requests_and_the_model_survives(rt):
     spec = rt.spec("fake://m?fail_decode=1")
-    with pytest.raises(ModelLoadFailed, match="fake decode failure"):
+    with pytest.raises(ModelLoadFailed, match="fake decode failure") as e:
         rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    assert e.value.partial.finish_reason == "error" and e.value.partial.n_tokens == 0   # as every error carries
     assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
 
 
