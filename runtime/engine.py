@@ -123,26 +123,34 @@ class Model(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """What runs models: engines subclass this (the optional steps have defaults)."""
+    """What runs models: engines subclass this. The last four steps are optional (their defaults do
+    nothing); the others each engine gives."""
 
     name: str
 
     def check(self, spec: LoadSpec) -> None:
         """Raise a typed error now if `spec` cannot be loaded (missing file, not a GGUF, ...)."""
+        raise NotImplementedError
 
     def weights_key(self, spec: LoadSpec) -> tuple:
         """Specs with the same key share one loaded copy of the weights."""
+        raise NotImplementedError
 
-    def load_weights(self, spec: LoadSpec) -> Weights: ...
+    def load_weights(self, spec: LoadSpec) -> Weights:
+        """Load (or find out about) what `spec` names; the store shares it between specs of one key."""
+        raise NotImplementedError
 
     def open_model(self, weights: Weights, spec: LoadSpec) -> Model:
         """The model for `spec` over loaded `weights` (the one way to get a Model)."""
+        raise NotImplementedError
 
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
         """Memory the model's caches take for this spec (for the store's budget)."""
+        raise NotImplementedError
 
     def file_bytes(self, spec: LoadSpec) -> int:
         """Estimated memory of the weights before loading them (for the store's budget)."""
+        raise NotImplementedError
 
     def prepare(self, spec: LoadSpec) -> None:
         """Slow work before a load (a remote server's answers), which the store runs without holding

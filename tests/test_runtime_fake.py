@@ -283,3 +283,19 @@ def test_status_reports_engine_neutral_model_facts(rt):
     st = rt.status()
     [m] = [m for m in st["models"] if m["name"] == "status"]
     assert m["engine"] == "fake" and m["architecture"] == "fake" and m["stats"]["generated_tokens"] == 2
+
+
+def test_the_engine_seam_imports_no_engine_and_takes_only_engines():
+    """engine.py names no engine (the runtime package sets the default one), so no import of it can
+    come back to it; an object that is not an Engine is refused where it is registered."""
+    import ast
+    import inspect
+
+    from comfyui_a3b.runtime import engine, llama
+
+    tree = ast.parse(inspect.getsource(engine))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert not imported & {"llama", "remote", "worker", "store", "core"}, imported
+    assert engine.engine_for("/some/model.gguf") is llama.ENGINE
+    with pytest.raises(TypeError, match="subclass runtime.engine.Engine"):
+        engine.register_engine("nope", object())
