@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
+from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
@@ -253,7 +253,7 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
             stream.cancel("interrupted")
         if ev is None:
             continue
-        if ev.token >= 0:
+        if ev.is_token:
             n += 1
         if hooks.on_text is not None:
             hooks.on_text(ev.text, n)
@@ -299,8 +299,8 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     rt = get_runtime()
     from ..runtime import chat as chatmod
 
-    toks = rt.chat_tokens(chatmod.messages(text_in, system.strip() if system and system.strip() else None), model=spec)
-    check_budget(spec, len(toks), max_new_tokens)
+    prompt = ChatPrompt(chatmod.messages(text_in, system.strip() if system and system.strip() else None))
+    check_budget(spec, rt.count_tokens(prompt, model=spec), max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
             if confidence_aware else ConfidenceConfig(enabled=False))
@@ -314,7 +314,7 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
             holder[0].cancel("interrupted")
         events.put(ev)
 
-    stream = rt.submit(prompt_tokens=toks, model=spec, max_tokens=max_new_tokens, sampling=sampling,
+    stream = rt.submit(prompt, model=spec, max_tokens=max_new_tokens, sampling=sampling,
                        stop=parse_stop(stop), confidence=conf, on_token=on_token)
     holder.append(stream)
     try:

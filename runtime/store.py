@@ -16,11 +16,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine import Engine, Weights, engine_for
+from .engine import Engine, Model, Weights, engine_for
 from .errors import ContextTooLarge
 from . import memory
 from .options import LoadSpec
-from .worker import LoadedModel
 
 log = logging.getLogger("a3b.store")
 
@@ -28,11 +27,23 @@ log = logging.getLogger("a3b.store")
 @dataclass
 class _Entry:
     spec: LoadSpec
-    model: LoadedModel
+    model: Model
     weights_key: tuple
     est_bytes: int
     warnings: list[str] = field(default_factory=list)
     loaded_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class _Todo:
+    """Models to wait for and weights to free after an unload (outside the store's lock)."""
+
+    models: list[Model] = field(default_factory=list)
+    weights: list[Weights] = field(default_factory=list)
+
+    def add(self, other: _Todo) -> None:
+        self.models += other.models
+        self.weights += other.weights
 
 
 class ModelStore:
@@ -55,11 +66,10 @@ class ModelStore:
         engine = engine_for(spec.path)
         return (engine.name, *engine.weights_key(spec))
 
-    def get(self, spec: LoadSpec) -> LoadedModel:
+    def get(self, spec: LoadSpec) -> Model:
         """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
-        prepare = getattr(engine_for(spec.path), "prepare", None)
-        if prepare is not None and self.peek(spec) is None:
-            prepare(spec)   # an engine's slow part (a remote server's answers) outside the store's lock
+        if self.peek(spec) is None:
+            engine_for(spec.path).prepare(spec)   # an engine's slow part (a server's answers) outside the lock
         with self._lock:
             e = self._entries.get(spec)
             if e is not None:
@@ -81,13 +91,13 @@ class ModelStore:
         with self._lock:
             return self._entries.get(spec)
 
-    def peek(self, spec: LoadSpec) -> LoadedModel | None:
+    def peek(self, spec: LoadSpec) -> Model | None:
         """The model loaded for `spec` if it is loaded and alive; never loads."""
         with self._lock:
             e = self._entries.get(spec)
             return e.model if e is not None and e.model.alive else None
 
-    def _load(self, spec: LoadSpec) -> LoadedModel:
+    def _load(self, spec: LoadSpec) -> Model:
         spec.validate()
         memory.tune_allocator()
         engine: Engine = engine_for(spec.path)
@@ -113,8 +123,7 @@ class ModelStore:
                 warnings.append(msg)
             kv = engine.kv_bytes(w, spec)
             self._make_room(kv, keep=key)
-            opener = getattr(engine, "open_model", None)   # engines not driven token by token here
-            model = opener(w, spec) if opener is not None else LoadedModel(w, engine.open(w, spec), spec)
+            model = engine.open_model(w, spec)
         except BaseException:
             if self._refs.get(key, 0) == 0:
                 self._weights.pop(key, None)
@@ -149,33 +158,32 @@ class ModelStore:
             log.warning("memory budget of %d MB exceeded: every loaded model is busy", self.budget_bytes >> 20)
 
     # -- unloading ------------------------------------------------------------------------------
-    def _detach(self, spec: LoadSpec, reason: str) -> list:
+    def _detach(self, spec: LoadSpec, reason: str) -> _Todo:
         """Remove `spec` from the store and stop its model (with the lock held); return what is left
         to wait for and free. Waiting happens outside the lock: a request's callback that reads the
         store while its model shuts down must not deadlock."""
+        todo = _Todo()
         e = self._entries.pop(spec, None)
         if e is None:
-            return []
+            return todo
         e.model.close(reason, wait=False)
-        todo: list = [e.model]
+        todo.models.append(e.model)
         key = e.weights_key
         if key in self._weights:
             self._refs[key] -= 1
             if self._refs[key] <= 0:
-                todo.append(self._weights.pop(key))
+                todo.weights.append(self._weights.pop(key))
                 del self._refs[key]
         self._notify("unloaded", spec)
         return todo
 
     @staticmethod
-    def _finalize(todo: list) -> None:
-        models = [obj for obj in todo if hasattr(obj, "submit")]   # a LoadedModel, or an engine's own model
-        for obj in models:  # models first (their contexts), then the weights they used
-            obj.closed.wait()
-        for obj in todo:
-            if obj not in models:
-                obj.free()  # waits for threads still inside a vocabulary call
-        if todo:
+    def _finalize(todo: _Todo) -> None:
+        for m in todo.models:  # models first (their contexts), then the weights they used
+            m.closed.wait()
+        for w in todo.weights:
+            w.free()  # waits for threads still inside a vocabulary call
+        if todo.models or todo.weights:
             memory.release(force=True)
 
     def _drop(self, spec: LoadSpec, reason: str) -> None:
@@ -183,13 +191,13 @@ class ModelStore:
 
     def unload(self, spec: LoadSpec | None = None, reason: str = "unloaded") -> int:
         """Unload one spec (or all). Running requests end with ModelUnloaded; memory is freed after."""
-        todo: list = []
+        todo = _Todo()
         with self._lock:
             specs = [spec] if spec is not None else list(self._entries)
             n = 0
             for s in specs:
                 if s in self._entries:
-                    todo += self._detach(s, reason)
+                    todo.add(self._detach(s, reason))
                     n += 1
         self._finalize(todo)
         return n

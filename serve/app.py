@@ -37,6 +37,7 @@ from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
 from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
 from ..runtime.options import LoadSpec
+from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
 
 log = logging.getLogger("a3b.serve")
 
@@ -339,9 +340,12 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        msgs = messages_of(body)
+        variables = body.get("chat_template_kwargs") or {}
+        if not isinstance(variables, dict):
+            raise InvalidRequest("chat_template_kwargs must be an object of template variables.")
+        prompt = ChatPrompt(messages_of(body), variables=variables)
         return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            model=spec, messages=msgs, on_token=on_token, **common))
+            prompt, model=spec, on_token=on_token, **common))
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -349,14 +353,13 @@ class Api:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            tokens: list[int] | None = prompt
-            prompt = ""
+            typed: TextPrompt | TokenPrompt = TokenPrompt(tuple(prompt))
         elif isinstance(prompt, str) and prompt:
-            tokens = None
+            typed = TextPrompt(prompt)
         else:
             raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
         return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common))
+            typed, model=spec, on_token=on_token, **common))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
         n = body.get("n", 1)
@@ -547,10 +550,11 @@ class Api:
         if body.get("n_predict") is None and body.get("max_tokens") is None:
             body = {**body, "n_predict": 128}
 
+        prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
+                              tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
+
         def submit(spec, common, on_token):
-            tokens = infill_tokens(self.rt.load(spec), parts["input_prefix"], parts["input_suffix"], parts["prompt"],
-                                   extra, common["max_tokens"])
-            return self.rt.submit(model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common)
+            return self.rt.submit(prompt, model=spec, on_token=on_token, **common)
 
         return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
 
@@ -562,27 +566,6 @@ class Api:
                 "timings": {"prompt_n": res.n_prompt_tokens - res.n_cached_prompt_tokens,
                             "prompt_ms": res.time_to_first_token * 1000, "predicted_n": res.n_tokens,
                             "predicted_ms": res.decode_time * 1000, "predicted_per_second": res.tokens_per_second}}
-
-
-def infill_tokens(m, prefix: str, suffix: str, prompt: str, extra: list[dict], n_predict: int) -> list[int]:
-    """A fill-in-the-middle prompt as llama-server builds one: the extra chunks before the prefix,
-    the suffix after the FIM suffix token, the text typed on the cursor's line after the FIM middle
-    token; cut to the context (the suffix to a quarter of the room, the prefix from the start)."""
-    v, st = m.vocab, m.info.special_tokens
-    tok = lambda text: v.tokenize(text, add_bos=False, special=False) if text else []   # noqa: E731
-    room = max(16, m.n_ctx_seq - n_predict - 4)
-    extra_text = "".join(c.get("text", "") + ("" if c.get("text", "").endswith("\n") else "\n") for c in extra)
-    head = tok(prompt)
-    pre = tok(extra_text + prefix)
-    bos = [v.bos] if v.add_bos and v.bos >= 0 else []
-    if min(st.get("fim_pre", -1), st.get("fim_suf", -1), st.get("fim_mid", -1)) < 0:
-        # no FIM tokens in this model: complete the prefix
-        body = (pre + head)[-(room - len(bos)):]
-        return bos + body
-    suf = tok(suffix)[:room // 4]
-    keep = max(0, room - len(bos) - len(suf) - len(head) - 3)
-    pre = pre[-keep:] if keep else []
-    return bos + [st["fim_pre"]] + pre + [st["fim_suf"]] + suf + [st["fim_mid"]] + head
 
 
 def create_app(cfg: ServeConfig) -> Any:

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ConfidenceConfig, InvalidRequest,
+from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ChatPrompt, ConfidenceConfig, InvalidRequest,
                                  ModelLoadFailed, ModelUnloaded, PromptTooLong, Runtime, preset)
 
 GREEDY = preset("greedy")
@@ -51,10 +51,20 @@ def test_eos_ends_with_stop_and_stop_strings_are_never_streamed(rt):
 
 def test_chat_prompt_uses_the_models_template(rt):
     m = rt.load("fake://m")
-    text = rt.render_chat(m, [{"role": "user", "content": "hi"}])
+    prompt = ChatPrompt([{"role": "user", "content": "hi"}])
+    text = m.render_chat(prompt)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    toks = rt.chat_tokens([{"role": "user", "content": "hi"}], model="fake://m")
+    toks = m.prompt_tokens(prompt)
     assert toks[0] == m.vocab.bos and len(toks) == 1 + len(text.encode())
+    assert rt.count_tokens(prompt, model="fake://m") == len(toks)
+    # template variables are rendered into the model's own template; a named template takes none
+    noted = ChatPrompt(prompt.messages, variables={"note": "N1"})
+    assert m.render_chat(noted) == text + "N1"
+    assert rt.generate(noted, model="fake://m", max_tokens=2).n_prompt_tokens == len(toks) + 2
+    with pytest.raises(InvalidRequest, match="named template"):
+        rt.generate(ChatPrompt(prompt.messages, template="chatml", variables={"note": "N1"}), model="fake://m")
+    with pytest.raises(InvalidRequest, match="set by the runtime"):
+        rt.generate(ChatPrompt(prompt.messages, variables={"messages": []}), model="fake://m")
 
 
 def test_same_seed_same_text_and_seeds_differ(rt):
@@ -224,8 +234,9 @@ def test_cancelled_embedding_stops_between_packs(rt):
 
 def test_a_failed_decode_fails_its_requests_and_the_model_survives(rt):
     spec = rt.spec("fake://m?fail_decode=1")
-    with pytest.raises(ModelLoadFailed, match="fake decode failure"):
+    with pytest.raises(ModelLoadFailed, match="fake decode failure") as e:
         rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    assert e.value.partial.finish_reason == "error" and e.value.partial.n_tokens == 0   # as every error carries
     assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
 
 
@@ -272,3 +283,19 @@ def test_status_reports_engine_neutral_model_facts(rt):
     st = rt.status()
     [m] = [m for m in st["models"] if m["name"] == "status"]
     assert m["engine"] == "fake" and m["architecture"] == "fake" and m["stats"]["generated_tokens"] == 2
+
+
+def test_the_engine_seam_imports_no_engine_and_takes_only_engines():
+    """engine.py names no engine (the runtime package sets the default one), so no import of it can
+    come back to it; an object that is not an Engine is refused where it is registered."""
+    import ast
+    import inspect
+
+    from comfyui_a3b.runtime import engine, llama
+
+    tree = ast.parse(inspect.getsource(engine))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert not imported & {"llama", "remote", "worker", "store", "core"}, imported
+    assert engine.engine_for("/some/model.gguf") is llama.ENGINE
+    with pytest.raises(TypeError, match="subclass runtime.engine.Engine"):
+        engine.register_engine("nope", object())

@@ -118,6 +118,19 @@ def test_chat_and_completion(client):
     assert chunks[-1]["usage"]["completion_tokens"] == 5
 
 
+def test_chat_template_kwargs_reach_the_template(client, fake_engine):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2,
+                                                  "chat_template_kwargs": {"note": "Z9q"}})
+    assert r.status_code == 200, r.text
+    from fakeengine import OFFSET
+
+    want = bytes(OFFSET + b for b in b"assistant\nZ9q")
+    assert any(want in bytes(t for t in kv if t < 256) for b in fake_engine.backends for kv in b.kv.values())
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "chat_template_kwargs": ["note"]})
+    assert r.status_code == 400 and "chat_template_kwargs" in r.json()["error"]["message"]
+
+
 def test_embeddings(client):
     r = client.post("/v1/embeddings", json={"input": ["alpha", "beta"], "model": "fakemodel"}).json()
     vecs = np.array([d["embedding"] for d in r["data"]])
@@ -182,8 +195,8 @@ def test_disconnect_cancels_between_tokens(server, client):
 
 
 # -- the remote engine against a3b serve -----------------------------------------------------------------
-def test_remote_round_trip(remote):
-    from comfyui_a3b.runtime import SamplingParams, get_runtime
+def test_remote_round_trip(remote, fake_engine):
+    from comfyui_a3b.runtime import ContextChunk, InfillPrompt, SamplingParams, get_runtime
 
     rt = get_runtime()
     m = rt.load(rt.spec(remote))
@@ -202,12 +215,16 @@ def test_remote_round_trip(remote):
     assert 3 <= len(got) < 50 and stream.cancelled
     vecs = rt.embed(["alpha", "beta"], model=remote)
     assert vecs.shape == (2, 32)
-    # a fill-in-the-middle prompt, built from the vocabulary's FIM ids as the language server builds one
-    st = m.vocab.special_tokens()
-    toks = [st["fim_pre"]] + m.vocab.tokenize("def f():\n") + [st["fim_suf"]] + m.vocab.tokenize("\n") + [st["fim_mid"]]
-    res = rt.submit(model=remote, chat=False, prompt_tokens=toks, max_tokens=4,
-                    sampling=SamplingParams(temperature=0)).result(20)
-    assert res.text == TEXT[:4]
+    # a fill-in-the-middle prompt reaches the server's /infill as its parts, and its model as FIM tokens
+    assert m.supports_fim
+    res = rt.submit(InfillPrompt("def remote_f():\n", "\n", chunks=[ContextChunk("u.py", "import os")]),
+                    model=remote, max_tokens=4, sampling=SamplingParams(temperature=0)).result(20)
+    assert res.text == TEXT[:4] and res.tokens is None and res.n_tokens == 4
+    from fakeengine import FIM_MID, FIM_PRE, FIM_SUF, OFFSET
+
+    want = [OFFSET + b for b in b"import os\ndef remote_f():\n"]
+    kvs = [kv for b in fake_engine.backends for kv in b.kv.values() if FIM_PRE in kv]
+    assert any(kv[kv.index(FIM_PRE) + 1:kv.index(FIM_SUF)] == want and FIM_MID in kv for kv in kvs)
 
 
 def test_remote_confidence_from_top_logprobs(remote):

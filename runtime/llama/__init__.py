@@ -1,4 +1,5 @@
-"""The in-process llama.cpp engine (the default engine; see engine.py for the interface).
+"""The in-process llama.cpp engine (the default engine; see engine.py for the interface): its models
+are worker.LoadedModel over a LlamaBackend.
 
 binding.py   llama-cpp-python imported once, llama.cpp's log captured, the batch helper
 weights.py   one loaded llama_model and its vocabulary; load-error classification
@@ -10,12 +11,14 @@ import logging
 import os
 from pathlib import Path
 
+from ..engine import Engine
 from ..errors import InvalidRequest
 from ..gguf_info import check_header
 from ..options import LoadSpec
 from . import offload
 from .devices import gpus
 from ..serving import serving_path
+from ..worker import LoadedModel
 from .backend import LlamaBackend, context_params, thread_counts
 from .binding import GGML_TYPES, fill_batch, llama, llama_cpp_version, sequence, system_info
 from .weights import Weights, probe_architecture, unsupported_error
@@ -23,7 +26,7 @@ from .weights import Weights, probe_architecture, unsupported_error
 log = logging.getLogger("a3b.llama")
 
 
-class LlamaEngine:
+class LlamaEngine(Engine):
     """Local GGUF files run by llama.cpp in this process."""
 
     name = "llama.cpp"
@@ -50,8 +53,8 @@ class LlamaEngine:
         return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
                        offload=how)
 
-    def open(self, weights: Weights, spec: LoadSpec) -> LlamaBackend:
-        return LlamaBackend(weights, spec)
+    def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
+        return LoadedModel(weights, LlamaBackend(weights, spec), spec)
 
     def gpus(self) -> list:
         return gpus()
