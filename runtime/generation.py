@@ -398,7 +398,7 @@ class TextAssembler:
 
 
 __all__ = [
-    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationRequest", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "GenerationResult",
-    "GenerationStream", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
+    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationRequest", "GenerationResult", "GenerationStream",
+    "LowConfidenceSpan", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
     "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "preset",
 ]
