@@ -10,7 +10,6 @@ browser Origin is refused unless allowed; a non-loopback address needs a token.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -18,6 +17,7 @@ import time
 from typing import Any
 
 from ..runtime.errors import InvalidRequest
+from ..runtime.netguard import check_token, is_loopback
 from ..runtime.options import LoadSpec
 
 log = logging.getLogger("a3b.serve")
@@ -32,15 +32,6 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class Server:
     """One HTTP server over the runtime: `start()` on a thread, or `run()` in the foreground."""
 
@@ -50,7 +41,7 @@ class Server:
 
         from .app import ServeConfig, create_app, model_id
 
-        token = token or os.environ.get(TOKEN_ENV) or None
+        token = check_token(token or os.environ.get(TOKEN_ENV), f"--token or {TOKEN_ENV}")
         if not is_loopback(host) and not token:
             raise InvalidRequest(f"Listening on {host} (not the loopback) needs a token: give --token or set "
                                  f"{TOKEN_ENV}, so that only your clients can use the model.")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import hmac
 import json
 import logging
 import threading
@@ -36,6 +35,7 @@ from starlette.routing import Route
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
 from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
+from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime.options import LoadSpec
 
 log = logging.getLogger("a3b.serve")
@@ -43,7 +43,6 @@ log = logging.getLogger("a3b.serve")
 #: Largest request body read (a chat with a long context is well below it).
 MAX_BODY = 16 << 20
 DEFAULT_MAX_TOKENS = 512
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @dataclass
@@ -105,20 +104,19 @@ class Guard:
         cfg = self.cfg
         if cfg.loopback:
             host = headers.get("host", "")
-            name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-            if name.lower() not in LOOPBACK_HOSTS:
-                return error(403, f"Host {host!r} refused: this server listens on the loopback only.",
+            if not host_header_ok(host):
+                return error(403, f"Host {host[:100]!r} refused: this server listens on the loopback only.",
                              "host_not_allowed")
         origin = headers.get("origin")
-        if origin is not None and origin not in cfg.origins:
-            return error(403, f"Origin {origin!r} refused: browser pages may call this server only when it is "
+        if not origin_ok(origin, cfg.origins):
+            return error(403, f"Origin {origin[:100]!r} refused: browser pages may call this server only when it is "
                               "started with --allow-origin for them.", "origin_not_allowed")
         if scope["method"] == "OPTIONS" and origin is not None:
             return None   # a CORS preflight of an allowed Origin: it carries no credentials
         if cfg.token:
             auth = headers.get("authorization", "")
             scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), cfg.token.encode()):
+            if scheme.lower() != "bearer" or not token_ok(cfg.token, given.strip()):
                 return error(401, "A valid bearer token is required (Authorization: Bearer TOKEN).",
                              "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
         return None

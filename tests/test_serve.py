@@ -91,6 +91,42 @@ def test_non_loopback_needs_token(fake_engine):
         Server(get_runtime().spec(MODEL), "0.0.0.0", 0)
 
 
+def test_a_token_no_client_could_send_is_refused_at_start(fake_engine, monkeypatch):
+    from comfyui_a3b.runtime import InvalidRequest, get_runtime
+    from comfyui_a3b.serve import Server
+
+    spec = get_runtime().spec(MODEL)
+    for token in (" secret", "secret\n", "s\u00e9cret"):
+        with pytest.raises(InvalidRequest, match="could never match"):
+            Server(spec, "127.0.0.1", 0, token=token)
+    monkeypatch.setenv("A3B_SERVE_TOKEN", "secret ")
+    with pytest.raises(InvalidRequest, match="A3B_SERVE_TOKEN"):
+        Server(spec, "127.0.0.1", 0)
+    assert Server(spec, "127.0.0.1", 0, token="two words").cfg.token == "two words"
+
+
+def test_one_set_of_network_rules_for_every_listener():
+    from comfyui_a3b import serve
+    from comfyui_a3b.lsp_server import transport
+    from comfyui_a3b.runtime import netguard as g
+    from comfyui_a3b.serve import app
+
+    assert transport.is_loopback is g.is_loopback and transport.token_ok is g.token_ok
+    assert serve.is_loopback is g.is_loopback and app.token_ok is g.token_ok and app.host_header_ok is g.host_header_ok
+    for host in ("localhost", "127.0.0.1", "127.0.0.2", "::1", "[::1]", "::ffff:127.0.0.1", "::1%lo"):
+        assert g.is_loopback(host), host
+    for host in ("10.0.0.1", "0.0.0.0", "example.com", "localhost.", "", "::"):
+        assert not g.is_loopback(host), host
+    for header in ("127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:8080", "127.0.0.1"):
+        assert g.host_header_ok(header), header
+    for header in ("attacker.test", "attacker.test:8080", "", "[::2]:80", "127.0.0.1.nip.io:80"):
+        assert not g.host_header_ok(header), header
+    assert g.origin_ok(None) and not g.origin_ok("") and not g.origin_ok("http://a.test")
+    assert g.origin_ok("http://a.test", ("http://a.test",))
+    assert g.token_ok(None, None) and g.token_ok("k", "k") and not g.token_ok("k", "K") and not g.token_ok("k", 5)
+    assert g.check_token("", "x") is None and g.check_token(None, "x") is None
+
+
 # -- the OpenAI endpoints ------------------------------------------------------------------------------
 def test_chat_and_completion(client):
     r = client.post("/v1/chat/completions", json={"model": "fakemodel", "messages": [{"role": "user", "content": "hi"}],
