@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import json
 import logging
 import threading
@@ -37,6 +38,7 @@ from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound,
 from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime.options import LoadSpec
+from .disconnect import on_disconnect
 
 log = logging.getLogger("a3b.serve")
 
@@ -230,14 +232,14 @@ class Inbox:
         self.items.append(item)
         self._ready.set()
 
-    async def wait(self, timeout: float) -> None:
-        """Until an item is there; asyncio.TimeoutError after `timeout` seconds without one."""
+    async def wait(self) -> None:
+        """Until an item is there (the stream's end always puts one)."""
         while not self.items:
             self._ready.clear()
-            await asyncio.wait_for(self._ready.wait(), timeout)
+            await self._ready.wait()
 
-    async def get(self, timeout: float):
-        await self.wait(timeout)
+    async def get(self):
+        await self.wait()
         return self.items.popleft()
 
 
@@ -298,8 +300,13 @@ class Api:
         def run():
             return self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
 
+        def left() -> None:   # the work ends between two packs, with Cancelled
+            self.cfg.stats["disconnects"] += 1
+            gone.set()
+
         task = asyncio.get_running_loop().run_in_executor(None, run)
-        vecs = await self._until_done(request, task, gone.set)
+        async with on_disconnect(request, left):
+            vecs = await task
         n_tok = sum(len(t) for t in texts) // 4
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
@@ -307,16 +314,29 @@ class Api:
         return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
                              "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
 
-    async def _until_done(self, request: Request, fut, on_disconnect: Callable[[], None]):
-        """Await `fut`, calling on_disconnect (and going on waiting for the cancelled work to end)
-        if the client goes away meanwhile."""
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.25)
-            if done:
-                return fut.result()
-            if await request.is_disconnected():
+    @contextlib.asynccontextmanager
+    async def _watched(self, request: Request, stream: GenerationStream,
+                       deadline_s: float | None) -> AsyncIterator[None]:
+        """While the block runs, the client leaving cancels the stream at once (between two tokens
+        in the scheduler), and so does the end of `deadline_s` (llama-server's t_max_predict_ms)."""
+        left = False
+
+        def gone() -> None:
+            nonlocal left
+            if not left and not stream.done:
+                left = True
                 self.cfg.stats["disconnects"] += 1
-                on_disconnect()
+                stream.cancel("client disconnected")
+
+        timer = (asyncio.get_running_loop().call_later(deadline_s, stream.cancel, "time limit")
+                 if deadline_s else None)
+        try:
+            async with on_disconnect(request, gone):
+                yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+            gone()   # still running: the client left, or the server stops (this task was cancelled)
 
     # -- generation -------------------------------------------------------------------------------
     async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
@@ -381,20 +401,9 @@ class Api:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
-        t_end = time.monotonic() + deadline_s if deadline_s else None
-        while True:
-            try:
-                ev = q.items.popleft() if q.items else await q.get(0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cfg.stats["disconnects"] += 1
-                    stream.cancel("client disconnected")
-                if t_end is not None and time.monotonic() > t_end:
-                    stream.cancel("time limit")
-                continue
-            if ev is None:
-                break
-            events.append(ev)
+        async with self._watched(request, stream, deadline_s):
+            while (ev := q.items.popleft() if q.items else await q.get()) is not None:
+                events.append(ev)
         res = self._result(stream)
         return JSONResponse(self._final(kind, rid, res, events))
 
@@ -411,22 +420,13 @@ class Api:
     async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
                    include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
         created = int(time.time())
-        t_end = time.monotonic() + deadline_s if deadline_s else None
         offset = 0
-        try:
+        async with self._watched(request, stream, deadline_s):
             if kind == "chat":
                 yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
             ended = False
             while not ended:
-                if not q.items:   # wait_for costs a task per call: only when there is nothing to send
-                    try:
-                        await q.wait(0.25)
-                    except asyncio.TimeoutError:
-                        if await request.is_disconnected():
-                            raise ConnectionError("client disconnected") from None
-                        if t_end is not None and time.monotonic() > t_end:
-                            stream.cancel("time limit")
-                        continue
+                await q.wait()
                 out = b""
                 while q.items:   # everything that is ready goes out in one write
                     ev = q.items.popleft()
@@ -455,10 +455,6 @@ class Api:
                                    "usage": self._usage(res)})
             if kind != "infill":
                 yield b"data: [DONE]\n\n"
-        finally:
-            if not stream.done:   # the client went away (or the server stops): stop between two tokens
-                self.cfg.stats["disconnects"] += 1
-                stream.cancel("client disconnected")
 
     @staticmethod
     def _event(obj: dict) -> bytes:

@@ -203,7 +203,7 @@ def test_bad_requests(client, body, status, code):
 def test_disconnect_cancels_between_tokens(server, client):
     from comfyui_a3b.runtime import get_runtime
 
-    model = get_runtime().loaded(server.cfg.spec)
+    model = get_runtime().load(server.cfg.spec)
     with client.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 500, "stream": True}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 4:
@@ -215,6 +215,56 @@ def test_disconnect_cancels_between_tokens(server, client):
     assert model.stats["finished_cancelled"] >= 1
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "temperature": 0})
     assert r.json()["choices"][0]["text"] == "The"
+
+
+@pytest.fixture(scope="module")
+def slow_server(fake_engine):
+    """A server over a model that decodes a token every 20 ms (400 tokens: 8 s), without a token."""
+    from comfyui_a3b.runtime import get_runtime
+    from comfyui_a3b.serve import Server
+
+    srv = Server(get_runtime().spec("fake://slow?fim=1&delay_ms=20", n_ctx=2048), "127.0.0.1", 0, name="slow").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def raw_request(port: int, path: str, body: dict | bytes, headers: bytes = b"") -> socket.socket:
+    """A request sent over a plain socket, which the caller may close at any moment."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%sContent-Length: %d"
+              b"\r\n\r\n%s" % (path.encode(), headers, len(data), data))
+    return s
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": 400}),
+    ("/infill", {"input_prefix": "def f():\n", "input_suffix": "\n", "n_predict": 400}),
+    ("/v1/embeddings", {"input": ["x"] * 2000}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}),
+], ids=["completion", "infill", "embeddings", "chat-stream"])
+def test_a_client_that_leaves_cancels_its_request_at_once(slow_server, path, body):
+    """Streamed or not, the model goes idle within half a second of the client closing its socket,
+    while tokens keep coming (a poll after a quiet spell never fires then)."""
+    from comfyui_a3b.runtime import get_runtime
+
+    model = get_runtime().load(slow_server.cfg.spec)
+    before = slow_server.cfg.stats["disconnects"]
+    s = raw_request(slow_server.port, path, body)
+    t0 = time.monotonic()
+    while not model.busy() and time.monotonic() - t0 < 10:
+        time.sleep(0.005)
+    time.sleep(0.3)   # well inside the work
+    assert model.busy()
+    t0 = time.monotonic()
+    s.close()
+    while model.busy() and time.monotonic() - t0 < 20:
+        time.sleep(0.005)
+    idle_after = time.monotonic() - t0
+    assert idle_after < 0.5, f"the model was still busy {idle_after:.2f} s after its client left"
+    assert slow_server.cfg.stats["disconnects"] == before + 1
 
 
 # -- the remote engine against a3b serve -----------------------------------------------------------------
