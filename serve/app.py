@@ -35,7 +35,8 @@ from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
+from ..runtime.generation import (MAX_STOP_STRINGS, ConfidenceConfig, GenerationResult, GenerationStream,
+                                  SamplingParams, TokenEvent, check_stops)
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime.options import LoadSpec
 from .disconnect import on_disconnect
@@ -179,9 +180,9 @@ def stops_of(body: dict) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest("stop must be a string or a list of at most 16 strings.")
-    return tuple(s for s in stop if s)
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings.")
+    return check_stops(s for s in stop if s)
 
 
 def messages_of(body: dict) -> list[dict[str, str]]:

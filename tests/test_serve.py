@@ -200,6 +200,58 @@ def test_bad_requests(client, body, status, code):
     assert r.status_code == status and r.json()["error"]["code"] == code, r.text
 
 
+def test_stop_strings_over_the_bounds_get_400(client):
+    from comfyui_a3b.runtime.generation import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+    for stop in (["q" * (MAX_STOP_CHARS + 1)], [str(i) for i in range(MAX_STOP_STRINGS + 1)], [3]):
+        r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "stop": stop})
+        assert r.status_code == 400 and "stop" in r.json()["error"]["message"].lower(), r.text[:300]
+
+
+def _latency(client, n: int = 5) -> float:
+    """The median time of a plain 4-token completion."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[n // 2]
+
+
+def test_a_stop_string_of_1_mib_stalls_no_other_client(server, client):
+    """Another client's latency while a request with a 1 MiB stop string (at the bound) decodes:
+    within 2x of alone (the stop scan used to take minutes per token on the shared worker)."""
+    from comfyui_a3b.runtime.generation import MAX_STOP_CHARS
+
+    alone = _latency(client)
+    box: dict = {}
+
+    def long_request():
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=60, trust_env=False) as c, \
+                c.stream("POST", "/v1/completions", json={"prompt": "Hi", "max_tokens": 500, "stream": True,
+                                                           "stop": ["q" * MAX_STOP_CHARS]}) as r:
+            box["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    box.setdefault("first", time.monotonic())
+            box["end"] = time.monotonic()
+
+    t = threading.Thread(target=long_request, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    while "first" not in box and time.monotonic() - t0 < 30:
+        time.sleep(0.005)
+    assert box.get("status") == 200 and "first" in box, box
+    during = _latency(client)
+    still_running = "end" not in box
+    t.join(60)
+    assert still_running, "the long request ended before the measurement: make it longer"
+    print(f"4-token completion: {alone * 1000:.0f} ms alone, {during * 1000:.0f} ms beside a 1 MiB stop string")
+    assert during < 2 * alone + 0.1, (alone, during)
+
+
 def test_disconnect_cancels_between_tokens(server, client):
     from comfyui_a3b.runtime import get_runtime
 
