@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -71,8 +71,20 @@ def model_id(spec: LoadSpec) -> str:
 
 
 # -- errors ------------------------------------------------------------------------------------------
+#: Longest error message sent back: messages quote what the client sent, which may be megabytes.
+MAX_MESSAGE = 2000
+
+
+def shown(value: Any, limit: int = 100) -> str:
+    """A value the client sent, quoted for a message and cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def error(status: int, message: str, code: str = "invalid_request_error", kind: str = "invalid_request_error",
           headers: dict[str, str] | None = None) -> JSONResponse:
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + "..."
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status,
                         headers=headers)
 
@@ -139,6 +151,8 @@ async def read_json(request: Request) -> dict:
         body = json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequest(f"The request body is not JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply to read.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return body
@@ -253,7 +267,8 @@ class Api:
         name = body.get("model")
         if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
             return self.cfg.spec
-        raise ModelNotFound(f"This server does not serve {name!r}; it serves {self.cfg.model_id!r} (GET /v1/models).")
+        raise ModelNotFound(f"This server does not serve {shown(name)}; it serves {self.cfg.model_id!r} "
+                            "(GET /v1/models).")
 
     # -- plain endpoints --------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -299,7 +314,12 @@ class Api:
         gone = threading.Event()
 
         def run():
-            return self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            vecs = self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            try:
+                n_tok = sum(len(self.rt.tokenize(t, model=spec)) for t in texts)
+            except A3BError:   # an engine that cannot tokenize (a remote server without /tokenize)
+                n_tok = sum(-(-len(t) // 4) for t in texts)
+            return vecs, n_tok
 
         def left() -> None:   # the work ends between two packs, with Cancelled
             self.cfg.stats["disconnects"] += 1
@@ -307,8 +327,7 @@ class Api:
 
         task = asyncio.get_running_loop().run_in_executor(None, run)
         async with on_disconnect(request, left):
-            vecs = await task
-        n_tok = sum(len(t) for t in texts) // 4
+            vecs, n_tok = await task
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
                  else [float(x) for x in v]} for i, v in enumerate(vecs)]
@@ -580,6 +599,11 @@ def infill_tokens(m, prefix: str, suffix: str, prompt: str, extra: list[dict], n
     return bos + [st["fim_pre"]] + pre + [st["fim_suf"]] + suf + [st["fim_mid"]] + head
 
 
+def _client(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "a client"
+
+
 def create_app(cfg: ServeConfig) -> Any:
     """The ASGI application: the routes, CORS for the allowed Origins, and the Guard in front."""
     api = Api(cfg)
@@ -592,6 +616,10 @@ def create_app(cfg: ServeConfig) -> Any:
             except A3BError as e:
                 cfg.stats["errors"] += 1
                 return a3b_error(e)
+            except ClientDisconnect:   # it left while sending its body: nobody reads an answer
+                cfg.stats["disconnects"] += 1
+                log.info("%s left while sending its request to %s", _client(request), request.url.path)
+                return Response(status_code=499)
             except (ValueError, TypeError, KeyError) as e:
                 cfg.stats["errors"] += 1
                 log.warning("bad request to %s: %s", request.url.path, e)

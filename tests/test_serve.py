@@ -158,6 +158,7 @@ def test_embeddings(client):
     r = client.post("/v1/embeddings", json={"input": ["alpha", "beta"], "model": "fakemodel"}).json()
     vecs = np.array([d["embedding"] for d in r["data"]])
     assert vecs.shape == (2, 32) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+    assert r["usage"] == {"prompt_tokens": 9, "total_tokens": 9}   # the fake vocabulary: a token per byte
     b = client.post("/v1/embeddings", json={"input": "alpha", "encoding_format": "base64"}).json()
     import base64
 
@@ -193,11 +194,38 @@ def test_infill_like_llama_vim(client, fake_engine):
     ({"messages": [{"role": "user", "content": "x " * 2000}]}, 400, "context_length_exceeded"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "invalid_request"),
     ([1, 2, 3], 400, "invalid_request"),
+    pytest.param("[" * 100_000 + "]" * 100_000, 400, "invalid_request", id="deeply-nested"),
 ])
 def test_bad_requests(client, body, status, code):
     kw = {"content": body} if isinstance(body, str) else {"content": json.dumps(body, allow_nan=True)}
     r = client.post("/v1/chat/completions", headers={"Content-Type": "application/json"}, **kw)
     assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+
+
+def test_what_a_client_sent_is_not_echoed_back_whole(client):
+    r = client.post("/v1/chat/completions", json={"model": "m" * (10 << 20),
+                                                  "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and len(r.content) < 3000 and "10485762 characters" in r.text, r.text[:3000]
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": "9" * 100_000})
+    assert r.status_code == 400 and len(r.content) < 3000
+
+
+def test_a_client_that_leaves_mid_body_logs_one_line(server, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    before = server.cfg.stats["disconnects"]
+    auth = b"Authorization: Bearer %s\r\n" % TOKEN.encode()
+    s = raw_request(server.port, "/v1/completions", b'{"prompt": "x", ', auth, length=1000)
+    time.sleep(0.2)
+    s.close()
+    t0 = time.monotonic()
+    while server.cfg.stats["disconnects"] == before and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert server.cfg.stats["disconnects"] == before + 1
+    time.sleep(0.1)
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+    assert [r.getMessage() for r in caplog.records if "left while sending" in r.getMessage()]
 
 
 def test_stop_strings_over_the_bounds_get_400(client):
@@ -282,12 +310,14 @@ def slow_server(fake_engine):
         srv.stop()
 
 
-def raw_request(port: int, path: str, body: dict | bytes, headers: bytes = b"") -> socket.socket:
-    """A request sent over a plain socket, which the caller may close at any moment."""
+def raw_request(port: int, path: str, body: dict | bytes, headers: bytes = b"", length: int | None = None
+                ) -> socket.socket:
+    """A request sent over a plain socket, which the caller may close at any moment (`length`: the
+    Content-Length announced, when not the body's)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%sContent-Length: %d"
-              b"\r\n\r\n%s" % (path.encode(), headers, len(data), data))
+              b"\r\n\r\n%s" % (path.encode(), headers, len(data) if length is None else length, data))
     return s
 
 
