@@ -119,6 +119,8 @@ class Server:
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout)
+        elif self.sock is not None:   # bound, never served
+            self.sock.close()
 
     def status(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.cfg.model_id, "token": bool(self.cfg.token),
