@@ -329,7 +329,7 @@ def cmd_lsp(args) -> int:
 
 def cmd_serve(args) -> int:
     # The HTTP server is an adapter over the runtime, imported only by this command.
-    import socket
+    import logging
 
     from .runtime import get_runtime
     from .serve import Server, parse_address
@@ -339,15 +339,19 @@ def cmd_serve(args) -> int:
     if args.parallel is not None:
         spec = rt.spec(spec, n_parallel=args.parallel)
     host, port = parse_address(args.http)
-    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name)
+    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name,
+                 access_log=not args.quiet)
     rt.load(spec)   # errors now, not at the first request
-    try:   # a clear line now rather than a log line from the HTTP server later
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
-    except OSError as e:
-        raise InvalidRequest(f"Cannot listen on {args.http}: {e.strerror or e}; choose another address or port.") from e
-    print(f"a3b serve: {srv.cfg.model_id} on http://{args.http}/v1"
-          + (" (bearer token required)" if srv.cfg.token else ""), file=sys.stderr, flush=True)
+    srv.bind()      # a clear line now rather than a log line from the HTTP server later; the real port
+    if not args.quiet:   # one line per request on stderr, as it is
+        access = logging.getLogger("a3b.serve.access")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+    print(f"a3b serve: {srv.cfg.model_id} on {srv.url}" + (" (bearer token required)" if srv.cfg.token else ""),
+          file=sys.stderr, flush=True)
     srv.run()
     return 0
 
@@ -486,6 +490,7 @@ def _add_serve(sub) -> None:
                     help="a browser Origin allowed to call the server, e.g. http://localhost:3000 (repeatable; "
                          "default: none, every browser page is refused)")
     sv.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
+    sv.add_argument("--quiet", "-q", action="store_true", help="no line per request on stderr")
     sv.set_defaults(func=cmd_serve)
 
 

@@ -19,11 +19,32 @@ from typing import TYPE_CHECKING, Any
 from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
 from .options import check_finite
 from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
+from .pieces import PieceText
+from .stops import StopMatcher
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import GenerationRequest
 
 DEFAULT_MARKER = "# Note: This part requires verification."
+
+#: Bounds on a request's stop strings: how many, and how many characters in all. Matching costs time
+#: in proportion to the generated text whatever their length (stops.py); the bounds keep what one
+#: request makes the process hold small. One string of 1 MiB characters is within them.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1 << 20
+
+
+def check_stops(stop) -> tuple[str, ...]:
+    """`stop` as a tuple of stop strings, or InvalidRequest when it breaks the bounds above."""
+    stop = tuple(stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are taken, got {len(stop)}.")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidRequest("Stop strings must be non-empty strings.")
+    total = sum(map(len, stop))
+    if total > MAX_STOP_CHARS:
+        raise InvalidRequest(f"The stop strings have {total} characters; at most {MAX_STOP_CHARS} in all are taken.")
+    return stop
 
 
 @dataclass(frozen=True)
@@ -299,43 +320,48 @@ class TextAssembler:
 
     def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig):
         self.stop = stop
+        self._stops = StopMatcher(stop) if stop else None
         self.conf = confidence
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""              # all decoded text (without stop string)
-        self.released = 0           # chars of self.text already handed out
+        self._text = PieceText()    # all decoded text (without stop string)
+        self.released = 0           # chars of the text already handed out
         self.stopped = False
         self.entropies: list[float] = []
-        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in self.text
+        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in the text
         self.spans: list[LowConfidenceSpan] = []
         self._run_start: int | None = None
 
+    @property
+    def text(self) -> str:
+        return str(self._text)
+
     def add(self, piece: bytes, entropy: float | None) -> str:
-        start = len(self.text)
-        self.text += self._decoder.decode(piece)
-        self._tok_offsets.append((start, len(self.text)))
+        start = len(self._text)
+        new = self._decoder.decode(piece)
+        self._text.append(new)
+        self._tok_offsets.append((start, len(self._text)))
         if entropy is not None:
             self.entropies.append(entropy)
             self._track(entropy)
-        if self.stop:
-            hit = min((i for i in (self.text.find(s, max(0, self.released - len(s))) for s in self.stop) if i >= 0),
-                      default=-1)
+        if self._stops is not None:
+            # A stop string is searched for only where it can end: in the new text (stops.py).
+            hit = self._stops.feed(new, start)
             if hit >= 0:
-                self.text = self.text[:hit]
+                self._text.cut(hit)
                 self.stopped = True
-                return self._release(len(self.text))
-            hold = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-            return self._release(len(self.text) - hold)
-        return self._release(len(self.text))
+                return self._release(hit)
+            return self._release(len(self._text) - self._stops.hold)
+        return self._release(len(self._text))
 
     def flush(self) -> str:
-        self.text += self._decoder.decode(b"", final=True)
+        self._text.append(self._decoder.decode(b"", final=True))
         self._close_run()
-        return self._release(len(self.text))
+        return self._release(len(self._text))
 
     def _release(self, upto: int) -> str:
         if upto <= self.released:
             return ""
-        out = self.text[self.released:upto]
+        out = self._text.slice(self.released, upto)
         self.released = upto
         return out
 
@@ -357,10 +383,11 @@ class TextAssembler:
         b = min(b, len(self._tok_offsets))  # the end-of-generation token has an entropy but no text
         if b - a >= self.conf.min_run:
             s, e = self._tok_offsets[a][0], self._tok_offsets[b - 1][1]
-            s, e = min(s, len(self.text)), min(e, len(self.text))
+            s, e = min(s, len(self._text)), min(e, len(self._text))
             ents = self.entropies[a:b]
             if e > s:
-                self.spans.append(LowConfidenceSpan(s, e, self.text[s:e], sum(ents) / len(ents), max(ents), b - a))
+                self.spans.append(LowConfidenceSpan(s, e, self._text.slice(s, e), sum(ents) / len(ents), max(ents),
+                                                    b - a))
 
     def final_text(self) -> tuple[str, list[LowConfidenceSpan]]:
         """The full text and spans; with insert_marker, markers inserted and span offsets shifted."""
@@ -381,7 +408,7 @@ class TextAssembler:
 
 
 __all__ = [
-    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "NOT_A_TOKEN",
-    "GenerationStream", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
-    "SamplingParams", "TextAssembler", "TokenEvent", "preset",
+    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "GenerationStream", "LowConfidenceSpan",
+    "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "NOT_A_TOKEN", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
+    "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "preset",
 ]

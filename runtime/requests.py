@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidRequest
-from .generation import ConfidenceConfig, SamplingParams
+from .generation import ConfidenceConfig, SamplingParams, check_stops
 from .options import check_finite
 from .scheduler import PRIORITY_BATCH
 
@@ -183,8 +183,7 @@ class GenerationRequest:
             raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest("Stop strings must be non-empty strings.")
+        check_stops(self.stop)
         check_finite("confidence threshold", self.confidence.threshold)
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
