@@ -103,8 +103,10 @@ def test_the_planner_offloads_what_fits_from_the_top_layer_down(tmp_path):
     args = dict(n_ctx=256, n_parallel=1, n_batch=64, kv_cache_type="f16")
     full = offload.plan(path, free_bytes=8 << 30, **args)
     assert full.n_gpu_layers == 5 and "whole model" in full.reason         # every layer and the output
-    kv = offload.kv_bytes_per_layer(offload.model_sizes(path)[2], 256, "f16")
-    reserve = offload.FIXED_RESERVE + 2 * 64 * 32000 * 4
+    dims = offload.model_sizes(path)[2]
+    kv = offload.kv_bytes_per_layer(dims, 256, "f16")
+    assert dims.n_vocab == 271                  # the logits reserve follows the file's vocabulary
+    reserve = offload.FIXED_RESERVE + 2 * 64 * dims.n_vocab * 4
     two = offload.plan(path, free_bytes=reserve + 2 * (layers[-1] + kv) + 10, **args)
     assert two.n_gpu_layers == 2 and "2/4 layers" in two.describe()
     none = offload.plan(path, free_bytes=reserve // 2, **args)
