@@ -164,7 +164,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
     key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep, experts_keep)
-    hit = _variants.get(key)
+    hit = VARIANTS.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
@@ -175,11 +175,19 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
-    _variants[key] = out
+    VARIANTS[key] = out
     return out
 
 
-_variants: dict[tuple, Path] = {}
+class _Variants(dict):
+    """The pruned variants made or found in this process, by source file version and settings."""
+
+    def reset(self) -> None:
+        """Forget them: the next use looks in the disk cache (prune.cached_variant) again."""
+        self.clear()
+
+
+VARIANTS = _Variants()
 
 
 def unload(model: LoadSpec | None = None) -> int:

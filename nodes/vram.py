@@ -37,8 +37,23 @@ POLICIES = ("offload", "resident", "unload-after-run")
 DEFAULT_POLICY = "offload"
 
 _lock = threading.Lock()
-_managed: dict[LoadSpec, ManagedLLM] = {}
-_installed = False
+
+
+class _Registry:
+    """Our models in ComfyUI's list, by spec, and whether the store listener is installed."""
+
+    def __init__(self) -> None:
+        self.managed: dict[LoadSpec, ManagedLLM] = {}
+        self.installed = False
+
+    def reset(self) -> None:
+        """As at the start of a process: nothing managed, nothing installed."""
+        with _lock:
+            self.managed.clear()
+            self.installed = False
+
+
+REGISTRY = _Registry()
 
 
 def policy() -> str:
@@ -122,13 +137,13 @@ def _listener(event: str, spec: LoadSpec) -> None:
     with _lock:
         if event == "loaded":
             m = rt.loaded(spec)
-            if m is None or m.info.n_gpu_layers == 0 or spec in _managed:
+            if m is None or m.info.n_gpu_layers == 0 or spec in REGISTRY.managed:
                 return
             entry = ManagedLLM(spec, mm.get_torch_device(), _gpu_bytes(rt, spec, m))
-            _managed[spec] = entry
+            REGISTRY.managed[spec] = entry
             mm.current_loaded_models.insert(0, entry)
         elif event == "unloaded":
-            entry = _managed.pop(spec, None)
+            entry = REGISTRY.managed.pop(spec, None)
             if entry is not None and not entry.unloading:
                 entry._loaded = False
                 try:
@@ -152,13 +167,12 @@ def _mm():
 
 def install() -> bool:
     """Take part in ComfyUI's model management (once); False outside ComfyUI."""
-    global _installed
     if _mm() is None:
         return False
     with _lock:
-        if _installed:
+        if REGISTRY.installed:
             return True
-        _installed = True
+        REGISTRY.installed = True
     get_runtime().store.add_listener(_listener)
     _hook_run_end()
     log.info("a3b: our GPU models take part in ComfyUI's model management (%s=%s)", ENV, policy())
@@ -191,4 +205,4 @@ def _hook_run_end() -> None:
 def status() -> dict:
     with _lock:
         return {"policy": policy(), "managed": [{"model": e.model.name, "bytes": e.nbytes, "loaded": e._loaded}
-                                                for e in _managed.values()]}
+                                                for e in REGISTRY.managed.values()]}

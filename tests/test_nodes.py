@@ -437,7 +437,7 @@ def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(
     assert defs.LOADER.defaults()["recover_steps"] == -1
     seen = []
     monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
-    monkeypatch.setattr(core, "_variants", {})
+    core.VARIANTS.reset()
     src = tmp_path / "m.gguf"
     src.write_bytes(b"GGUF")
     core.pruned_variant(src, 0.5, None, -1)

@@ -42,12 +42,12 @@ def comfy(monkeypatch, fake_engine):
     for name, mod in (("comfy.model_management", mm), ("folder_paths", types.ModuleType("folder_paths")),
                       ("execution", execution)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(vram, "_installed", False)
-    monkeypatch.setattr(vram, "_managed", {})
+    vram.REGISTRY.reset()
     assert vram.install()
     yield mm, execution
     get_runtime().unload()
     get_runtime().store.remove_listener(vram._listener)
+    vram.REGISTRY.reset()
 
 
 def test_a_gpu_model_joins_comfyuis_list_and_leaves_it_when_unloaded(comfy):
