@@ -164,22 +164,25 @@ def test_a_placement_auto_resolved_to_is_shared_with_a_spec_that_names_it(tiny_m
 
 
 @pytest.mark.slow
-def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_model(rt):
-    """The shipped RAG workflow's loader (n_gpu_layers 0), then a request as `a3b serve` and the
-    language server make it (their default spec, n_gpu_layers "auto"): one copy of the weights."""
+@pytest.mark.parametrize("placement", [0, "example"])
+def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_model(rt, placement):
+    """The shipped RAG workflow's loader (with n_gpu_layers 0, or as shipped: the node's default "auto"),
+    then a request as `a3b serve` and the language server make it (their default spec, "auto"): one
+    copy of the weights."""
     import json
     from pathlib import Path
 
     from comfyui_a3b.lsp_server.config import Settings
-    from comfyui_a3b.nodes import core
+    from comfyui_a3b.nodes import core, defs
 
     ui = json.loads((Path(__file__).parents[1] / "examples" / "rag.api.json").read_text())
     w = next(n["inputs"] for n in ui.values() if n["class_type"] == "A3BLoader")
-    assert w["n_gpu_layers"] == 0
+    layers = w["n_gpu_layers"] if placement == "example" else placement
     rt.unload()
     loads = rt.store.weight_loads
-    handle = core.load_model(w["model"], n_ctx=w["n_ctx"], n_gpu_layers=w["n_gpu_layers"], n_threads=w["threads"],
-                             flash_attn=w["flash_attn"], kv_cache_type=w["kv_cache_type"], serve_as=w["serve_as"])
+    handle = core.load_model(w["model"], n_ctx=w["n_ctx"], flash_attn=w["flash_attn"],
+                             n_gpu_layers="auto" if layers == defs.AUTO_GPU_LAYERS else layers,
+                             n_threads=w["threads"], kv_cache_type=w["kv_cache_type"], serve_as=w["serve_as"])
     served = rt.spec(None)                                   # serve/inprocess.py without A3B_SERVE_MODEL
     editor = rt.spec(None, n_ctx=Settings().n_ctx)           # lsp_server/engine.py with no model setting
     assert served.n_gpu_layers == editor.n_gpu_layers == "auto"
