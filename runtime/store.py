@@ -138,9 +138,17 @@ class ModelStore:
                     return key
         return None
 
+    def _current(self, e: _Entry) -> bool:
+        """Whether `e` holds the file as it is on disk now (a replaced file is reloaded at its next use)."""
+        try:
+            return self._weights_key(e.placed) == e.weights_key
+        except OSError:
+            return False
+
     def _second_copy(self, spec: LoadSpec, w: Weights) -> list[str]:
         """Why the file of `spec` is now loaded twice, when it is: for its status warnings."""
-        others = [e for e in self._entries.values() if e.spec.path == spec.path and e.weights_key in self._weights]
+        others = [e for e in self._entries.values()
+                  if e.spec.path == spec.path and e.weights_key in self._weights and self._current(e)]
         if not others:
             return []
         other = others[-1].placed

@@ -163,6 +163,21 @@ def test_a_placement_auto_resolved_to_is_shared_with_a_spec_that_names_it(tiny_m
         r.unload()
 
 
+def test_a_file_replaced_on_disk_is_not_called_a_second_copy(tmp_path):
+    r = Runtime()
+    p = write_tiny_gguf(tmp_path / "m.gguf", "llama", seed=1)
+    try:
+        r.load(p, n_ctx=128, n_parallel=1)
+        write_tiny_gguf(tmp_path / "new.gguf", "llama", seed=2)
+        os.replace(tmp_path / "new.gguf", p)
+        st = p.stat()
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        r.load(p, n_ctx=64, n_parallel=1)        # the new file, under another spec: the old one is stale
+        assert r.store.weight_loads == 2 and all(e.warnings == [] for e in r.store.loaded())
+    finally:
+        r.unload()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", [0, "example"])
 def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_model(rt, placement):
