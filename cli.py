@@ -1,7 +1,8 @@
 """The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
-server together, which runtime/ itself must not do.
+server together, which runtime/ itself must not do. cliwords.py holds what it says around a
+command's output (help layout, version, errors in the words of its flags) and how it reads its input.
 
 Exit status: 0 on success; 2 for a user error, either a usage error argparse reports or a typed
 runtime error (`A3BError`), printed as one line `a3b: error: ...`; 1 when a check fails (`inspect`
@@ -23,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
+from . import cliwords
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
 from .runtime.generation import PRESETS, ConfidenceConfig
@@ -48,31 +50,6 @@ exit status: 0 success; 1 a failed check (inspect, doctor) or an internal error,
 
 #: The sampling settings a preset fixes and the command line can override, as shown in the help.
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Ends every option's help with its default, and keeps examples and tables as written.
-
-    An option whose default is None, or whose help already says what happens without it, is left
-    as is: its help text explains the default in words.
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS, []):
-            return text
-        return text + " (default: %(default)s)"
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        # Paragraphs with indented lines (examples, tables) keep their lines; prose is wrapped.
-        out = []
-        for para in text.split("\n\n"):
-            lines = para.splitlines()
-            if any(line.startswith(" ") for line in lines):
-                out.append("\n".join(indent + line for line in lines))
-            else:
-                out.append(super()._fill_text(para, width, indent))
-        return "\n\n".join(out)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -111,27 +88,6 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).splitlines()) or type(error).__name__
 
 
-def _read_text_lines(path: str) -> list[str]:
-    """The non-empty lines of an `embed --file`, or InvalidRequest saying why it cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
-    except FileNotFoundError as e:
-        raise InvalidRequest(f"--file {path}: no such file; give a text file with one text per line.") from e
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(f"--file {path} is not UTF-8 text (byte {e.start}); give a text file "
-                             "with one text per line.") from e
-    except OSError as e:
-        raise InvalidRequest(f"Cannot read --file {path}: {e.strerror or e}.") from e
-
-
-def _check_readable(path: str) -> None:
-    """InvalidRequest for an existing file this user may not read; a missing file is left to the
-    runtime, whose ModelNotFound says where models are looked for."""
-    if os.path.isfile(path) and not os.access(path, os.R_OK):
-        raise InvalidRequest(f"Cannot read {path}: permission denied.")
-
-
 def _address(text: str) -> str:
     """argparse type of --tcp/--ws: a loopback HOST:PORT, checked while parsing so that a typo is a
     usage error. Returns the text unchanged; the language server parses it again."""
@@ -153,8 +109,9 @@ def cmd_generate(args) -> int:
                       min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     conf = ConfidenceConfig(enabled=True, threshold=args.entropy_threshold, min_run=args.entropy_run,
                             insert_marker=args.mark_low_confidence)
+    prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
     t0 = time.perf_counter()
-    stream = rt.submit(args.prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
+    stream = rt.submit(prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
                        sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template)
     out = sys.stdout
     try:
@@ -167,8 +124,9 @@ def cmd_generate(args) -> int:
         stream.cancel()
         print("\n[cancelled]", file=sys.stderr)
         return 130
+    full = cliwords.context_full(res, args.max_tokens)
     if args.json:
-        print(json.dumps(res.as_dict(), indent=2))
+        print(json.dumps({**res.as_dict(), "context_full": full}, indent=2))
     else:
         if args.mark_low_confidence and res.spans:
             out.write("\n--- with low-confidence markers ---\n" + res.text)
@@ -176,8 +134,10 @@ def cmd_generate(args) -> int:
         total = time.perf_counter() - t0
         print(f"[{res.n_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, time to first token "
               f"{res.time_to_first_token * 1000:.0f} ms, prompt {res.n_prompt_tokens} tokens, "
-              f"seed {res.seed}, {res.finish_reason}, {len(res.spans)} low-confidence spans, "
+              f"seed {res.seed}, {res.finish_reason}, {cliwords.spans(len(res.spans))}, "
               f"total {total:.2f} s]", file=sys.stderr)
+        if full:
+            print(cliwords.context_note(res, spec.n_ctx), file=sys.stderr)
     return 0
 
 
@@ -186,7 +146,7 @@ def cmd_embed(args) -> int:
 
     from .runtime import get_runtime
 
-    texts = list(args.texts) + (_read_text_lines(args.file) if args.file else [])
+    texts = list(args.texts) + (cliwords.read_text_lines(args.file) if args.file else [])
     rt = get_runtime()
     vecs = rt.embed(texts, model=_spec(rt, args), pooling=args.pooling, normalize=not args.no_normalize)
     if args.npy:
@@ -207,8 +167,8 @@ def cmd_inspect(args) -> int:
     from .runtime import inspect_gguf
     from .runtime.llama import llama_cpp_version, probe_architecture
 
-    _check_readable(args.file)
-    info = inspect_gguf(args.file)
+    cliwords.check_readable(args.file)
+    info = inspect_gguf(cliwords.model_file(args.file))
     ok, why = probe_architecture(info.path)
     d = info.as_dict()
     d["llama_cpp_supports_architecture"] = ok
@@ -246,7 +206,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     from .runtime import verify_sha256
 
-    _check_readable(args.file)
+    cliwords.check_readable(args.file)
     digest = verify_sha256(args.file, args.sha256, progress=not args.quiet)
     print(f"OK {digest}  {args.file}")
     return 0
@@ -329,7 +289,7 @@ def cmd_lsp(args) -> int:
 
 def cmd_serve(args) -> int:
     # The HTTP server is an adapter over the runtime, imported only by this command.
-    import socket
+    import logging
 
     from .runtime import get_runtime
     from .serve import Server, parse_address
@@ -339,15 +299,19 @@ def cmd_serve(args) -> int:
     if args.parallel is not None:
         spec = rt.spec(spec, n_parallel=args.parallel)
     host, port = parse_address(args.http)
-    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name)
+    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name,
+                 access_log=not args.quiet)
     rt.load(spec)   # errors now, not at the first request
-    try:   # a clear line now rather than a log line from the HTTP server later
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
-    except OSError as e:
-        raise InvalidRequest(f"Cannot listen on {args.http}: {e.strerror or e}; choose another address or port.") from e
-    print(f"a3b serve: {srv.cfg.model_id} on http://{args.http}/v1"
-          + (" (bearer token required)" if srv.cfg.token else ""), file=sys.stderr, flush=True)
+    srv.bind()      # a clear line now rather than a log line from the HTTP server later; the real port
+    if not args.quiet:   # one line per request on stderr, as it is
+        access = logging.getLogger("a3b.serve.access")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+    print(f"a3b serve: {srv.cfg.model_id} on {srv.url}" + (" (bearer token required)" if srv.cfg.token else ""),
+          file=sys.stderr, flush=True)
     srv.run()
     return 0
 
@@ -363,7 +327,7 @@ def _presets_epilog() -> str:
 
 
 def _command(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter, **kwargs)
+    return sub.add_parser(name, help=summary, description=description, formatter_class=cliwords.HelpFormatter, **kwargs)
 
 
 def _add_generate(sub) -> None:
@@ -372,7 +336,7 @@ def _add_generate(sub) -> None:
                  "one line on stderr: tokens, tokens/s, time to first token, prompt tokens, the seed, the "
                  "finish reason and the number of low-confidence spans. The same seed and settings give "
                  "the same text.", epilog=_presets_epilog())
-    g.add_argument("prompt", help="text to answer, or to continue with --raw")
+    g.add_argument("prompt", help="text to answer, or to continue with --raw; - reads it from standard input")
     _add_model_args(g)
     g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
@@ -412,7 +376,8 @@ def _add_embed(sub) -> None:
                  "printed as JSON or written as a float32 .npy array.")
     e.add_argument("texts", nargs="*", metavar="TEXT", help="a text to embed")
     _add_model_args(e)
-    e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file (default: none)")
+    e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file, - for standard "
+                                                 "input (default: none)")
     e.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token vectors become one vector")
     e.add_argument("--no-normalize", action="store_true", help="keep the vectors' lengths instead of scaling them to 1")
     e.add_argument("--npy", metavar="FILE",
@@ -425,7 +390,8 @@ def _add_inspect(sub) -> None:
                  "Show a GGUF's architecture, sizes, context length, quantisation, RoPE base, chat template "
                  "and a3b.* keys, and whether the installed llama.cpp supports its architecture (exit "
                  "status 1 when it does not).")
-    i.add_argument("file", metavar="FILE", help="the GGUF file")
+    i.add_argument("file", metavar="FILE", help="the GGUF file: a path, a name in the model folders, or default "
+                                                "(the embedded model), as --model takes it")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_inspect)
 
@@ -486,6 +452,7 @@ def _add_serve(sub) -> None:
                     help="a browser Origin allowed to call the server, e.g. http://localhost:3000 (repeatable; "
                          "default: none, every browser page is refused)")
     sv.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
+    sv.add_argument("--quiet", "-q", action="store_true", help="no line per request on stderr")
     sv.set_defaults(func=cmd_serve)
 
 
@@ -496,8 +463,11 @@ def _add_prune(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=cliwords.HelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and runtime details to stderr")
+    p.add_argument("--version", action="version", version=cliwords.version(),
+                   help="print the versions of a3b, llama-cpp-python and Python, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
     for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune):
@@ -510,13 +480,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     exception propagates (a traceback, status 1), since it is a bug to report, not a user mistake."""
     import logging
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
     except A3BError as e:
-        print(f"a3b: error: {_one_line(e)}", file=sys.stderr)
+        words = cliwords.flag_words(_one_line(e), cliwords.command_parser(parser, args.cmd))
+        print(f"a3b: error: {words}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

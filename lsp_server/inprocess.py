@@ -13,14 +13,11 @@ in `get_runtime().status()["lsp"]`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 from typing import Any
 
 from ..runtime.options import switched_off
-
-log = logging.getLogger("a3b.lsp")
 
 ENV = "A3B_LSP"
 _state: dict[str, Any] = {}
@@ -92,8 +89,7 @@ def _start(kind: str, host: str, port: int, token: str | None) -> dict:
         raise OSError(f"A3B language server could not listen on {kind}://{host}:{port}: {box['error']}")
     _state.update(engine=engine, thread=t, token=token is not None, **box)
     get_runtime().status_providers["lsp"] = status
-    log.info("A3B language server listening on %s", engine.address)
-    return status()
+    return status()   # the caller logs the address (the pack's __init__, once)
 
 
 def status() -> dict:

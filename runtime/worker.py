@@ -1,4 +1,8 @@
-"""A loaded model: its weights, its engine backend, and the one worker thread that drives both.
+"""A model run in this process: its weights, its engine backend, and the one worker thread that drives both.
+
+`LoadedModel` is the in-process engines' `Model` (engine.py): it turns a request's typed prompt into
+token ids on the caller's thread (a chat rendered with the model's template, an infill prompt
+built by fim.py, text tokenized) and schedules them token by token over a `Backend`.
 
 Engine contexts are not thread-safe, so each `LoadedModel` has one worker thread, the only caller of
 its backend. Callers on any thread submit generations (and get a `GenerationStream` back) or
@@ -15,17 +19,19 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import memory
-from .engine import Backend, DecodeFailed, Weights
+from . import chat as chatmod
+from . import fim, memory
+from .engine import Backend, DecodeFailed, LocalWeights, Model
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from .generation import GenerationRequest, GenerationResult, GenerationStream, TextAssembler, TokenEvent
+from .generation import GenerationStream, TextAssembler, TokenEvent
 from .options import POOLINGS, LoadSpec
+from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
 
 log = logging.getLogger("a3b.worker")
@@ -54,14 +60,13 @@ class EmbedRequest(EmbedJob):
     finished: threading.Event = field(default_factory=threading.Event)
 
 
-class LoadedModel:
-    """Weights + backend (contexts for one LoadSpec) + the worker thread. What the store hands out.
+class LoadedModel(Model):
+    """Weights + backend (contexts for one LoadSpec) + the worker thread: the Model of an in-process
+    engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
+    show what a prompt becomes for this model."""
 
-    Public, engine-neutral surface: `info` (ModelInfo), `vocab` (tokenizer), `submit`,
-    `embed_tokens`, `tokenize`, `busy`, `stats`, `close`.
-    """
-
-    def __init__(self, weights: Weights, backend: Backend, spec: LoadSpec):
+    def __init__(self, weights: LocalWeights, backend: Backend, spec: LoadSpec):
+        self.features: dict[str, Any] = {}
         self.weights = weights
         self.info = weights.info
         self.vocab = weights.vocab
@@ -84,17 +89,42 @@ class LoadedModel:
     def alive(self) -> bool:
         return not self._closing and not self.closed.is_set()
 
-    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+    @property
+    def supports_fim(self) -> bool:
+        return fim.fim_ids(self.vocab) is not None
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_bos=add_bos, special=special)
+
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        """The chat as the prompt text the model reads (its own template, or the named one)."""
+        v = self.vocab
+        return chatmod.render(list(prompt.messages), gguf_template=self.info.chat_template, template=prompt.template,
+                              bos=v.token_text(v.bos) if v.bos >= 0 else "",
+                              eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
+                              variables=prompt.variables)
+
+    def prompt_tokens(self, prompt: Prompt, max_tokens: int = 0) -> list[int]:
+        """The token ids `prompt` becomes for this model (an infill prompt fitted beside
+        `max_tokens`), as submit feeds them."""
+        v = self.vocab
+        if isinstance(prompt, TokenPrompt):
+            return list(prompt.tokens)
+        if isinstance(prompt, TextPrompt):
+            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special)
+        if isinstance(prompt, ChatPrompt):
+            return v.tokenize(self.render_chat(prompt), add_bos=v.add_bos, special=True)
+        if isinstance(prompt, InfillPrompt):
+            return fim.build(prompt, v, self.n_ctx_seq, max_tokens)
+        raise InvalidRequest(f"Not a prompt: {type(prompt).__name__}")
+
+    def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
+        return len(self.prompt_tokens(prompt))
 
     def submit(self, request: GenerationRequest,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
-        if request.prompt_tokens is not None:
-            tokens = list(request.prompt_tokens)
-        else:
-            tokens = self.vocab.tokenize(request.prompt, add_bos=request.add_bos and self.vocab.add_bos,
-                                         special=request.parse_special)
+        tokens = self.prompt_tokens(request.prompt, request.max_tokens)
         if not tokens:
             raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
         if len(tokens) >= self.n_ctx_seq:
@@ -115,11 +145,16 @@ class LoadedModel:
             self._lock.notify()
         return stream
 
+    def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
+              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        v = self.vocab
+        return self.embed_tokens([v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts], pooling=pooling,
+                                 normalize=normalize, priority=priority, cancelled=cancelled)
+
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        """Pooled embeddings, one row per text. `cancelled` is polled between packs: once it turns
-        true the call raises Cancelled without embedding the rest."""
+        """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
         if pooling not in POOLINGS:
             raise InvalidRequest(f"Unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         for i, toks in enumerate(token_lists):
@@ -223,13 +258,13 @@ class LoadedModel:
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
-            err = ModelLoadFailed(f"{e}" + ("; the model is reloaded for the next request" if e.fatal else ""))
+            msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
             for entry in step.entries:
                 with self._lock:
                     trim = self.policy.release(entry.job, keep_cache=False)
                 if not e.fatal:
                     self._trim(trim)
-                self._finish(entry.job, "error", err)
+                self._finish(entry.job, "error", ModelLoadFailed(msg))   # one each: it carries the job's partial
             if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
                 log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
                 with self._lock:
@@ -282,32 +317,15 @@ class LoadedModel:
         self._finish(job, reason)
 
     def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
-        tail = job.asm.flush()
-        if tail:
-            job.stream._emit(TokenEvent(tail, -1, None))
-        text, spans = job.asm.final_text()
-        end = time.perf_counter()
-        gen = job.seq[len(job.prompt_tokens):]
-        result = GenerationResult(
-            text=text, tokens=gen, finish_reason=reason, n_prompt_tokens=len(job.prompt_tokens),
-            n_cached_prompt_tokens=job.n_cached or 0, seed=job.seed, spans=spans,
-            entropies=list(job.asm.entropies),
-            time_to_first_token=(job.t_first - job.stream.submitted_at) if job.t_first else 0.0,
-            total_time=end - job.stream.submitted_at,
-            decode_time=(job.t_last - job.t_first) if job.t_first and job.t_last else 0.0)
         if job.sampler is not None:
             self.backend.free_sampler(job.sampler)
             job.sampler = None
         self.last_used = time.monotonic()
         self.stats[f"finished_{reason}"] += 1
-        if reason == "cancelled" and error is None:
-            if job.stream.cancel_reason.startswith("unloaded"):
-                error = ModelUnloaded(f"{self.name} was unloaded while this request ran; "
-                                      f"{len(gen)} tokens were generated before it stopped.")
-            else:
-                error = Cancelled(f"Generation cancelled after {len(gen)} tokens.")
-            error.partial = result  # nothing is lost: the text so far travels with the error
-        job.stream._finish(result if error is None else None, error)
+        gen = job.seq[len(job.prompt_tokens):]
+        job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
+                             n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
+                             t_first=job.t_first, t_last=job.t_last)
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:

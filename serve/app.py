@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import hmac
+import contextlib
 import json
 import logging
 import threading
@@ -29,21 +29,24 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
+from ..runtime.generation import (MAX_STOP_STRINGS, ConfidenceConfig, GenerationResult, GenerationStream,
+                                  SamplingParams, TokenEvent, check_stops)
+from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime.options import LoadSpec
+from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
+from .disconnect import on_disconnect
 
 log = logging.getLogger("a3b.serve")
 
 #: Largest request body read (a chat with a long context is well below it).
 MAX_BODY = 16 << 20
 DEFAULT_MAX_TOKENS = 512
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @dataclass
@@ -69,8 +72,20 @@ def model_id(spec: LoadSpec) -> str:
 
 
 # -- errors ------------------------------------------------------------------------------------------
+#: Longest error message sent back: messages quote what the client sent, which may be megabytes.
+MAX_MESSAGE = 2000
+
+
+def shown(value: Any, limit: int = 100) -> str:
+    """A value the client sent, quoted for a message and cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def error(status: int, message: str, code: str = "invalid_request_error", kind: str = "invalid_request_error",
           headers: dict[str, str] | None = None) -> JSONResponse:
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + "..."
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status,
                         headers=headers)
 
@@ -105,20 +120,19 @@ class Guard:
         cfg = self.cfg
         if cfg.loopback:
             host = headers.get("host", "")
-            name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-            if name.lower() not in LOOPBACK_HOSTS:
-                return error(403, f"Host {host!r} refused: this server listens on the loopback only.",
+            if not host_header_ok(host):
+                return error(403, f"Host {host[:100]!r} refused: this server listens on the loopback only.",
                              "host_not_allowed")
         origin = headers.get("origin")
-        if origin is not None and origin not in cfg.origins:
-            return error(403, f"Origin {origin!r} refused: browser pages may call this server only when it is "
+        if not origin_ok(origin, cfg.origins):
+            return error(403, f"Origin {origin[:100]!r} refused: browser pages may call this server only when it is "
                               "started with --allow-origin for them.", "origin_not_allowed")
         if scope["method"] == "OPTIONS" and origin is not None:
             return None   # a CORS preflight of an allowed Origin: it carries no credentials
         if cfg.token:
             auth = headers.get("authorization", "")
             scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), cfg.token.encode()):
+            if scheme.lower() != "bearer" or not token_ok(cfg.token, given.strip()):
                 return error(401, "A valid bearer token is required (Authorization: Bearer TOKEN).",
                              "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
         return None
@@ -138,6 +152,8 @@ async def read_json(request: Request) -> dict:
         body = json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequest(f"The request body is not JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply to read.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return body
@@ -179,9 +195,9 @@ def stops_of(body: dict) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest("stop must be a string or a list of at most 16 strings.")
-    return tuple(s for s in stop if s)
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings.")
+    return check_stops(s for s in stop if s)
 
 
 def messages_of(body: dict) -> list[dict[str, str]]:
@@ -232,14 +248,14 @@ class Inbox:
         self.items.append(item)
         self._ready.set()
 
-    async def wait(self, timeout: float) -> None:
-        """Until an item is there; asyncio.TimeoutError after `timeout` seconds without one."""
+    async def wait(self) -> None:
+        """Until an item is there (the stream's end always puts one)."""
         while not self.items:
             self._ready.clear()
-            await asyncio.wait_for(self._ready.wait(), timeout)
+            await self._ready.wait()
 
-    async def get(self, timeout: float):
-        await self.wait(timeout)
+    async def get(self):
+        await self.wait()
         return self.items.popleft()
 
 
@@ -252,7 +268,8 @@ class Api:
         name = body.get("model")
         if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
             return self.cfg.spec
-        raise ModelNotFound(f"This server does not serve {name!r}; it serves {self.cfg.model_id!r} (GET /v1/models).")
+        raise ModelNotFound(f"This server does not serve {shown(name)}; it serves {self.cfg.model_id!r} "
+                            "(GET /v1/models).")
 
     # -- plain endpoints --------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -298,27 +315,49 @@ class Api:
         gone = threading.Event()
 
         def run():
-            return self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            vecs = self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            try:
+                n_tok = sum(len(self.rt.tokenize(t, model=spec)) for t in texts)
+            except A3BError:   # an engine that cannot tokenize (a remote server without /tokenize)
+                n_tok = sum(-(-len(t) // 4) for t in texts)
+            return vecs, n_tok
+
+        def left() -> None:   # the work ends between two packs, with Cancelled
+            self.cfg.stats["disconnects"] += 1
+            gone.set()
 
         task = asyncio.get_running_loop().run_in_executor(None, run)
-        vecs = await self._until_done(request, task, gone.set)
-        n_tok = sum(len(t) for t in texts) // 4
+        async with on_disconnect(request, left):
+            vecs, n_tok = await task
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
                  else [float(x) for x in v]} for i, v in enumerate(vecs)]
         return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
                              "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
 
-    async def _until_done(self, request: Request, fut, on_disconnect: Callable[[], None]):
-        """Await `fut`, calling on_disconnect (and going on waiting for the cancelled work to end)
-        if the client goes away meanwhile."""
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.25)
-            if done:
-                return fut.result()
-            if await request.is_disconnected():
+    @contextlib.asynccontextmanager
+    async def _watched(self, request: Request, stream: GenerationStream,
+                       deadline_s: float | None) -> AsyncIterator[None]:
+        """While the block runs, the client leaving cancels the stream at once (between two tokens
+        in the scheduler), and so does the end of `deadline_s` (llama-server's t_max_predict_ms)."""
+        left = False
+
+        def gone() -> None:
+            nonlocal left
+            if not left and not stream.done:
+                left = True
                 self.cfg.stats["disconnects"] += 1
-                on_disconnect()
+                stream.cancel("client disconnected")
+
+        timer = (asyncio.get_running_loop().call_later(deadline_s, stream.cancel, "time limit")
+                 if deadline_s else None)
+        try:
+            async with on_disconnect(request, gone):
+                yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+            gone()   # still running: the client left, or the server stops (this task was cancelled)
 
     # -- generation -------------------------------------------------------------------------------
     async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
@@ -339,9 +378,12 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        msgs = messages_of(body)
+        variables = body.get("chat_template_kwargs") or {}
+        if not isinstance(variables, dict):
+            raise InvalidRequest("chat_template_kwargs must be an object of template variables.")
+        prompt = ChatPrompt(messages_of(body), variables=variables)
         return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            model=spec, messages=msgs, on_token=on_token, **common))
+            prompt, model=spec, on_token=on_token, **common))
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -349,14 +391,13 @@ class Api:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            tokens: list[int] | None = prompt
-            prompt = ""
+            typed: TextPrompt | TokenPrompt = TokenPrompt(tuple(prompt))
         elif isinstance(prompt, str) and prompt:
-            tokens = None
+            typed = TextPrompt(prompt)
         else:
             raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
         return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common))
+            typed, model=spec, on_token=on_token, **common))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
         n = body.get("n", 1)
@@ -383,20 +424,9 @@ class Api:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
-        t_end = time.monotonic() + deadline_s if deadline_s else None
-        while True:
-            try:
-                ev = q.items.popleft() if q.items else await q.get(0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cfg.stats["disconnects"] += 1
-                    stream.cancel("client disconnected")
-                if t_end is not None and time.monotonic() > t_end:
-                    stream.cancel("time limit")
-                continue
-            if ev is None:
-                break
-            events.append(ev)
+        async with self._watched(request, stream, deadline_s):
+            while (ev := q.items.popleft() if q.items else await q.get()) is not None:
+                events.append(ev)
         res = self._result(stream)
         return JSONResponse(self._final(kind, rid, res, events))
 
@@ -413,22 +443,13 @@ class Api:
     async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
                    include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
         created = int(time.time())
-        t_end = time.monotonic() + deadline_s if deadline_s else None
         offset = 0
-        try:
+        async with self._watched(request, stream, deadline_s):
             if kind == "chat":
                 yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
             ended = False
             while not ended:
-                if not q.items:   # wait_for costs a task per call: only when there is nothing to send
-                    try:
-                        await q.wait(0.25)
-                    except asyncio.TimeoutError:
-                        if await request.is_disconnected():
-                            raise ConnectionError("client disconnected") from None
-                        if t_end is not None and time.monotonic() > t_end:
-                            stream.cancel("time limit")
-                        continue
+                await q.wait()
                 out = b""
                 while q.items:   # everything that is ready goes out in one write
                     ev = q.items.popleft()
@@ -457,10 +478,6 @@ class Api:
                                    "usage": self._usage(res)})
             if kind != "infill":
                 yield b"data: [DONE]\n\n"
-        finally:
-            if not stream.done:   # the client went away (or the server stops): stop between two tokens
-                self.cfg.stats["disconnects"] += 1
-                stream.cancel("client disconnected")
 
     @staticmethod
     def _event(obj: dict) -> bytes:
@@ -547,10 +564,11 @@ class Api:
         if body.get("n_predict") is None and body.get("max_tokens") is None:
             body = {**body, "n_predict": 128}
 
+        prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
+                              tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
+
         def submit(spec, common, on_token):
-            tokens = infill_tokens(self.rt.load(spec), parts["input_prefix"], parts["input_suffix"], parts["prompt"],
-                                   extra, common["max_tokens"])
-            return self.rt.submit(model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common)
+            return self.rt.submit(prompt, model=spec, on_token=on_token, **common)
 
         return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
 
@@ -564,25 +582,9 @@ class Api:
                             "predicted_ms": res.decode_time * 1000, "predicted_per_second": res.tokens_per_second}}
 
 
-def infill_tokens(m, prefix: str, suffix: str, prompt: str, extra: list[dict], n_predict: int) -> list[int]:
-    """A fill-in-the-middle prompt as llama-server builds one: the extra chunks before the prefix,
-    the suffix after the FIM suffix token, the text typed on the cursor's line after the FIM middle
-    token; cut to the context (the suffix to a quarter of the room, the prefix from the start)."""
-    v, st = m.vocab, m.info.special_tokens
-    tok = lambda text: v.tokenize(text, add_bos=False, special=False) if text else []   # noqa: E731
-    room = max(16, m.n_ctx_seq - n_predict - 4)
-    extra_text = "".join(c.get("text", "") + ("" if c.get("text", "").endswith("\n") else "\n") for c in extra)
-    head = tok(prompt)
-    pre = tok(extra_text + prefix)
-    bos = [v.bos] if v.add_bos and v.bos >= 0 else []
-    if min(st.get("fim_pre", -1), st.get("fim_suf", -1), st.get("fim_mid", -1)) < 0:
-        # no FIM tokens in this model: complete the prefix
-        body = (pre + head)[-(room - len(bos)):]
-        return bos + body
-    suf = tok(suffix)[:room // 4]
-    keep = max(0, room - len(bos) - len(suf) - len(head) - 3)
-    pre = pre[-keep:] if keep else []
-    return bos + [st["fim_pre"]] + pre + [st["fim_suf"]] + suf + [st["fim_mid"]] + head
+def _client(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "a client"
 
 
 def create_app(cfg: ServeConfig) -> Any:
@@ -597,6 +599,10 @@ def create_app(cfg: ServeConfig) -> Any:
             except A3BError as e:
                 cfg.stats["errors"] += 1
                 return a3b_error(e)
+            except ClientDisconnect:   # it left while sending its body: nobody reads an answer
+                cfg.stats["disconnects"] += 1
+                log.info("%s left while sending its request to %s", _client(request), request.url.path)
+                return Response(status_code=499)
             except (ValueError, TypeError, KeyError) as e:
                 cfg.stats["errors"] += 1
                 log.warning("bad request to %s: %s", request.url.path, e)

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tinygguf helpers
 
+from serve_helpers import client, server  # noqa: E402, F401  (the fake-model server of the serve tests)
 from tinygguf import write_tiny_gguf  # noqa: E402
 
 

@@ -1,9 +1,11 @@
 """A small fake engine at the runtime's engine seam (runtime/engine.py), for the fast test tier.
 
-Everything above the seam is real: the Runtime, the model store, the worker thread, the scheduling
-policy, streams, stop strings, confidence spans, the nodes and the language server. Only the model is
-fake: a byte-level vocabulary and a deterministic "language model" whose next token is a function of
-the sequence so far, so tests know exactly what a request must produce.
+Its `open_model` returns the real in-process Model, worker.LoadedModel, over a fake Backend, so
+everything above the backend is real: the Runtime, the model store, the worker thread, the
+scheduling policy, prompt rendering (chat templates, fill-in-the-middle), streams, stop strings,
+confidence spans, the nodes and the language server. Only the model is fake: a byte-level
+vocabulary and a deterministic "language model" whose next token is a function of the sequence so
+far, so tests know exactly what a request must produce.
 
 The fake also checks the worker's bookkeeping: every decode must continue each sequence's KV cache
 exactly where it stands (no gap, no overlap), and sampling reads the logits of the rows the step
@@ -31,8 +33,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from comfyui_a3b.runtime.engine import DecodeFailed, ModelInfo, register_engine
+from comfyui_a3b.runtime.engine import DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
+from comfyui_a3b.runtime.worker import LoadedModel
 
 BOS, EOS, EOT, FIM_PRE, FIM_SUF, FIM_MID = 0, 1, 2, 3, 4, 5
 OFFSET = 8                         # byte b is token OFFSET + b
@@ -41,7 +44,7 @@ N_EMBD = 32
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|eot|>": EOT}
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. "
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{{ '<|im_start|>assistant\\n' }}")
+          "{{ '<|im_start|>assistant\\n' }}{% if note is defined %}{{ note }}{% endif %}")
 
 
 @dataclass
@@ -131,7 +134,7 @@ class FakeWeights:
                               n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes, chat_template=CHATML,
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
-                              n_gpu_layers=settings.gpu_layers)
+                              n_gpu_layers=settings.gpu_layers if spec.n_gpu_layers == "auto" else spec.n_gpu_layers)
         self.freed = False
 
     def free(self) -> None:
@@ -249,7 +252,7 @@ class FakeBackend:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(Engine):
     name: str = "fake"
     loads: int = 0
     backends: list = field(default_factory=list)
@@ -259,7 +262,7 @@ class FakeEngine:
         FakeSettings.parse(spec.path)
 
     def weights_key(self, spec) -> tuple:
-        return (spec.path,)
+        return (spec.path, spec.n_gpu_layers)   # a copy per placement, as the llama.cpp engine keys them
 
     def file_bytes(self, spec) -> int:
         return 1 << 20
@@ -268,10 +271,10 @@ class FakeEngine:
         self.loads += 1
         return FakeWeights(spec, FakeSettings.parse(spec.path))
 
-    def open(self, weights: FakeWeights, spec) -> FakeBackend:
+    def open_model(self, weights: FakeWeights, spec) -> LoadedModel:
         b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
-        return b
+        return LoadedModel(weights, b, spec)
 
     def kv_bytes(self, weights, spec) -> int:
         return spec.n_ctx * spec.n_parallel * 64

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from comfyui_a3b.runtime import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, SamplingParams,
-                                 preset)
+from comfyui_a3b.runtime import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, ChatPrompt, ConfidenceConfig,
+                                 GenerationRequest, SamplingParams, TextPrompt, preset)
 from comfyui_a3b.runtime.errors import Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong
 
 pytestmark = pytest.mark.slow  # the real embedded model
@@ -25,7 +25,7 @@ def test_default_model_found_without_importing_its_package(default_path):
 
 def test_chat_template_comes_from_gguf(rt):
     m = rt.load()
-    text = rt.render_chat(m, [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    text = m.render_chat(ChatPrompt([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]))
     assert "<|im_start|>system\nS<|im_end|>" in text
     assert text.rstrip().endswith("<|im_start|>assistant")
 
@@ -223,7 +223,7 @@ def test_unload_while_running_fails_cleanly_and_frees(rt):
     assert ei.value.partial.n_tokens >= 3
     assert m.closed.is_set() and m.backend.ctx is None  # contexts freed
     with pytest.raises(ModelUnloaded):
-        m.submit(__import__("comfyui_a3b.runtime", fromlist=["GenerationRequest"]).GenerationRequest("hi"))
+        m.submit(GenerationRequest(TextPrompt("hi")))
     # a fresh load works
     assert rt.generate("Hi", model=spec, max_tokens=2, sampling=GREEDY).n_tokens >= 1
 
