@@ -205,6 +205,17 @@ def test_prompt_tokens_are_counted_by_the_server(server, rt, remote_env):
     assert _metric(server, "tokens_predicted_total") == predicted
 
 
+def test_props_give_the_slot_context_and_whether_the_model_fills_in(server, fim_server, rt, remote_env):
+    """/props: the context of one slot (the budget of every request), and /infill where the model
+    has FIM tokens only (llama-server has the endpoint for every model, answering 501 without)."""
+    plain, fim = rt.load(rt.spec(server.url, n_ctx=8192)), rt.load(rt.spec(fim_server.url, n_ctx=8192))
+    assert plain.n_ctx_seq == SLOT_CTX and fim.n_ctx_seq == 2048
+    assert plain.features["server"] == fim.features["server"] == "llama-server"
+    assert fim.supports_fim and not plain.supports_fim
+    assert plain.features["tokenize"] == "/tokenize" and plain.tokenize("Paris") == \
+        server.post("/tokenize", {"content": "Paris"})["tokens"]
+
+
 def test_wrong_api_key(server, rt, remote_env, monkeypatch):
     from comfyui_a3b.runtime import RemoteAuthFailed
 

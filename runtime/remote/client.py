@@ -136,10 +136,10 @@ class Client:
         """The JSON answer, or None when the server does not have this endpoint (or not in this shape)."""
         return self.request("POST", path, body, root=root, missing_ok=True)
 
-    def status(self, path: str, root: bool = False) -> int:
-        """The HTTP status of GET `path` (its body is not read)."""
+    def status(self, path: str, root: bool = False, body: dict | None = None) -> int:
+        """The HTTP status of GET `path`, or of POST `body` to it (the answer's body is not read)."""
         try:
-            with self.http.stream("GET", self.url(path, root)) as r:
+            with self.http.stream("GET" if body is None else "POST", self.url(path, root), json=body) as r:
                 return r.status_code
         except httpx.HTTPError as e:
             raise self.unreachable(e) from None
