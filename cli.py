@@ -9,8 +9,8 @@ runtime error (`A3BError`), printed as one line `a3b: error: ...`; 1 when a chec
 of an architecture llama.cpp does not know, `doctor`) and for anything else, which is a bug and
 prints its traceback; 130 after Ctrl-C.
 
-Every default and choice list in the help comes from where the runtime and the pruning tool define
-it (PRESETS, ConfidenceConfig, LoadSpec, the lists in runtime/options.py, PruneConfig), so the help
+Every option the runtime takes is added from its declaration in runtime/options.py (its type or
+choices, default and help), and the pruning tool's defaults come from PruneConfig, so the help
 cannot drift from what a command does.
 """
 from __future__ import annotations
@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from . import cliwords
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
+from .runtime import options as opt
 from .runtime.generation import PRESETS, ConfidenceConfig
-from .runtime.options import CTX_POLICIES, POOLINGS, LoadSpec
+from .runtime.options import add_argument
 
 DESCRIPTION = ("One local GGUF model for ComfyUI and your editor: generate and embed text with it, inspect and "
                "verify GGUF files, check the installation, run the language server, and A3B-prune a model.")
@@ -53,30 +54,15 @@ SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """The model and its load options; the defaults are LoadSpec's."""
+    """The model and its load options, as runtime/options.py declares them."""
     p.add_argument("--model", "-m", default=None,
                    help="GGUF path, a name in ComfyUI's models/LLM or $A3B_MODELS, or an OpenAI-compatible "
                         "server's URL http(s)://HOST:PORT/v1[#MODEL] (API key: $A3B_REMOTE_API_KEY) "
                         "(default: the embedded SmolLM2-135M)")
-    p.add_argument("--n-ctx", type=int, default=LoadSpec.n_ctx, metavar="N",
-                   help="context tokens per request: prompt and answer together")
-    p.add_argument("--threads", type=int, default=LoadSpec.n_threads, metavar="N",
-                   help="CPU threads; 0 = automatic (half the cores for decoding, all for prompts)")
-    p.add_argument("--n-gpu-layers", type=_gpu_layers, default=LoadSpec.n_gpu_layers, metavar="N|auto",
-                   help="layers offloaded to a GPU: auto = as many as fit in the free GPU memory (0 without a GPU), "
-                        "0 = CPU only, -1 = all, N = the last N layers")
-    p.add_argument("--ctx-policy", choices=CTX_POLICIES, default=LoadSpec.ctx_policy,
-                   help="when --n-ctx exceeds the model's trained context: load and log a warning (warn), "
-                        "or stop with an error (refuse)")
-
-
-def _gpu_layers(text: str) -> int | str:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer count or 'auto', got {text!r}") from None
+    add_argument(p, opt.N_CTX, metavar="N")
+    add_argument(p, opt.N_THREADS, "--threads", metavar="N")
+    add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
+    add_argument(p, opt.CTX_POLICY)
 
 
 def _spec(rt, args):
@@ -342,27 +328,16 @@ def _add_generate(sub) -> None:
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
     g.add_argument("--template", default=None, metavar="NAME",
                    help="llama.cpp chat template name, e.g. chatml (default: the model's own template)")
-    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate")
+    add_argument(g, opt.MAX_TOKENS, metavar="N")
     g.add_argument("--preset", choices=list(PRESETS), default="default",
                    help="sampling preset; its values are listed below")
-    sampling = {"temperature": (float, "T", "sampling temperature; 0 = always the likeliest token"),
-                "top_p": (float, "P", "nucleus sampling: the smallest set of tokens whose probabilities sum to P"),
-                "top_k": (int, "K", "sample among the K likeliest tokens (0 = off)"),
-                "min_p": (float, "P", "drop tokens below P times the likeliest token's probability"),
-                "repeat_penalty": (float, "R", "penalty on recently seen tokens (1 = off)")}
-    for opt in SAMPLING_OPTIONS:
-        kind, metavar, text = sampling[opt]
-        g.add_argument("--" + opt.replace("_", "-"), type=kind, default=None, metavar=metavar,
-                       help=f"{text} (default: the preset's value)")
-    g.add_argument("--seed", type=int, default=None, metavar="N",
-                   help="sampler seed: the same seed and settings give the same text "
-                        "(default: a fresh seed per run, printed at the end)")
+    for name in SAMPLING_OPTIONS:
+        add_argument(g, opt.SAMPLING_OPTIONS[name], default=None, default_text="the preset's value")
+    add_argument(g, opt.SEED, metavar="N", default_text="a fresh seed per run, printed at the end")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop before this text (repeatable; default: none)")
-    g.add_argument("--entropy-threshold", type=float, default=ConfidenceConfig.threshold, metavar="NATS",
-                   help="entropy of the next-token distribution above which a token is low-confidence")
-    g.add_argument("--entropy-run", type=int, default=ConfidenceConfig.min_run, metavar="N",
-                   help="consecutive low-confidence tokens that make a low-confidence span")
+    add_argument(g, opt.THRESHOLD, "--entropy-threshold", metavar="NATS")
+    add_argument(g, opt.MIN_RUN, "--entropy-run", metavar="N")
     g.add_argument("--mark-low-confidence", action="store_true",
                    help="after the streamed text, print it again with a verification marker before "
                         "each low-confidence span")
@@ -378,7 +353,7 @@ def _add_embed(sub) -> None:
     _add_model_args(e)
     e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file, - for standard "
                                                  "input (default: none)")
-    e.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token vectors become one vector")
+    add_argument(e, opt.POOLING)
     e.add_argument("--no-normalize", action="store_true", help="keep the vectors' lengths instead of scaling them to 1")
     e.add_argument("--npy", metavar="FILE",
                    help="write a float32 .npy array, one row per text, instead of JSON (default: JSON on stdout)")
@@ -426,9 +401,8 @@ def _add_lsp(sub) -> None:
                            "(default: --stdio)")
     mode.add_argument("--ws", type=_address, metavar="HOST:PORT",
                       help="listen for editors over WebSocket on a loopback address (default: --stdio)")
-    lsp.add_argument("--token", default=None,
-                     help="shared secret TCP/WebSocket clients must send (default: $A3B_LSP_TOKEN; "
-                          "without either, any local user can connect)")
+    add_argument(lsp, opt.LSP_TOKEN, default_text=f"${opt.LSP_TOKEN.env}; without either, any local user can "
+                 "connect")
     lsp.add_argument("--model", "-m", default=None,
                      help="model for editors whose settings name none (default: the embedded SmolLM2-135M)")
     lsp.set_defaults(func=cmd_lsp)
@@ -443,11 +417,9 @@ def _add_serve(sub) -> None:
     sv.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                     help="address to listen on; a non-loopback host needs --token")
     _add_model_args(sv)
-    sv.add_argument("--parallel", type=int, default=None, metavar="N",
-                    help=f"sequence slots: requests decoded together (default: {LoadSpec.n_parallel})")
-    sv.add_argument("--token", default=None,
-                    help="bearer token every request must carry (default: $A3B_SERVE_TOKEN; without either, "
-                         "any local user can connect)")
+    add_argument(sv, opt.N_PARALLEL, "--parallel", metavar="N")
+    add_argument(sv, opt.SERVE_TOKEN, default_text=f"${opt.SERVE_TOKEN.env}; without either, any local user can "
+                 "connect")
     sv.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                     help="a browser Origin allowed to call the server, e.g. http://localhost:3000 (repeatable; "
                          "default: none, every browser page is refused)")

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 from pygls.exceptions import JsonRpcException
 
+from ..runtime.environment import env_number
 from ..runtime.netguard import is_loopback, origin_ok, token_ok
 from .engine import Engine
 from .pygls_compat import pending_requests, send_raw
@@ -42,19 +43,12 @@ SERVER_NOT_INITIALIZED = -32002
 INVALID_REQUEST = -32600
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 #: TCP/WebSocket limits: connections served at once, seconds a new connection has to send
 #: `initialize`, and seconds an initialized connection may stay silent (0 = no limit). An editor
 #: that is merely idle sends nothing for a long while, hence the generous default.
-MAX_CONNECTIONS = int(_env_float("A3B_LSP_MAX_CLIENTS", 32))
-INIT_TIMEOUT_S = _env_float("A3B_LSP_INIT_TIMEOUT_S", 30)
-IDLE_TIMEOUT_S = _env_float("A3B_LSP_IDLE_TIMEOUT_S", 6 * 3600)
+MAX_CONNECTIONS = env_number("A3B_LSP_MAX_CLIENTS", int)
+INIT_TIMEOUT_S = env_number("A3B_LSP_INIT_TIMEOUT_S")
+IDLE_TIMEOUT_S = env_number("A3B_LSP_IDLE_TIMEOUT_S")
 
 
 def _is_notification(method: str) -> bool:

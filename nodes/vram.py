@@ -29,12 +29,13 @@ import threading
 from typing import Any
 
 from ..runtime import LoadSpec, get_runtime
+from ..runtime.environment import VARIABLES, env
 
 log = logging.getLogger("a3b.vram")
 
 ENV = "A3B_VRAM_POLICY"
 POLICIES = ("offload", "resident", "unload-after-run")
-DEFAULT_POLICY = "offload"
+DEFAULT_POLICY = VARIABLES[ENV].default
 
 _lock = threading.Lock()
 
@@ -57,7 +58,7 @@ REGISTRY = _Registry()
 
 
 def policy() -> str:
-    value = os.environ.get(ENV, DEFAULT_POLICY).strip().lower()
+    value = env(ENV).strip().lower()
     if value not in POLICIES:
         log.warning("%s=%r is not one of %s; using %s", ENV, value, ", ".join(POLICIES), DEFAULT_POLICY)
         return DEFAULT_POLICY

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
-from .options import check_finite
+from .options import CONFIDENCE_OPTIONS, SAMPLING_OPTIONS, check_fields
 from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
 from .pieces import PieceText
 from .stops import StopMatcher
@@ -49,36 +49,19 @@ def check_stops(stop) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.4
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    repeat_last_n: int = 64
+    """How the next token is drawn. Each field's meaning, default and bounds: its Option in options.py."""
+
+    temperature: float = SAMPLING_OPTIONS["temperature"].default
+    top_p: float = SAMPLING_OPTIONS["top_p"].default
+    top_k: int = SAMPLING_OPTIONS["top_k"].default
+    min_p: float = SAMPLING_OPTIONS["min_p"].default
+    repeat_penalty: float = SAMPLING_OPTIONS["repeat_penalty"].default
+    repeat_last_n: int = SAMPLING_OPTIONS["repeat_last_n"].default
     #: None draws a fresh seed per request (recorded in the result); an int is passed to the sampler.
-    seed: int | None = None
+    seed: int | None = SAMPLING_OPTIONS["seed"].default
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
-            check_finite(name, getattr(self, name))
-        for name in ("top_k", "repeat_last_n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidRequest(f"{name} must be an integer, got {v!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequest(f"seed must be an integer or None, got {self.seed!r}")
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise InvalidRequest(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise InvalidRequest(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise InvalidRequest(f"seed must be in [0, 2**32), got {self.seed}")
+        check_fields(self, SAMPLING_OPTIONS)
 
 
 #: Sampling presets. "code" follows the usual advice for code models: low temperature (0.2-0.35)
@@ -109,10 +92,13 @@ class ConfidenceConfig:
     """
 
     enabled: bool = True
-    threshold: float = 2.1
-    min_run: int = 5
+    threshold: float = CONFIDENCE_OPTIONS["threshold"].default
+    min_run: int = CONFIDENCE_OPTIONS["min_run"].default
     insert_marker: bool = False
     marker: str = DEFAULT_MARKER
+
+    def validate(self) -> None:
+        check_fields(self, CONFIDENCE_OPTIONS)
 
 
 @dataclass

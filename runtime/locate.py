@@ -9,6 +9,7 @@ import importlib.metadata
 import os
 from pathlib import Path
 
+from .environment import env_paths
 from .errors import ModelNotFound, PathNotAllowed
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,7 +56,7 @@ def add_model_dir(path: str | os.PathLike) -> None:
 def model_dirs() -> list[Path]:
     """Folders searched for models by name, in order: registered folders, then $A3B_MODELS."""
     dirs = list(_extra_dirs)
-    for part in os.environ.get("A3B_MODELS", "").split(os.pathsep):
+    for part in env_paths("A3B_MODELS"):
         if part:
             p = Path(part).expanduser().resolve()
             if p not in dirs:

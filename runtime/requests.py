@@ -24,13 +24,13 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams, check_stops
-from .options import check_finite
+from .options import LOGPROBS, MAX_TOKENS, check
 from .scheduler import PRIORITY_BATCH
 
 Message = dict[str, str]
 
-#: Tokens generated when a caller does not say.
-DEFAULT_MAX_TOKENS = 512
+#: Tokens generated when a caller does not say (the max_tokens option's default).
+DEFAULT_MAX_TOKENS = MAX_TOKENS.default
 
 #: Names a chat template is already given: template variables may not replace them.
 RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
@@ -179,17 +179,10 @@ class GenerationRequest:
             raise InvalidRequest(f"The prompt must be a TextPrompt, TokenPrompt, ChatPrompt or InfillPrompt, "
                                  f"got {type(self.prompt).__name__}.")
         self.prompt.check()
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check(MAX_TOKENS, self.max_tokens)
         check_stops(self.stop)
-        check_finite("confidence threshold", self.confidence.threshold)
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= 20):
-            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
-        if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
-            raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
+        check(LOGPROBS, self.logprobs)
+        self.confidence.validate()
         self.sampling.validate()
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .engine import Engine, Model, Weights, engine_for
+from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
 from .options import LoadSpec
@@ -75,8 +75,8 @@ class _Todo:
 
 class ModelStore:
     def __init__(self, budget_bytes: int | None = None):
-        env = os.environ.get("A3B_MEMORY_BUDGET_MB")
-        self.budget_bytes = budget_bytes if budget_bytes is not None else (int(env) << 20 if env else None)
+        mib = env_number("A3B_MEMORY_BUDGET_MB", int) if budget_bytes is None else None
+        self.budget_bytes = budget_bytes if budget_bytes is not None else (mib << 20 if mib is not None else None)
         self._lock = threading.RLock()
         self._entries: OrderedDict[LoadSpec, _Entry] = OrderedDict()
         self._weights: dict[tuple, Weights] = {}

@@ -42,13 +42,17 @@ from pathlib import Path
 
 from .errors import CorruptGGUF
 from .gguf_info import scan_header
-from .options import cache_root, switched_off
+from .environment import env_number, env_on
+from .options import cache_root
 
 log = logging.getLogger("a3b.vet")
 
-#: Files larger than this are loaded but not decoded by the vetting child (a decode reads every
-#: weight, which for a large model costs seconds of disk reads); override with A3B_VET_DECODE_MAX_GB.
-DECODE_MAX_BYTES = int(float(os.environ.get("A3B_VET_DECODE_MAX_GB", "4")) * (1 << 30))
+
+def decode_max_bytes() -> int:
+    """Files larger than this are loaded but not decoded by the vetting child (a decode reads every
+    weight, which for a large model costs seconds of disk reads): A3B_VET_DECODE_MAX_GB."""
+    return int(env_number("A3B_VET_DECODE_MAX_GB") * (1 << 30))
+
 
 _lock = threading.Lock()
 _server: subprocess.Popen | None = None
@@ -61,7 +65,7 @@ REBUILD_HINT = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
 
 
 def enabled() -> bool:
-    return not switched_off(os.environ.get("A3B_VET", "on"))
+    return env_on("A3B_VET")
 
 
 def _key(path: Path) -> tuple:
@@ -94,7 +98,7 @@ def repack_allowed() -> bool:
     """False where llama.cpp's CPU repacking crashed with this build on this processor (see the
     module docstring) or `A3B_CPU_REPACK=off`; loads then keep the weights in the file's layout.
     Not known yet for this build: learnt once from the embedded model in the vetting server."""
-    if switched_off(os.environ.get("A3B_CPU_REPACK", "on")):
+    if not env_on("A3B_CPU_REPACK"):
         return False
     # also with A3B_VET=off: that trusts the files, and a broken build crashes on every trusted file
     with _lock:
@@ -167,7 +171,7 @@ def _ask(path: Path, size: int, repack: bool = True) -> dict:
     for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
-        req = {"path": str(path), "decode": size <= DECODE_MAX_BYTES, "repack": repack,
+        req = {"path": str(path), "decode": size <= decode_max_bytes(), "repack": repack,
                "timeout": 120 + 10 * size / (1 << 30), "mem_limit": size + (4 << 30) + size // 4}
         try:
             _server.stdin.write(json.dumps(req) + "\n")
@@ -186,7 +190,7 @@ def _ask_repack_aware(p: Path, size: int) -> dict:
     again without it, and if that works, repacking is marked broken for this build (module docstring)."""
     build = _build_key()
     known = VERDICTS.get(build, {}).get("repack")
-    decode = size <= DECODE_MAX_BYTES
+    decode = size <= decode_max_bytes()
     if known is None and not decode:
         _learn_repack(p)   # the decode that would show it is skipped for this file: learn it elsewhere
         known = VERDICTS.get(build, {}).get("repack")
@@ -228,7 +232,7 @@ def _learn_repack(p: Path | None) -> None:
         if canary is None or (p is not None and Path(p).resolve() == canary):
             return
         size = canary.stat().st_size
-        if size <= DECODE_MAX_BYTES:
+        if size <= decode_max_bytes():
             _ask_repack_aware(canary, size)
     except (OSError, ValueError) as e:  # no child process here: the file is vetted as before
         log.debug("could not learn whether CPU repacking works: %s", e)

@@ -13,19 +13,19 @@ is one line on the logger `a3b.serve.access` (accesslog.py) unless `access_log` 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
 from typing import Any
 
+from ..runtime.environment import env
 from ..runtime.errors import InvalidRequest
 from ..runtime.netguard import check_token, is_loopback
-from ..runtime.options import LoadSpec
+from ..runtime.options import SERVE_TOKEN, LoadSpec
 
 log = logging.getLogger("a3b.serve")
 
-TOKEN_ENV = "A3B_SERVE_TOKEN"
+TOKEN_ENV = SERVE_TOKEN.env
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -47,7 +47,7 @@ class Server:
         from .accesslog import AccessLog
         from .app import ServeConfig, create_app, model_id
 
-        token = check_token(token or os.environ.get(TOKEN_ENV), f"--token or {TOKEN_ENV}")
+        token = check_token(token or env(TOKEN_ENV), f"--token or {TOKEN_ENV}")
         if not is_loopback(host) and not token:
             raise InvalidRequest(f"Listening on {host} (not the loopback) needs a token: give --token or set "
                                  f"{TOKEN_ENV}, so that only your clients can use the model.")

@@ -38,7 +38,8 @@ from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound,
 from ..runtime.generation import (MAX_STOP_STRINGS, ConfidenceConfig, GenerationResult, GenerationStream,
                                   SamplingParams, TokenEvent, check_stops)
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
-from ..runtime.options import LoadSpec
+from ..runtime import options as opt
+from ..runtime.options import LoadSpec, Option, check, wrap_seed
 from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
 from .disconnect import on_disconnect
 
@@ -46,7 +47,6 @@ log = logging.getLogger("a3b.serve")
 
 #: Largest request body read (a chat with a long context is well below it).
 MAX_BODY = 16 << 20
-DEFAULT_MAX_TOKENS = 512
 
 
 @dataclass
@@ -159,15 +159,14 @@ async def read_json(request: Request) -> dict:
     return body
 
 
-def _int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    v = body.get(name, default)
+def _int(body: dict, name: str, option: Option, default: int | None = None) -> int | None:
+    """body[name] as `option` takes it (a float with an integer value counts), or `default` when absent."""
+    v = body.get(name)
     if v is None:
         return default
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InvalidRequest(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
-    return v
+    return check(option, v, name)
 
 
 def sampling_of(body: dict) -> SamplingParams:
@@ -180,10 +179,9 @@ def sampling_of(body: dict) -> SamplingParams:
         if v is not None:
             fields[name] = v
     if body.get("top_k") is not None:
-        fields["top_k"] = _int(body, "top_k", d.top_k, 0, 1 << 20)
+        fields["top_k"] = _int(body, "top_k", opt.TOP_K)
     if body.get("seed") is not None:
-        v = body["seed"]
-        fields["seed"] = v % (2**32) if isinstance(v, int) and not isinstance(v, bool) else v
+        fields["seed"] = wrap_seed(body["seed"])
     sp = SamplingParams(**{**d.__dict__, **fields})
     sp.validate()
     return sp
@@ -228,10 +226,10 @@ def logprobs_of(body: dict, chat: bool) -> int | None:
     if chat:
         if not body.get("logprobs"):
             return None
-        return _int(body, "top_logprobs", 0, 0, 20)
+        return _int(body, "top_logprobs", opt.LOGPROBS, 0)
     if body.get("logprobs") is None or body.get("logprobs") is False:
         return None
-    return _int(body, "logprobs", 0, 0, 20)
+    return _int(body, "logprobs", opt.LOGPROBS, 0)
 
 
 # -- the application --------------------------------------------------------------------------------
@@ -404,11 +402,11 @@ class Api:
         if n != 1:
             raise InvalidRequest("n must be 1: one choice per request.")
         max_tokens = _int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-                          None, 1, 1 << 20)
+                          opt.MAX_TOKENS)
         if body.get("n_predict") is not None and max_tokens is None:
-            max_tokens = _int(body, "n_predict", None, -1, 1 << 20)
+            max_tokens = _int(body, "n_predict", opt.N_PREDICT)
             max_tokens = None if max_tokens in (-1, 0) else max_tokens
-        return dict(max_tokens=min(max_tokens or DEFAULT_MAX_TOKENS, spec.n_ctx), sampling=sampling_of(body),
+        return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
                     confidence=ConfidenceConfig(enabled=True))
 
@@ -560,9 +558,9 @@ class Api:
         deadline = body.get("t_max_predict_ms")
         deadline_s = None
         if deadline is not None:
-            deadline_s = _int(body, "t_max_predict_ms", 0, 0, 10**7) / 1000.0 or None
+            deadline_s = _int(body, "t_max_predict_ms", opt.T_MAX_PREDICT_MS) / 1000.0 or None
         if body.get("n_predict") is None and body.get("max_tokens") is None:
-            body = {**body, "n_predict": 128}
+            body = {**body, "n_predict": opt.INFILL_N_PREDICT.default}
 
         prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
                               tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
