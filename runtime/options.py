@@ -33,6 +33,49 @@ KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16", "q5_0", "q5_1", "q4_1")
 CTX_POLICIES = ("warn", "refuse")
 
 
+@dataclass(frozen=True)
+class Option:
+    """One request option as every surface shows it: its default, bounds or choices, and help."""
+
+    name: str
+    default: Any
+    help: str
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] = ()
+
+    def check_int(self, value: Any) -> int | None:
+        """`value` as this option's integer (None stays None), or InvalidRequest saying why not."""
+        if value is None:
+            return None
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
+            raise InvalidRequest(f"{self.name} must be an integer in {self.lo}..{self.hi} (or left out), "
+                                 f"got {value!r}")
+        return value
+
+    def check_choice(self, value: Any) -> str:
+        if value not in self.choices:
+            raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}; got {value!r}")
+        return value
+
+
+#: Options of thinking models and structured output (GenerationRequest reads its defaults here).
+THINKING = Option("thinking", "auto", "reasoning before the answer: auto = as the model's template does by "
+                  "default, on, off (off where the template has a switch; otherwise the block is closed as "
+                  "soon as it opens)", choices=("auto", "on", "off"))
+THINKING_MODES = THINKING.choices
+REASONING_BUDGET = Option("reasoning_budget", None, "most reasoning tokens; at the limit the reasoning block is "
+                          "closed and the model answers (0 = thinking off; default: no limit)", lo=0, hi=1 << 20)
+MAX_TOTAL_TOKENS = Option("max_total_tokens", None, "most tokens of reasoning and answer together (max_tokens "
+                          "counts the answer alone; default: the context is the limit)", lo=1, hi=1 << 20)
+JSON_SCHEMA = Option("json_schema", None, "a JSON schema the answer must follow (llama.cpp's grammar sampler; "
+                     "with thinking on it applies to the answer only)")
+SHOW_REASONING = Option("show_reasoning", False, "print the reasoning on stdout before the answer (default: "
+                        "dimmed on stderr)")
+
+
 def cache_root() -> Path:
     """Where re-encoded copies and pruned variants are cached: $A3B_CACHE, else the user's cache
     folder ($XDG_CACHE_HOME or ~/.cache) / comfyui-a3b. Created on first use by the callers."""
