@@ -38,6 +38,7 @@ from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound,
 from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
 from ..runtime.options import LoadSpec
 from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
+from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 
 log = logging.getLogger("a3b.serve")
 
@@ -340,12 +341,10 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        variables = body.get("chat_template_kwargs") or {}
-        if not isinstance(variables, dict):
-            raise InvalidRequest("chat_template_kwargs must be an object of template variables.")
-        prompt = ChatPrompt(messages_of(body), variables=variables)
+        variables, opts, tools = chat_options(body)
+        prompt = ChatPrompt(messages_with_tools(body, messages_of(body)), variables=variables, tools=tools)
         return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, on_token=on_token, **common))
+            prompt, model=spec, on_token=on_token, **common, **opts), out=ChatOutput(bool(tools)))
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -358,8 +357,9 @@ class Api:
             typed = TextPrompt(prompt)
         else:
             raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
+        opts = text_options(body)
         return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            typed, model=spec, on_token=on_token, **common))
+            typed, model=spec, on_token=on_token, **common, **opts))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
         n = body.get("n", 1)
@@ -375,14 +375,14 @@ class Api:
                     confidence=ConfidenceConfig(enabled=True))
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
-                        deadline_s: float | None = None) -> Response:
+                        deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
         spec = self.spec_for(body)
         common = self._common(body, kind == "chat", spec, priority)
         stream, q = await self._start(lambda on_token: submit(spec, common, on_token))
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s),
+            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
@@ -401,7 +401,7 @@ class Api:
                 break
             events.append(ev)
         res = self._result(stream)
-        return JSONResponse(self._final(kind, rid, res, events))
+        return JSONResponse(self._final(kind, rid, res, events, out))
 
     def _result(self, stream: GenerationStream) -> GenerationResult:
         try:
@@ -414,7 +414,8 @@ class Api:
             raise
 
     async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
-                   include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
+                   include_usage: bool, deadline_s: float | None, shape: ChatOutput | None = None
+                   ) -> AsyncIterator[bytes]:
         created = int(time.time())
         t_end = time.monotonic() + deadline_s if deadline_s else None
         offset = 0
@@ -438,7 +439,10 @@ class Api:
                     if ev is None:
                         ended = True
                         break
-                    if ev.text or ev.piece is not None:
+                    if shape is not None:
+                        out += b"".join(self._event(self._chunk(kind, rid, created, d, ev if "content" in d else None))
+                                        for d in shape.deltas(ev))
+                    elif ev.text or ev.piece is not None:
                         out += self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
                         offset += len(ev.text)
                 if out:
@@ -449,9 +453,15 @@ class Api:
                 self.cfg.stats["errors"] += 1
                 yield self._event({"error": {"message": str(e), "type": "server_error", "code": e.code}})
                 return
-            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, res.finish_reason)
+            finish = res.finish_reason
+            if shape is not None:
+                yield b"".join(self._event(self._chunk(kind, rid, created, d)) for d in shape.last_deltas())
+                finish = shape.finish(finish)
+            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, finish)
             if kind == "infill":
                 final.update(self._infill_tail(res))
+            if shape is not None and shape.extra(res):
+                final["a3b"] = shape.extra(res)
             yield self._event(final)
             if include_usage:
                 obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
@@ -513,14 +523,19 @@ class Api:
         return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
                 "total_tokens": res.n_prompt_tokens + res.n_tokens}
 
-    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent]) -> dict:
+    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent],
+               shape: ChatOutput | None = None) -> dict:
         extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
                          "time_to_first_token": res.time_to_first_token}}
         finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
         if kind == "infill":
             return {"content": res.text, "stop": True, "model": self.cfg.model_id, **self._infill_tail(res), **extra}
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "finish_reason": finish,
+            message, finish = shape.message(res) if shape is not None else ({"role": "assistant", "content": res.text},
+                                                                            finish)
+            finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish)
+            extra["a3b"].update(shape.extra(res) if shape is not None else {})
+            choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": self._chat_logprobs(events) if any(e.logprob is not None for e in events) else None}
             obj = "chat.completion"
         else:
