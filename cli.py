@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import cli_reasoning
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
@@ -155,13 +156,14 @@ def cmd_generate(args) -> int:
                             insert_marker=args.mark_low_confidence)
     t0 = time.perf_counter()
     stream = rt.submit(args.prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
-                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template)
-    out = sys.stdout
+                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template,
+                       **cli_reasoning.request_kwargs(args))
+    out, printer = sys.stdout, cli_reasoning.Printer(args.show_reasoning)
     try:
-        for chunk in stream.text_chunks():
+        for ev in stream:
             if not args.json:
-                out.write(chunk)
-                out.flush()
+                printer.event(ev)
+        printer.end()
         res = stream.result()
     except KeyboardInterrupt:
         stream.cancel()
@@ -177,7 +179,10 @@ def cmd_generate(args) -> int:
         print(f"[{res.n_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, time to first token "
               f"{res.time_to_first_token * 1000:.0f} ms, prompt {res.n_prompt_tokens} tokens, "
               f"seed {res.seed}, {res.finish_reason}, {len(res.spans)} low-confidence spans, "
-              f"total {total:.2f} s]", file=sys.stderr)
+              + (f"{res.n_reasoning_tokens} reasoning tokens, " if res.n_reasoning_tokens else "")
+              + f"total {total:.2f} s]", file=sys.stderr)
+        for w in res.warnings:
+            print(f"a3b: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -403,6 +408,7 @@ def _add_generate(sub) -> None:
                    help="after the streamed text, print it again with a verification marker before "
                         "each low-confidence span")
     g.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
+    cli_reasoning.add_arguments(g)
     g.set_defaults(func=cmd_generate)
 
 

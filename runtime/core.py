@@ -129,8 +129,8 @@ class Runtime:
             p = ChatPrompt(tuple(dict(m) if isinstance(m, Mapping) else m for m in messages), template=template or None,
                            variables=variables or {}, tools=tuple(tools))
         else:
-            if system:
-                raise InvalidRequest("A system prompt needs chat mode (chat=True).")
+            if system or variables or tools:
+                raise InvalidRequest("A system prompt, template variables and tools need chat mode (chat=True).")
             p = TextPrompt(prompt)
         return GenerationRequest(prompt=p, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
                                  stop=tuple(stop), priority=priority, confidence=confidence or ConfidenceConfig(),

@@ -62,8 +62,8 @@ class Option:
 
 
 #: Options of thinking models and structured output (GenerationRequest reads its defaults here).
-THINKING = Option("thinking", "auto", "reasoning before the answer: auto = as the model's template does by "
-                  "default, on, off (off where the template has a switch; otherwise the block is closed as "
+THINKING = Option("thinking", "auto", "reasoning before the answer: auto = as the model's template does unasked, "
+                  "on, off (off where the template has a switch; otherwise the block is closed as "
                   "soon as it opens)", choices=("auto", "on", "off"))
 THINKING_MODES = THINKING.choices
 REASONING_BUDGET = Option("reasoning_budget", None, "most reasoning tokens; at the limit the reasoning block is "
