@@ -13,12 +13,15 @@ from typing import Any
 from ..prune.config import GPU_RECOVERY, PruneConfig
 from ..runtime import ConfidenceConfig, SamplingParams
 from ..runtime.errors import Cancelled
-from ..runtime.options import FLASH_ATTN_MODES, KV_CACHE_TYPES, POOLINGS, LoadSpec
+from ..runtime.options import (FLASH_ATTN_MODES, JSON_SCHEMA, KV_CACHE_TYPES, POOLINGS, REASONING_BUDGET, THINKING,
+                               LoadSpec)
 from . import comfy, core
 
 _SAMPLING = SamplingParams()  # the sampling defaults the runtime uses everywhere
 #: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto")
 AUTO_GPU_LAYERS = -2
+#: the reasoning_budget widget's "no limit" (an INT widget cannot hold None)
+NO_BUDGET = -1
 
 MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
 EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
@@ -170,7 +173,8 @@ LOADER = NodeDef(
 
 # -- A3BGenerate ------------------------------------------------------------------------------------------
 def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
-                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None):
+                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None,
+                  thinking=THINKING.default, reasoning_budget=NO_BUDGET, json_schema=""):
     bar = comfy.progress_bar(max_new_tokens, node_id)
     comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": "", "reset": True})
 
@@ -179,14 +183,19 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
         if text:
             comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": text, "n": n})
 
-    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted)
+    def on_reasoning(text: str, n: int) -> None:
+        comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "reasoning": text, "n": n})
+
+    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted, on_reasoning=on_reasoning)
     try:
         sampling = core.sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                         repeat_penalty=repeat_penalty, seed=seed)
         g = core.generate(model, prompt, system=system, context=context, max_new_tokens=max_new_tokens,
                           sampling=sampling, stop=stop,
                           confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
-                          hooks=hooks)
+                          hooks=hooks, thinking=thinking,
+                          reasoning_budget=None if reasoning_budget == NO_BUDGET else reasoning_budget,
+                          json_schema=json_schema)
     except Cancelled:
         comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
         comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
@@ -199,8 +208,9 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
                                   "tokens_per_second": r.tokens_per_second,
                                   "time_to_first_token": r.time_to_first_token,
                                   "n_prompt_tokens": r.n_prompt_tokens,
-                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
-    return (g.text, g.spans_json), g.ui
+                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens,
+                                  "n_reasoning_tokens": r.n_reasoning_tokens})
+    return (g.text, g.spans_json, g.reasoning), g.ui
 
 
 GENERATE = NodeDef(
@@ -228,9 +238,18 @@ GENERATE = NodeDef(
            round=0.01),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
+        In("thinking", "COMBO", THINKING.default, optional=True, options=list(THINKING.choices),
+           tooltip="Thinking models: " + THINKING.help + ". The reasoning goes to its own output."),
+        In("reasoning_budget", "INT", NO_BUDGET, optional=True, min=NO_BUDGET, max=REASONING_BUDGET.hi,
+           tooltip=f"{REASONING_BUDGET.help.split(' (')[0]}; {NO_BUDGET} = no limit, 0 = thinking off. "
+                   "max_new_tokens counts the answer."),
+        In("json_schema", "STRING", "", optional=True, multiline=True,
+           tooltip=JSON_SCHEMA.help.capitalize() + ". Paste a schema (empty = free text); the text output is then "
+                   "JSON, e.g. a storyboard as a list of panels."),
     ],
-    outputs=[Out("text", "STRING"),
-             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy).")],
+    outputs=[Out("text", "STRING", "The answer (without the reasoning of a thinking model)."),
+             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy)."),
+             Out("reasoning", "STRING", "What a thinking model reasoned before its answer (empty for others).")],
     run=_run_generate, output_node=True,
 )
 

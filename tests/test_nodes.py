@@ -80,7 +80,12 @@ def test_generate_schema_matches_the_issue():
     assert it["optional"]["context"][1]["forceInput"] is True
     assert it["hidden"] == {"unique_id": "UNIQUE_ID"}
     cls = NODE_CLASS_MAPPINGS["A3BGenerate"]
-    assert cls.RETURN_TYPES == ("STRING", "STRING") and cls.OUTPUT_NODE is True
+    # the reasoning output comes last: saved workflows keep their links to text and spans
+    assert cls.RETURN_TYPES == ("STRING", "STRING", "STRING") and cls.OUTPUT_NODE is True
+    assert cls.RETURN_NAMES[2] == "reasoning"
+    opt = it["optional"]
+    assert opt["thinking"][0] == ["auto", "on", "off"] and opt["thinking"][1]["default"] == "auto"
+    assert opt["reasoning_budget"][1]["default"] == -1 and opt["json_schema"][1]["multiline"] is True
     assert cls.FUNCTION == "run" and not hasattr(cls, "IS_CHANGED")  # cached on its inputs
 
 
