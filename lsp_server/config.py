@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..runtime.generation import ConfidenceConfig
+from ..runtime.options import REASONING_BUDGET, THINKING
 
 SECTION = "a3b"
 
@@ -47,6 +48,11 @@ class Settings:
     warm: bool = True
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
     confidence_threshold: float = ConfidenceConfig.threshold
+    #: Thinking models in quick fixes and explanations (THINKING's choices); inline completions
+    #: never think: an editor waits for them.
+    thinking: str = "off"
+    #: With thinking on: most reasoning tokens of a quick fix (None: no limit but the context).
+    reasoning_budget: int | None = 256
 
 
 # protocol name -> (field name, type check, description of the valid values)
@@ -66,6 +72,10 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "maxDocumentBytes": ("max_document_bytes", lambda v: _int(v) and 1024 <= v <= 1 << 31, "an integer >= 1024"),
     "confidenceThreshold": ("confidence_threshold", lambda v: _num(v) and v > 0, "a number > 0"),
     "warm": ("warm", lambda v: isinstance(v, bool), "true or false"),
+    "thinking": ("thinking", lambda v: v in THINKING.choices, " or ".join(f'"{c}"' for c in THINKING.choices)),
+    "reasoningBudget": ("reasoning_budget", lambda v: v is None or (_int(v) and REASONING_BUDGET.lo <= v
+                                                                    <= REASONING_BUDGET.hi),
+                        f"an integer in {REASONING_BUDGET.lo}..{REASONING_BUDGET.hi}, or null"),
 }
 
 

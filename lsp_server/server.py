@@ -268,6 +268,7 @@ class A3BServer(LanguageServer):
         await s.model(self.progress_for_load())
         stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens,
                                     sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
+                                    thinking=s.settings.thinking, reasoning_budget=s.settings.reasoning_budget,
                                     confidence=ConfidenceConfig(enabled=confidence,
                                                                 threshold=s.settings.confidence_threshold))
         loop = asyncio.get_running_loop()

@@ -43,7 +43,7 @@ def plan(template: str | None, request: GenerationRequest) -> Plan:
     off = mode == "off" or budget == 0
     if not isinstance(p, ChatPrompt):
         # text, tokens and infill prompts have no template: nothing to split, nothing to switch
-        warnings = [] if mode == "auto" else [f"thinking={mode!r} applies to chat prompts; this one is sent as it is."]
+        warnings = [] if mode != "on" else ["thinking='on' applies to chat prompts; this one is sent as it is."]
         return Plan(NONE, p, None, warnings)
     fmt = detect_format(template)
     own = not p.template   # the model's own template renders the variables
