@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
+from comfyui_a3b.bench.common import with_chat_template
 from comfyui_a3b.runtime import ConfidenceConfig, InvalidRequest, Runtime, preset
 from templates import QWEN3, R1
-from tinygguf import with_chat_template
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +118,16 @@ def test_thinking_off_on_a_qwen3_shaped_template(runtime, tmp_path, default_path
     text = m.render_chat(ChatPrompt(({"role": "user", "content": "Hi"},), variables={"enable_thinking": False}))
     assert text.endswith("<think>\n\n</think>\n\n")
     runtime.unload(m.spec)
+
+
+def test_storyboard_example_gives_panels_that_validate():
+    """The example workflow's storyboard node, run as ComfyUI would run it (its API-format inputs)."""
+    from pathlib import Path
+
+    from comfyui_a3b.nodes import core, defs
+
+    wf = json.loads((Path(__file__).resolve().parent.parent / "examples" / "storyboard_json.api.json").read_text())
+    inputs = {k: v for k, v in wf["3"]["inputs"].items() if not isinstance(v, list)}
+    premise = wf["2"]["inputs"]["value"]
+    (text, _, reasoning), _ = defs.GENERATE.call("3", **inputs, model=core.load_model(), context=premise)
+    validate(json.loads(text), json.loads(inputs["json_schema"]))
