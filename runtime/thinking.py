@@ -60,13 +60,17 @@ def plan(template: str | None, request: GenerationRequest) -> Plan:
             budget = None   # the template writes an empty block: nothing to close
     elif mode != "auto" or off:
         where = "this model's chat template" if own else f"the named template {p.template!r}"
-        if fmt == NONE:
+        if fmt == NONE and mode == "auto":
+            pass   # a budget of 0 where there is no block: nothing to do, nothing to say
+        elif fmt == NONE:
             warnings.append(f"thinking={'off' if off else 'on'}: {where} shows no reasoning format, so there "
                             "is nothing to switch; the model answers as it does.")
         elif off:
             budget = 0
-            why = "only lowers reasoning_effort" if switch == "reasoning_effort" and fmt == GPT_OSS else "has no switch"
-            warnings.append(f"thinking=off: {where} {why}; the reasoning block is closed as soon as it opens.")
+            if mode == "off":   # a budget of 0 asks for exactly this: no warning then
+                why = "only lowers reasoning_effort" if switch == "reasoning_effort" and fmt == GPT_OSS \
+                    else "has no switch"
+                warnings.append(f"thinking=off: {where} {why}; the reasoning block is closed as soon as it opens.")
         else:
             warnings.append(f"thinking=on: {where} has no thinking switch; it thinks as its template does.")
     if variables != dict(p.variables):

@@ -220,18 +220,3 @@ def write_tiny_lora(path: str | Path, *, n_embd: int = 64, n_head: int = 4, rank
     w.close()
     return Path(path)
 
-
-def with_chat_template(src: str | Path, dst: str | Path, template: str) -> Path:
-    """A copy of the GGUF `src` whose chat template is `template` (weights and vocabulary as they are)."""
-    import gguf
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata, get_field_data
-
-    reader = gguf.GGUFReader(str(src), "r")
-    writer = gguf.GGUFWriter(str(dst), arch=get_field_data(reader, gguf.Keys.General.ARCHITECTURE),
-                             endianess=reader.endianess)
-    alignment = get_field_data(reader, gguf.Keys.General.ALIGNMENT)
-    if alignment is not None:
-        writer.data_alignment = alignment
-    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(
-        gguf.GGUFValueType.STRING, template)}, [])
-    return Path(dst)
