@@ -16,7 +16,35 @@ def test_thinking_settings_are_checked():
     assert config.Settings().thinking == "off"   # quick fixes do not think unless asked
 
 
-def test_requests_carry_thinking():
-    # the chat of quick fixes reads the setting; the inline completion says off
-    assert "thinking=s.settings.thinking" in inspect.getsource(server)
-    assert 'thinking="off"' in inspect.getsource(engine)
+def test_quick_fix_chat_follows_the_thinking_setting(fake_engine):
+    """The chat behind quick fixes and explanations, over a fake thinking model: off by default (the
+    answer alone, no reasoning), on with the setting and then bounded by reasoningBudget."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from comfyui_a3b.runtime import get_runtime
+
+    rt = get_runtime()
+    spec = rt.spec("fake://lsp-think?template=qwen3&think=Hmm.&think_loop=1&text=fixed()")
+
+    async def model(progress=None):
+        return rt.load(spec)
+
+    def chat(settings):
+        session = SimpleNamespace(model=model, engine=SimpleNamespace(rt=rt, executor=None), spec=lambda: spec,
+                                  settings=settings)
+        features = SimpleNamespace(session=session, progress_for_load=lambda: None)
+        return asyncio.run(server.A3BServer.chat(features, [{"role": "user", "content": "Fix it."}], 7))
+
+    try:
+        off = chat(config.Settings())
+        assert (off.text, off.reasoning) == ("fixed()", "")
+        on = chat(config.Settings(thinking="on", reasoning_budget=5))
+        assert on.text == "fixed()" and on.n_reasoning_tokens == 5
+    finally:
+        rt.unload(spec)
+
+
+def test_inline_completions_never_think(fake_engine):
+    # a text or infill prompt has no template to switch: "off" is said explicitly and costs nothing
+    assert 'thinking="off"' in inspect.getsource(engine.Session._start)

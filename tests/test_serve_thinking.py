@@ -150,8 +150,10 @@ def test_tool_turns_reach_the_template(fake_engine):
                       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
         r = chat(c, messages=msgs, tools=TOOLS)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "It is sunny."
-        assert chat(c, messages=msgs, tools=TOOLS).json()["usage"]["prompt_tokens"] > \
-            chat(c, messages=ASK, tools=TOOLS).json()["usage"]["prompt_tokens"]
+        # the assistant's tool call is rendered into the prompt, not dropped
+        bare = [m if "tool_calls" not in m else {"role": "assistant", "content": None} for m in msgs]
+        n_with = chat(c, messages=msgs, tools=TOOLS).json()["usage"]["prompt_tokens"]
+        assert n_with > chat(c, messages=bare, tools=TOOLS).json()["usage"]["prompt_tokens"]
 
 
 def test_template_without_tools_is_a_400(fake_engine):
