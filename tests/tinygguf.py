@@ -219,4 +219,3 @@ def write_tiny_lora(path: str | Path, *, n_embd: int = 64, n_head: int = 4, rank
     w.write_tensors_to_file()
     w.close()
     return Path(path)
-
