@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from .runtime.errors import InvalidRequest
-from .runtime.options import JSON_SCHEMA, MAX_TOTAL_TOKENS, REASONING_BUDGET, SHOW_REASONING, THINKING
+from .runtime.options import (JSON_SCHEMA, MAX_TOTAL_TOKENS, REASONING_BUDGET, SHOW_REASONING, THINKING, add_argument,
+                              cli_help)
 
 DIM, RESET = "\033[2m", "\033[0m"
 
@@ -30,17 +31,15 @@ def _template_var(text: str) -> tuple[str, Any]:
 
 
 def add_arguments(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--thinking", choices=THINKING.choices, default=THINKING.default, help=THINKING.help)
+    add_argument(g, THINKING)
     g.add_argument("--template-var", action="append", type=_template_var, metavar="KEY=VALUE",
                    help="a chat template variable, e.g. enable_thinking=false (repeatable; the value is read as "
                         "JSON when it is JSON; default: none)")
-    g.add_argument("--reasoning-budget", type=int, default=REASONING_BUDGET.default, metavar="N",
-                   help=REASONING_BUDGET.help)
-    g.add_argument("--max-total-tokens", type=int, default=MAX_TOTAL_TOKENS.default, metavar="N",
-                   help=MAX_TOTAL_TOKENS.help)
-    g.add_argument("--json-schema", default=JSON_SCHEMA.default, metavar="FILE",
-                   help=JSON_SCHEMA.help + " (a JSON file; default: none)")
-    g.add_argument("--show-reasoning", action="store_true", default=SHOW_REASONING.default, help=SHOW_REASONING.help)
+    add_argument(g, REASONING_BUDGET, metavar="N", default_text="no limit")
+    add_argument(g, MAX_TOTAL_TOKENS, metavar="N", default_text="the context is the limit")
+    add_argument(g, JSON_SCHEMA, default_text="none, free text")
+    # a display choice of this command alone: a plain flag with the declaration's help
+    g.add_argument("--show-reasoning", action="store_true", help=cli_help(SHOW_REASONING.help))
 
 
 def read_schema(path: str) -> dict:

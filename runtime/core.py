@@ -22,7 +22,7 @@ from .engine import Model, engine_for, scheme_of
 from .errors import InvalidRequest, ModelUnloaded
 from .generation import ConfidenceConfig, GenerationResult, GenerationStream, PRIORITY_BATCH, SamplingParams, TokenEvent
 from .locate import resolve_model
-from .options import LoadSpec
+from .options import NORMALIZE, POOLING, LoadSpec
 from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,
                        TokenPrompt, check_text)
 from .store import ModelStore
@@ -154,8 +154,8 @@ class Runtime:
         return self.submit(prompt, **kwargs).result()
 
     # -- embeddings ----------------------------------------------------------------------------
-    def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = "mean",
-              normalize: bool = True, priority: int = PRIORITY_BATCH,
+    def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = POOLING.default,
+              normalize: bool = NORMALIZE.default, priority: int = PRIORITY_BATCH,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of `texts`, one row each. `cancelled` is polled between small packs of
         texts; once true, the call raises Cancelled."""

@@ -17,47 +17,51 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
-from .options import check_finite
+from .options import CONFIDENCE_OPTIONS, SAMPLING_OPTIONS, check_fields
 from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
+from .pieces import PieceText
+from .stops import StopMatcher
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import GenerationRequest
 
 DEFAULT_MARKER = "# Note: This part requires verification."
 
+#: Bounds on a request's stop strings: how many, and how many characters in all. Matching costs time
+#: in proportion to the generated text whatever their length (stops.py); the bounds keep what one
+#: request makes the process hold small. One string of 1 MiB characters is within them.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1 << 20
+
+
+def check_stops(stop) -> tuple[str, ...]:
+    """`stop` as a tuple of stop strings, or InvalidRequest when it breaks the bounds above."""
+    stop = tuple(stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are taken, got {len(stop)}.")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidRequest("Stop strings must be non-empty strings.")
+    total = sum(map(len, stop))
+    if total > MAX_STOP_CHARS:
+        raise InvalidRequest(f"The stop strings have {total} characters; at most {MAX_STOP_CHARS} in all are taken.")
+    return stop
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.4
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    repeat_last_n: int = 64
+    """How the next token is drawn. Each field's meaning, default and bounds: its Option in options.py."""
+
+    temperature: float = SAMPLING_OPTIONS["temperature"].default
+    top_p: float = SAMPLING_OPTIONS["top_p"].default
+    top_k: int = SAMPLING_OPTIONS["top_k"].default
+    min_p: float = SAMPLING_OPTIONS["min_p"].default
+    repeat_penalty: float = SAMPLING_OPTIONS["repeat_penalty"].default
+    repeat_last_n: int = SAMPLING_OPTIONS["repeat_last_n"].default
     #: None draws a fresh seed per request (recorded in the result); an int is passed to the sampler.
-    seed: int | None = None
+    seed: int | None = SAMPLING_OPTIONS["seed"].default
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
-            check_finite(name, getattr(self, name))
-        for name in ("top_k", "repeat_last_n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidRequest(f"{name} must be an integer, got {v!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequest(f"seed must be an integer or None, got {self.seed!r}")
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise InvalidRequest(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise InvalidRequest(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise InvalidRequest(f"seed must be in [0, 2**32), got {self.seed}")
+        check_fields(self, SAMPLING_OPTIONS)
 
 
 #: Sampling presets. "code" follows the usual advice for code models: low temperature (0.2-0.35)
@@ -88,10 +92,13 @@ class ConfidenceConfig:
     """
 
     enabled: bool = True
-    threshold: float = 2.1
-    min_run: int = 5
+    threshold: float = CONFIDENCE_OPTIONS["threshold"].default
+    min_run: int = CONFIDENCE_OPTIONS["min_run"].default
     insert_marker: bool = False
     marker: str = DEFAULT_MARKER
+
+    def validate(self) -> None:
+        check_fields(self, CONFIDENCE_OPTIONS)
 
 
 @dataclass
@@ -316,49 +323,56 @@ class TextAssembler:
 
     def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig):
         self.stop = stop
+        self._stops = StopMatcher(stop) if stop else None
         self.conf = confidence
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""              # all decoded text (without stop string)
-        self.released = 0           # chars of self.text already handed out
+        self._text = PieceText()    # all decoded text (without stop string)
+        self.released = 0           # chars of the text already handed out
         self.stopped = False
         self.entropies: list[float] = []
-        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in self.text
+        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in the text
         self.spans: list[LowConfidenceSpan] = []
         self._run_start: int | None = None
+
+    @property
+    def text(self) -> str:
+        return str(self._text)
 
     def add(self, piece: bytes, entropy: float | None) -> str:
         return self.add_text(self._decoder.decode(piece), entropy)
 
     def add_text(self, text: str, entropy: float | None) -> str:
-        """Decoded text of one token (with its entropy), or text of no token (entropy None)."""
-        start = len(self.text)
-        self.text += text
+        """Decoded text of one token (with its entropy), or text of no token (entropy None): the text
+        it releases. Nothing is added after a stop string."""
+        if self.stopped:
+            return ""
+        start = len(self._text)
+        self._text.append(text)
         if entropy is not None:   # offsets stay aligned with entropies: one each per measured token
-            self._tok_offsets.append((start, len(self.text)))
+            self._tok_offsets.append((start, len(self._text)))
             self.entropies.append(entropy)
             self._track(entropy)
         elif not text:
             return ""
-        if self.stop:
-            hit = min((i for i in (self.text.find(s, max(0, self.released - len(s))) for s in self.stop) if i >= 0),
-                      default=-1)
+        if self._stops is not None:
+            # A stop string is searched for only where it can end: in the new text (stops.py).
+            hit = self._stops.feed(text, start)
             if hit >= 0:
-                self.text = self.text[:hit]
+                self._text.cut(hit)
                 self.stopped = True
-                return self._release(len(self.text))
-            hold = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-            return self._release(len(self.text) - hold)
-        return self._release(len(self.text))
+                return self._release(hit)
+            return self._release(len(self._text) - self._stops.hold)
+        return self._release(len(self._text))
 
     def flush(self) -> str:
-        self.text += self._decoder.decode(b"", final=True)
+        out = self.add_text(self._decoder.decode(b"", final=True), None)
         self._close_run()
-        return self._release(len(self.text))
+        return out + ("" if self.stopped else self._release(len(self._text)))
 
     def _release(self, upto: int) -> str:
         if upto <= self.released:
             return ""
-        out = self.text[self.released:upto]
+        out = self._text.slice(self.released, upto)
         self.released = upto
         return out
 
@@ -380,10 +394,11 @@ class TextAssembler:
         b = min(b, len(self._tok_offsets))  # the end-of-generation token has an entropy but no text
         if b - a >= self.conf.min_run:
             s, e = self._tok_offsets[a][0], self._tok_offsets[b - 1][1]
-            s, e = min(s, len(self.text)), min(e, len(self.text))
+            s, e = min(s, len(self._text)), min(e, len(self._text))
             ents = self.entropies[a:b]
             if e > s:
-                self.spans.append(LowConfidenceSpan(s, e, self.text[s:e], sum(ents) / len(ents), max(ents), b - a))
+                self.spans.append(LowConfidenceSpan(s, e, self._text.slice(s, e), sum(ents) / len(ents), max(ents),
+                                                    b - a))
 
     def final_text(self) -> tuple[str, list[LowConfidenceSpan]]:
         """The full text and spans; with insert_marker, markers inserted and span offsets shifted."""
@@ -404,7 +419,7 @@ class TextAssembler:
 
 
 __all__ = [
-    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "NOT_A_TOKEN",
-    "GenerationStream", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
-    "SamplingParams", "TextAssembler", "TokenEvent", "preset",
+    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "GenerationStream", "LowConfidenceSpan",
+    "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "NOT_A_TOKEN", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
+    "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "preset",
 ]

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidRequest
-from .generation import ConfidenceConfig, SamplingParams
-from .options import JSON_SCHEMA, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check_finite
+from .generation import ConfidenceConfig, SamplingParams, check_stops
+from .options import JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
 from .scheduler import PRIORITY_BATCH
 
 Message = dict[str, str]
 
-#: Tokens generated when a caller does not say.
-DEFAULT_MAX_TOKENS = 512
+#: Tokens generated when a caller does not say (the max_tokens option's default).
+DEFAULT_MAX_TOKENS = MAX_TOKENS.default
 
 #: Names a chat template is already given: template variables may not replace them.
 RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
@@ -179,14 +179,14 @@ class GenerationRequest:
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
     #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
-    logprobs: int | None = None
+    logprobs: int | None = LOGPROBS.default
     #: Thinking models (options.py declares each: default, bounds, help). `max_tokens` counts the
     #: answer; `max_total_tokens` bounds reasoning and answer together.
     thinking: str = THINKING.default
     reasoning_budget: int | None = REASONING_BUDGET.default
     max_total_tokens: int | None = MAX_TOTAL_TOKENS.default
     #: Structured output: a JSON schema the answer follows, or a GBNF grammar (not both)
-    json_schema: Mapping[str, Any] | None = JSON_SCHEMA.default
+    json_schema: dict[str, Any] | None = JSON_SCHEMA.default
     grammar: str | None = None
 
     def __post_init__(self):
@@ -199,26 +199,14 @@ class GenerationRequest:
             raise InvalidRequest(f"The prompt must be a TextPrompt, TokenPrompt, ChatPrompt or InfillPrompt, "
                                  f"got {type(self.prompt).__name__}.")
         self.prompt.check()
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest("Stop strings must be non-empty strings.")
-        check_finite("confidence threshold", self.confidence.threshold)
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= 20):
-            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
-        if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
-            raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
+        check(MAX_TOKENS, self.max_tokens)
+        check_stops(self.stop)
+        check(LOGPROBS, self.logprobs)
+        self.confidence.validate()
         self.sampling.validate()
-        THINKING.check_choice(self.thinking)
-        REASONING_BUDGET.check_int(self.reasoning_budget)
-        MAX_TOTAL_TOKENS.check_int(self.max_total_tokens)
+        for option in (THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS, JSON_SCHEMA):
+            check(option, getattr(self, option.name))
         if self.json_schema is not None:
-            if not isinstance(self.json_schema, Mapping):
-                raise InvalidRequest(f"json_schema must be a JSON object (a schema), got "
-                                     f"{type(self.json_schema).__name__}.")
             try:
                 json.dumps(self.json_schema, allow_nan=False)
             except (TypeError, ValueError) as e:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime import options as opt
 from ..runtime.errors import InvalidRequest
 from ..runtime.generation import GenerationResult, TokenEvent
+from ..runtime.options import check
+from .fields import int_field
 from .tools import ToolCallStream, split_answer
 
 EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -48,9 +51,9 @@ def chat_options(body: dict) -> tuple[dict, dict, tuple[dict, ...]]:
         opts["thinking"] = "off" if effort == "none" else "on"
         if effort != "none":
             variables.setdefault("reasoning_effort", effort)
-    for name in ("reasoning_budget", "max_total_tokens"):
-        if body.get(name) is not None:
-            opts[name] = body[name]   # checked by the runtime, with its bounds
+    for option in (opt.REASONING_BUDGET, opt.MAX_TOTAL_TOKENS):
+        if body.get(option.name) is not None:
+            opts[option.name] = int_field(body, option.name, option)
     schema = response_schema(body)
     if schema is not None:
         opts["json_schema"] = schema
@@ -83,7 +86,7 @@ def response_schema(body: dict) -> dict | None:
     if body.get("json_schema") is not None:
         if rf is not None:
             raise InvalidRequest("Give response_format or json_schema, not both.")
-        return body["json_schema"]
+        return check(opt.JSON_SCHEMA, body["json_schema"])
     if rf is None:
         return None
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):

@@ -147,7 +147,7 @@ class FakeWeights:
                               size_bytes=self.size_bytes,
                               chat_template=templates.BY_NAME.get(settings.template, CHATML),
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
-                              n_gpu_layers=settings.gpu_layers)
+                              n_gpu_layers=settings.gpu_layers if spec.n_gpu_layers == "auto" else spec.n_gpu_layers)
         self.freed = False
 
     def free(self) -> None:
@@ -316,7 +316,7 @@ class FakeEngine(Engine):
         FakeSettings.parse(spec.path)
 
     def weights_key(self, spec) -> tuple:
-        return (spec.path,)
+        return (spec.path, spec.n_gpu_layers)   # a copy per placement, as the llama.cpp engine keys them
 
     def file_bytes(self, spec) -> int:
         return 1 << 20

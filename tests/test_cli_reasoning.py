@@ -56,7 +56,7 @@ def test_json_schema_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--reasoning-budget", "-2"], "reasoning_budget"),
+    (["--reasoning-budget", "-2"], "--reasoning-budget must be in 0..1048576, got -2"),
     (["--json-schema", "/nonexistent/s.json"], "no such file"),
     (["--thinking", "on", "--reasoning-budget", "0"], "contradicts itself"),
     (["--raw", "--template-var", "a=1"], "chat mode"),

@@ -442,10 +442,35 @@ def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(
     assert defs.LOADER.defaults()["recover_steps"] == -1
     seen = []
     monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
-    monkeypatch.setattr(core, "_variants", {})
+    core.VARIANTS.reset()
     src = tmp_path / "m.gguf"
     src.write_bytes(b"GGUF")
     core.pruned_variant(src, 0.5, None, -1)
     core.pruned_variant(src, 0.5, None, 40)
     core.pruned_variant(src, 1.0, None, -1, 1.0, 0.5)   # expert pruning is one-shot
     assert [kw["recover_steps"] for kw in seen] == [None, 40, 0]
+
+
+def test_a_missing_model_names_the_default_as_the_dropdown_shows_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("A3B_MODELS", str(tmp_path))
+    with pytest.raises(ModelNotFound) as e:
+        node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "model": "nope.gguf"})
+    assert f"{core.DEFAULT_CHOICE!r}" in str(e.value) and core.DEFAULT_CHOICE in core.model_choices()
+    assert "'default'" not in str(e.value)
+
+
+def test_the_in_process_language_server_start_is_one_line_with_its_address(monkeypatch, caplog):
+    import logging
+
+    from comfyui_a3b.lsp_server import inprocess
+
+    monkeypatch.setenv("A3B_LSP", "tcp:127.0.0.1:0")
+    try:
+        with caplog.at_level(logging.INFO, logger="a3b"):
+            comfyui_a3b._start_language_server()
+        address = inprocess.status()["address"]
+    finally:
+        inprocess.stop()
+    said = [r.getMessage() for r in caplog.records if "language server" in r.getMessage()]
+    assert said == [f"[comfyui-a3b] language server listening on {address}"], said
+

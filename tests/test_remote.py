@@ -57,10 +57,24 @@ def test_text_tokens_and_infill_without_an_infill_endpoint_go_to_completions(rt)
         assert srv.requests[-1][1]["prompt"] == "import os\ndef f():    "
 
 
+def _llama_server_infill(fim: bool, answer):
+    """/infill as llama-server answers it: 501 for a model without FIM tokens, then 400 for fields of
+    the wrong type, and `answer` otherwise."""
+    def infill(body):
+        if not fim:
+            return json_reply({"error": {"code": 501, "message": "Infill is not supported by this model: prefix "
+                                         "token is missing. ", "type": "not_supported_error"}}, 501)
+        if not isinstance(body.get("input_extra", []), list):
+            return json_reply({"error": {"code": 400, "message": '"input_extra" must be an array',
+                                         "type": "invalid_request_error"}}, 400)
+        return answer
+    return infill
+
+
 def test_infill_goes_to_infill_with_its_parts(rt):
     infill = sse_reply([event({"content": "x = 1", "stop": False}), event({"content": "", "stop": True})])
     with FakeOpenAI({"/props": lambda b: json_reply({"default_generation_settings": {"n_ctx": 512}}),
-                     "/infill": lambda b: infill}) as srv:
+                     "/infill": _llama_server_infill(True, infill)}) as srv:
         m = rt.load(rt.spec(srv.url))
         assert m.supports_fim and m.n_ctx_seq == 512
         res = rt.generate(InfillPrompt("a", "b", "c", [ContextChunk("u.py", "import os")]), model=srv.url,
@@ -69,6 +83,19 @@ def test_infill_goes_to_infill_with_its_parts(rt):
         path, body = srv.requests[-1]
         assert path == "/infill" and (body["input_prefix"], body["input_suffix"], body["prompt"]) == ("a", "b", "c")
         assert body["input_extra"] == [{"filename": "u.py", "text": "import os"}]
+
+
+def test_infill_on_a_llama_server_model_without_fim_tokens_completes_the_prefix(rt):
+    """llama-server has /props and /infill whatever the model, and refuses /infill (501) where the
+    model has no FIM tokens: such a model is no FIM model here, and its infill prompts are completed."""
+    with FakeOpenAI({"/props": lambda b: json_reply({"default_generation_settings": {"n_ctx": 512}}),
+                     "/infill": _llama_server_infill(False, None), "/v1/completions": lambda b: HELLO}) as srv:
+        m = rt.load(rt.spec(srv.url))
+        assert not m.supports_fim
+        res = rt.generate(InfillPrompt("def f():", "\n", "    ", [ContextChunk("a.py", "import os")]),
+                          model=srv.url, max_tokens=5)
+        assert res.text == "Hello"
+        assert srv.requests[-1] == ("/v1/completions", {**srv.requests[-1][1], "prompt": "import os\ndef f():    "})
 
 
 def test_token_counts_come_from_the_servers_tokenize_else_an_estimate(rt):

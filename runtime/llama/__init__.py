@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from .. import vet
 from ..engine import Engine
 from ..errors import InvalidRequest
 from ..gguf_info import check_header
@@ -45,6 +46,8 @@ class LlamaEngine(Engine):
         return os.path.getsize(spec.path)
 
     def load_weights(self, spec: LoadSpec) -> Weights:
+        # vetted before anything here reads the header's values or re-encodes the file in this process
+        vet.check_file(spec.path)
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
         n_gpu_layers, how = gpu_layers(load_path, spec)
         offload.check_fits_in_memory(
@@ -61,8 +64,8 @@ class LlamaEngine(Engine):
 
     def gpu_bytes(self, spec: LoadSpec) -> int:
         """GPU memory the whole model would take with this spec (weights, KV cache, compute)."""
-        layers, output, meta = offload.model_sizes(spec.path)
-        kv = offload.kv_bytes_per_layer(meta, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
+        layers, output, dims = offload.model_sizes(spec.path)
+        kv = offload.kv_bytes_per_layer(dims, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
         return sum(layers) + output + kv + offload.FIXED_RESERVE
 
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import DecodeFailed
+from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec
 from ..scheduler import DecodeStep
@@ -24,7 +25,13 @@ from .weights import Weights
 #: of a small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
 SAMPLE_THREADS_FROM = 4
 SAMPLE_THREADS_MIN_VOCAB = 32000
-SAMPLE_THREADS = int(os.environ.get("A3B_SAMPLE_THREADS", str(min(16, os.cpu_count() or 1))))
+
+
+def sample_threads() -> int:
+    """Threads that sample the rows of one decode step: A3B_SAMPLE_THREADS, else the cores, at most 16."""
+    n = env_number("A3B_SAMPLE_THREADS", int)
+    return min(16, os.cpu_count() or 1) if n is None else n
+
 
 #: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
 #: row for every output token of a pooled batch (n_vocab floats each: 192 KB for the default model),
@@ -122,9 +129,10 @@ class LlamaBackend:
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS
-        self._pool = (ThreadPoolExecutor(max_workers=min(SAMPLE_THREADS, spec.n_parallel),
+        threads = sample_threads()
+        self._pool = (ThreadPoolExecutor(max_workers=min(threads, spec.n_parallel),
                                          thread_name_prefix=f"a3b-sample-{self.name}")
-                      if SAMPLE_THREADS > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
+                      if threads > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
                       and weights.n_vocab >= SAMPLE_THREADS_MIN_VOCAB else None)
 
     # -- generation ---------------------------------------------------------------------------

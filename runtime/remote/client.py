@@ -14,7 +14,6 @@ from anywhere could point the process, and its API key, at any host it can reach
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ..environment import env, env_list, env_number
 from ..errors import (InvalidRequest, ModelNotFound, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError,
                       RemoteProtocolError, RemoteUnreachable)
 
@@ -82,7 +82,7 @@ def parse_ref(ref: str) -> RemoteRef:
 
 def listed() -> list[str]:
     """The references in $A3B_REMOTE_MODELS (the ones network callers may use)."""
-    return [r.strip() for r in os.environ.get(LIST_ENV, "").split(",") if r.strip()]
+    return env_list(LIST_ENV)
 
 
 def check_allowed(ref: str, restrict: bool) -> RemoteRef:
@@ -104,10 +104,7 @@ def _same_server(r: RemoteRef, other: str) -> bool:
 def timeout() -> float:
     """Seconds a server may stay silent: without an answer, and in a stream without a token
     (whatever else it sends meanwhile)."""
-    try:
-        return float(os.environ.get(TIMEOUT_ENV, "") or 300)
-    except ValueError:
-        return 300.0
+    return float(env_number(TIMEOUT_ENV))
 
 
 class Client:
@@ -115,7 +112,7 @@ class Client:
 
     def __init__(self, ref: RemoteRef):
         self.ref = ref
-        key = os.environ.get(KEY_ENV)
+        key = env(KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         # no proxies from the environment: a loopback server must not be sent through one
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout(), connect=10.0), trust_env=False)
@@ -136,10 +133,10 @@ class Client:
         """The JSON answer, or None when the server does not have this endpoint (or not in this shape)."""
         return self.request("POST", path, body, root=root, missing_ok=True)
 
-    def status(self, path: str, root: bool = False) -> int:
-        """The HTTP status of GET `path` (its body is not read)."""
+    def status(self, path: str, root: bool = False, body: dict | None = None) -> int:
+        """The HTTP status of GET `path`, or of POST `body` to it (the answer's body is not read)."""
         try:
-            with self.http.stream("GET", self.url(path, root)) as r:
+            with self.http.stream("GET" if body is None else "POST", self.url(path, root), json=body) as r:
                 return r.status_code
         except httpx.HTTPError as e:
             raise self.unreachable(e) from None

@@ -45,7 +45,7 @@ def probe(ref: RemoteRef) -> RemoteWeights:
             tokenize = "/extras/tokenize"
         features = {
             "server": "llama-server" if props else ("llama_cpp.server" if tokenize == "/extras/tokenize" else "openai"),
-            "infill": bool(props),       # llama-server (and a3b serve) answer /props and /infill
+            "infill": bool(props) and _fills_in(client),
             "tokenize": tokenize,
             "n_ctx": n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else 0,
         }
@@ -63,6 +63,18 @@ def probe(ref: RemoteRef) -> RemoteWeights:
     except BaseException:
         client.close()
         raise
+
+
+#: An /infill request that llama-server refuses before it tokenizes anything: it first checks that
+#: the model has FIM tokens (501 where not), then the fields (400: `input_extra` is not a list;
+#: a3b serve checks the same). The one-token bound is for a server that would take it anyway.
+INFILL_PROBE = {"input_prefix": "", "input_suffix": "", "input_extra": "probe", "n_predict": 1, "max_tokens": 1}
+
+
+def _fills_in(client: Client) -> bool:
+    """Whether the server's /infill fills in the middle: llama-server has /infill for every model,
+    and answers it with 501 where the model has no FIM tokens."""
+    return client.status("/infill", root=True, body=INFILL_PROBE) not in (404, 405, 501)
 
 
 def _model_name(ref: RemoteRef, ids: list[str]) -> str:

@@ -9,7 +9,8 @@ Prompts map to endpoints as follows:
   template; template variables travel as `chat_template_kwargs` (llama-server, vLLM, SGLang). A
   named llama.cpp template is applied here instead, and the text completed;
 * `InfillPrompt` -> llama-server's `/infill` (prefix, suffix, the middle as `prompt`, the chunks as
-  `input_extra`) where the server has it, else the completion of `chunks prefix middle`;
+  `input_extra`) where the server has it and its model fills in (probe.py), else the completion
+  of `chunks prefix middle`;
 * `TextPrompt` -> `/v1/completions` with the text (the server tokenizes it on its own terms: BOS
   and special tokens as it does for any client); `TokenPrompt` -> the same with the token list.
 """
