@@ -111,7 +111,7 @@ def cmd_generate(args) -> int:
         stream.cancel()
         print("\n[cancelled]", file=sys.stderr)
         return 130
-    full = cliwords.context_full(res, args.max_tokens)
+    full = cliwords.context_full(res, args.max_tokens, args.max_total_tokens)
     if args.json:
         print(json.dumps({**res.as_dict(), "context_full": full}, indent=2))
     else:

@@ -66,6 +66,19 @@ def test_bad_values_are_one_line_errors(capsys, argv, match):
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_full_context_is_told_from_the_answer_alone(capsys):
+    """The note that the context ran out compares --max-tokens with the answer's tokens, not with the
+    reasoning's and the answer's together, and a stop at --max-total-tokens is not a full context."""
+    code, out, _ = gen(capsys, "--model", THINK, "--n-ctx", "100", "--max-tokens", "20", "--json")
+    d = json.loads(out)   # 24 reasoning and 11 answer tokens fill the context after the 65 of the prompt
+    assert (d["finish_reason"], d["n_reasoning_tokens"], d["n_tokens"], d["context_full"]) == ("length", 24, 35, True)
+    code, _, err = gen(capsys, "--model", THINK, "--n-ctx", "100", "--max-tokens", "20")
+    assert "(65 prompt + 24 reasoning + 11 answer tokens of --n-ctx 100)" in err
+    code, out, _ = gen(capsys, "--model", THINK, "--max-total-tokens", "10", "--json")
+    d = json.loads(out)
+    assert (d["finish_reason"], d["n_tokens"], d["context_full"]) == ("length", 10, False)
+
+
 def test_bad_schema_file(capsys, tmp_path):
     f = tmp_path / "bad.json"
     f.write_text("[1, 2")
