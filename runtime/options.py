@@ -286,7 +286,7 @@ MAX_TOTAL_TOKENS = Option("max_total_tokens", int, None,
                           "Most tokens of reasoning and answer together (max_tokens counts the answer alone).",
                           min=1, max=MAX_CONTEXT, nullable=True)   # None: the context is the limit
 JSON_SCHEMA = Option("json_schema", dict, None,
-                     "A JSON schema the answer must follow (llama.cpp's grammar sampler; with thinking on it applies "
+                     "The JSON schema the answer must follow (llama.cpp's grammar sampler; with thinking on it applies "
                      "to the answer only).", nullable=True)
 #: `a3b generate`'s alone: where the reasoning is printed
 SHOW_REASONING = Option("show_reasoning", bool, False,
