@@ -147,8 +147,9 @@ def test_generate_context_system_stop_and_spans(real_handle):
     cut = generate(handle, "List five fruits.", max_new_tokens=24, temperature=0.0,
                    stop=f"nothing-like-this\n{stop}")["result"][0]
     assert cut == free[:free.index(stop)]
-    text, spans = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
-                           confidence_aware=True, confidence_threshold=0.5)["result"]
+    text, spans, reasoning = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
+                                      confidence_aware=True, confidence_threshold=0.5)["result"]
+    assert reasoning == ""   # the embedded model does not think
     spans = json.loads(spans)
     assert spans and all({"start", "end", "text", "mean_entropy"} <= set(s) for s in spans)
     assert "requires verification" in text  # marked in the text
