@@ -23,8 +23,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
-from . import cliwords
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
 from .runtime import options as opt
@@ -98,32 +98,31 @@ def cmd_generate(args) -> int:
     prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
     t0 = time.perf_counter()
     stream = rt.submit(prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
-                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template)
-    out = sys.stdout
+                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template,
+                       **cli_reasoning.request_kwargs(args))
+    out, printer = sys.stdout, cli_reasoning.Printer(args.show_reasoning)
     try:
-        for chunk in stream.text_chunks():
+        for ev in stream:
             if not args.json:
-                out.write(chunk)
-                out.flush()
+                printer.event(ev)
+        printer.end()
         res = stream.result()
     except KeyboardInterrupt:
         stream.cancel()
         print("\n[cancelled]", file=sys.stderr)
         return 130
-    full = cliwords.context_full(res, args.max_tokens)
+    full = cliwords.context_full(res, args.max_tokens, args.max_total_tokens)
     if args.json:
         print(json.dumps({**res.as_dict(), "context_full": full}, indent=2))
     else:
         if args.mark_low_confidence and res.spans:
             out.write("\n--- with low-confidence markers ---\n" + res.text)
         out.write("\n")
-        total = time.perf_counter() - t0
-        print(f"[{res.n_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, time to first token "
-              f"{res.time_to_first_token * 1000:.0f} ms, prompt {res.n_prompt_tokens} tokens, "
-              f"seed {res.seed}, {res.finish_reason}, {cliwords.spans(len(res.spans))}, "
-              f"total {total:.2f} s]", file=sys.stderr)
+        print(cliwords.summary(res, time.perf_counter() - t0), file=sys.stderr)
         if full:
             print(cliwords.context_note(res, spec.n_ctx), file=sys.stderr)
+        for w in res.warnings:
+            print(f"a3b: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -342,6 +341,7 @@ def _add_generate(sub) -> None:
                    help="after the streamed text, print it again with a verification marker before "
                         "each low-confidence span")
     g.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
+    cli_reasoning.add_arguments(g)
     g.set_defaults(func=cmd_generate)
 
 

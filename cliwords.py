@@ -79,15 +79,29 @@ def spans(n: int) -> str:
     return f"{n} low-confidence span{'' if n == 1 else 's'}"
 
 
-def context_full(result, max_tokens: int) -> bool:
-    """Whether a generation stopped because its context was full, before `max_tokens` were made."""
-    return result.finish_reason == "length" and result.n_tokens < max_tokens
+def summary(result, seconds: float) -> str:
+    """The line after a streamed generation: tokens, speed, first token, prompt, seed, finish reason,
+    low-confidence spans, reasoning tokens (of a thinking model) and the time in all."""
+    reasoning = f"{result.n_reasoning_tokens} reasoning tokens, " if result.n_reasoning_tokens else ""
+    return (f"[{result.n_tokens} tokens, {result.tokens_per_second:.1f} tokens/s, time to first token "
+            f"{result.time_to_first_token * 1000:.0f} ms, prompt {result.n_prompt_tokens} tokens, "
+            f"seed {result.seed}, {result.finish_reason}, {spans(len(result.spans))}, {reasoning}"
+            f"total {seconds:.2f} s]")
+
+
+def context_full(result, max_tokens: int, max_total_tokens: int | None = None) -> bool:
+    """Whether a generation stopped because its context was full, before `max_tokens` answer tokens
+    (a thinking model's reasoning tokens are not the answer's) or `max_total_tokens` in all were made."""
+    answer = result.n_tokens - result.n_reasoning_tokens
+    return (result.finish_reason == "length" and answer < max_tokens
+            and (max_total_tokens is None or result.n_tokens < max_total_tokens))
 
 
 def context_note(result, n_ctx: int) -> str:
+    reasoning = f"{result.n_reasoning_tokens} reasoning + " if result.n_reasoning_tokens else ""
     return (f"a3b: note: the answer stopped because the context is full ({result.n_prompt_tokens} prompt + "
-            f"{result.n_tokens} answer tokens of --n-ctx {n_ctx}), before --max-tokens; raise --n-ctx for "
-            "a longer answer.")
+            f"{reasoning}{result.n_tokens - result.n_reasoning_tokens} answer tokens of --n-ctx {n_ctx}), before "
+            "--max-tokens; raise --n-ctx for a longer answer.")
 
 
 class HelpFormatter(argparse.HelpFormatter):

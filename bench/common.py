@@ -122,6 +122,23 @@ def llama_cpp_server() -> list[str]:
                                                                                     _SERVER_NO_REPACK]
 
 
+def with_chat_template(src: str | Path, dst: str | Path, template: str) -> Path:
+    """A copy of the GGUF `src` whose chat template is `template` (weights and vocabulary as they
+    are): the embedded model made to speak another template's shape, for benchmarks and tests."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata, get_field_data
+
+    reader = gguf.GGUFReader(str(src), "r")
+    writer = gguf.GGUFWriter(str(dst), arch=get_field_data(reader, gguf.Keys.General.ARCHITECTURE),
+                             endianess=reader.endianess)
+    alignment = get_field_data(reader, gguf.Keys.General.ALIGNMENT)
+    if alignment is not None:
+        writer.data_alignment = alignment
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(
+        gguf.GGUFValueType.STRING, template)}, [])
+    return Path(dst)
+
+
 # -- llama.cpp's llama-server ------------------------------------------------------------------------------
 # llama-cpp-python's wheel holds llama.cpp as a library only; its source distribution vendors the
 # whole llama.cpp tree at the commit the binding was made for, server included. Built from there,

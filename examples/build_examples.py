@@ -196,6 +196,37 @@ def comic_script() -> list[N]:
     ])
 
 
+#: The storyboard as data: a JSON list of panels, which the answer must follow (llama.cpp's grammar)
+PANELS_SCHEMA = {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+    "type": "object", "required": ["panel", "scene", "dialogue"], "additionalProperties": False,
+    "properties": {"panel": {"type": "integer", "minimum": 1, "maximum": 3},
+                   "scene": {"type": "string", "maxLength": 160},
+                   "dialogue": {"type": "string", "maxLength": 120}}}}
+
+
+def storyboard_json() -> list[N]:
+    """A storyboard as a JSON list of panels (json_schema), a thinking model's reasoning kept apart,
+    and the panels read by the next step as data."""
+    return arrange([
+        [N(1, "A3BLoader"),
+         N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, size=(320, 80))],
+        [N(3, "A3BGenerate", "Storyboard (JSON panels)", {
+            "max_new_tokens": 360, "temperature": 0.3, "seed": 7, "thinking": "auto", "reasoning_budget": 256,
+            "json_schema": json.dumps(PANELS_SCHEMA, indent=1),
+            "system": "You are a comic book writer. Be brief and visual.",
+            "prompt": "Write a storyboard of 3 comic panels for this premise: the scene and one line of dialogue each.",
+        }, links={"model": (1, 0), "context": (2, 0)}, size=(400, 240))],
+        [N(4, "A3BGenerate", "Image prompt, panel 1", {
+            "max_new_tokens": 48, "temperature": 0.4, "seed": 7, "thinking": "off",
+            "system": "You write prompts for an image model: one line of comma-separated visual keywords.",
+            "prompt": "Write the image prompt for the scene of panel 1 of this JSON storyboard.",
+        }, links={"model": (1, 0), "context": (3, 0)}, size=(380, 120))],
+        [N(5, "PreviewAny", "Panels (JSON)", links={"source": (3, 0)}, size=(360, 240)),
+         N(6, "PreviewAny", "Reasoning (thinking models)", links={"source": (3, 2)}, size=(360, 160)),
+         N(7, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (4, 0)}, size=(360, 120))],
+    ])
+
+
 DOCUMENTS = "\n".join([
     "The ferry to Harrow Island leaves the north pier every day at 7:15 in the morning.",
     "The town library is closed on Mondays and opens at nine on other days.",
@@ -226,7 +257,7 @@ def rag() -> list[N]:
     ])
 
 
-EXAMPLES = {"comic_script": comic_script, "rag": rag}
+EXAMPLES = {"comic_script": comic_script, "rag": rag, "storyboard_json": storyboard_json}
 
 
 def main() -> None:

@@ -36,6 +36,10 @@ MAX_CHUNK_SIMILARITY = Option("max_chunk_similarity", float, 0.99, "Chunks more 
 MAX_DOCUMENT_BYTES = Option("max_document_bytes", int, 32 * 1024 * 1024, "Larger documents are kept in sync but "
                             "not completed or indexed.", min=1024, max=1 << 31)
 WARM = Option("warm", bool, True, "Read a completion's prompt in the background when the cursor rests.")
+#: A quick fix waits for its reasoning: thinking is off unless asked for, and bounded when on.
+THINKING = replace(opt.THINKING, default="off")
+REASONING_BUDGET = replace(opt.REASONING_BUDGET, default=256, help="With thinking on: most reasoning tokens of a "
+                           "quick fix or an explanation (null = no limit but the context).")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Settings:
     warm: bool = WARM.default
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
     confidence_threshold: float = opt.THRESHOLD.default
+    #: Thinking models in quick fixes and explanations; inline completions never think: an editor
+    #: waits for them.
+    thinking: str = THINKING.default
+    reasoning_budget: int | None = REASONING_BUDGET.default
 
 
 #: protocol name -> (field name, the option that declares it)
@@ -82,6 +90,8 @@ _KEYS: dict[str, tuple[str, Option]] = {
     "maxDocumentBytes": ("max_document_bytes", MAX_DOCUMENT_BYTES),
     "confidenceThreshold": ("confidence_threshold", opt.THRESHOLD),
     "warm": ("warm", WARM),
+    "thinking": ("thinking", THINKING),
+    "reasoningBudget": ("reasoning_budget", REASONING_BUDGET),
 }
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..prune.config import EXPERTS_KEEP, HEADS_KEEP, KEEP
 from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
-from ..runtime.options import MAX_TOKENS, POOLING, check, wrap_seed
+from ..runtime.options import MAX_TOKENS, POOLING, REASONING_BUDGET, THINKING, check, wrap_seed
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
 from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
@@ -223,6 +223,7 @@ class GenerateHooks:
     """ComfyUI services while a generation runs; all optional."""
 
     on_text: Callable[[str, int], None] | None = None        # (new text, tokens so far)
+    on_reasoning: Callable[[str, int], None] | None = None   # (new reasoning text, tokens so far)
     should_stop: Callable[[], bool] | None = None            # e.g. ComfyUI's interrupt flag
     poll_interval: float = 0.05
 
@@ -234,6 +235,7 @@ class Generated:
     result: GenerationResult
     interrupted: bool = False
     ui: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = ""
 
 
 def _pump(stream, events, hooks: GenerateHooks) -> None:
@@ -256,6 +258,8 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
             continue
         if ev.is_token:
             n += 1
+        if ev.reasoning and hooks.on_reasoning is not None:
+            hooks.on_reasoning(ev.reasoning, n)
         if hooks.on_text is not None:
             hooks.on_text(ev.text, n)
 
@@ -285,7 +289,9 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
              max_new_tokens: int = MAX_TOKENS.default, sampling: SamplingParams | None = None,
              stop: str | Sequence[str] | None = "", confidence_aware: bool = False,
              confidence_threshold: float = ConfidenceConfig.threshold,
-             hooks: GenerateHooks | None = None) -> Generated:
+             hooks: GenerateHooks | None = None, thinking: str = THINKING.default,
+             reasoning_budget: int | None = REASONING_BUDGET.default,
+             json_schema: str | dict | None = None) -> Generated:
     """Run one chat generation on the handle's model, streaming through `hooks`.
 
     Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
@@ -316,7 +322,8 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         events.put(ev)
 
     stream = rt.submit(prompt, model=spec, max_tokens=max_new_tokens, sampling=sampling,
-                       stop=parse_stop(stop), confidence=conf, on_token=on_token)
+                       stop=parse_stop(stop), confidence=conf, on_token=on_token, thinking=thinking,
+                       reasoning_budget=reasoning_budget, json_schema=parse_schema(json_schema))
     holder.append(stream)
     try:
         _pump(stream, events, hooks)
@@ -325,7 +332,23 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         raise
     res = stream.result()  # raises Cancelled / ModelUnloaded with .partial
     spans = json.dumps([s.as_dict() for s in res.spans])
-    return Generated(res.text, spans, res, ui={"text": [res.text]})
+    return Generated(res.text, spans, res, ui={"text": [res.text]}, reasoning=res.reasoning)
+
+
+def parse_schema(schema: str | dict | None) -> dict | None:
+    """A json_schema widget's text as a schema (empty: none), or NodeError saying what is wrong."""
+    if schema is None or isinstance(schema, dict):
+        return schema
+    if not schema.strip():
+        return None
+    try:
+        value = json.loads(schema)
+    except json.JSONDecodeError as e:
+        raise NodeError(f"json_schema is not JSON: {e.msg} at line {e.lineno}, column {e.colno}. Paste a JSON "
+                        "schema, or leave it empty for free text.") from None
+    if not isinstance(value, dict):
+        raise NodeError("json_schema must be a JSON object (a schema such as {\"type\": \"array\", ...}).")
+    return value
 
 
 # -- embeddings ------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from . import comfy, core
 
 #: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto"): see `widget`
 AUTO_GPU_LAYERS = opt.N_GPU_LAYERS.min - 1
+#: the reasoning_budget widget's "no limit" (an INT widget cannot hold None): see `widget`
+NO_BUDGET = opt.REASONING_BUDGET.min - 1
 
 MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
 EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
@@ -41,6 +43,8 @@ class In:
     options: Callable[[], list[str]] | list[str] | None = None
     #: the declaration a widget was made from (`widget`), for the tests that compare the two
     option: Option | None = None
+    #: the number that stands for None in an INT widget (`widget`'s none_below)
+    none_value: float | None = None
 
     @property
     def is_widget(self) -> bool:
@@ -95,24 +99,29 @@ class NodeDef:
         return out
 
 
-_KINDS = {int: "INT", float: "FLOAT", bool: "BOOLEAN", str: "STRING"}
+_KINDS = {int: "INT", float: "FLOAT", bool: "BOOLEAN", str: "STRING", dict: "STRING"}
 
 
-def widget(option: Option, name: str | None = None, *, note: str = "", **extra: Any) -> In:
+def widget(option: Option, name: str | None = None, *, note: str = "", none_below: bool = False, **extra: Any) -> In:
     """The widget of a declared option: its default, bounds (an open one a step inside), step,
     choices and help. An INT widget holds neither a word nor None, so the number below the minimum
-    stands for the option's word (n_gpu_layers' -2 = auto), and an option whose default is None
-    (the seed) starts at its minimum. `note` adds what only the node says to the tooltip."""
+    stands for the option's word (n_gpu_layers' -2 = auto), or with `none_below` for None where None
+    means something no number does (reasoning_budget's -1 = no limit); any other option whose default
+    is None (the seed) starts at its minimum. A text widget (a JSON object's included) starts empty.
+    `note` adds what only the node says to the tooltip."""
     lo, hi = option.widget_bounds()
     default = option.default
-    if option.words:
+    kind = "COMBO" if option.choices else _KINDS[option.type]
+    none = None
+    if option.words or none_below:
         lo = option.min - 1
-        default = lo if default in option.words else default
+        default = lo if default in option.words or (none_below and default is None) else default
+        none = lo if none_below else None
     if default is None and option.choices is None:
-        default = option.min
-    return In(name or option.name, "COMBO" if option.choices else _KINDS[option.type], default,
+        default = "" if kind == "STRING" else option.min
+    return In(name or option.name, kind, default,
               tooltip=option.help + (" " + note if note else ""), min=lo, max=hi, step=option.step,
-              options=list(option.choices) if option.choices else None, option=option, **extra)
+              options=list(option.choices) if option.choices else None, option=option, none_value=none, **extra)
 
 
 #: The loader's pruning widgets: PruneConfig's ratios, where 1 (the default) means no pruning.
@@ -191,7 +200,8 @@ LOADER = NodeDef(
 
 # -- A3BGenerate ------------------------------------------------------------------------------------------
 def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
-                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None):
+                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None,
+                  thinking=opt.THINKING.default, reasoning_budget=NO_BUDGET, json_schema=""):
     bar = comfy.progress_bar(max_new_tokens, node_id)
     comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": "", "reset": True})
 
@@ -200,14 +210,19 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
         if text:
             comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": text, "n": n})
 
-    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted)
+    def on_reasoning(text: str, n: int) -> None:
+        comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "reasoning": text, "n": n})
+
+    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted, on_reasoning=on_reasoning)
     try:
         sampling = core.sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                         repeat_penalty=repeat_penalty, seed=seed)
         g = core.generate(model, prompt, system=system, context=context, max_new_tokens=max_new_tokens,
                           sampling=sampling, stop=stop,
                           confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
-                          hooks=hooks)
+                          hooks=hooks, thinking=thinking,
+                          reasoning_budget=None if reasoning_budget == NO_BUDGET else reasoning_budget,
+                          json_schema=json_schema)
     except Cancelled:
         comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
         comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
@@ -220,8 +235,9 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
                                   "tokens_per_second": r.tokens_per_second,
                                   "time_to_first_token": r.time_to_first_token,
                                   "n_prompt_tokens": r.n_prompt_tokens,
-                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
-    return (g.text, g.spans_json), g.ui
+                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens,
+                                  "n_reasoning_tokens": r.n_reasoning_tokens})
+    return (g.text, g.spans_json, g.reasoning), g.ui
 
 
 GENERATE = NodeDef(
@@ -246,9 +262,16 @@ GENERATE = NodeDef(
         widget(opt.THRESHOLD, "confidence_threshold", optional=True, round=0.01),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
+        widget(opt.THINKING, optional=True, note="The reasoning goes to its own output."),
+        widget(opt.REASONING_BUDGET, optional=True, none_below=True,
+               note=f"Here {NO_BUDGET} = no limit; max_new_tokens counts the answer."),
+        widget(opt.JSON_SCHEMA, optional=True, multiline=True,
+               note="Paste a schema (empty = free text); the text output is then JSON, e.g. a storyboard as a list "
+                    "of panels."),
     ],
-    outputs=[Out("text", "STRING"),
-             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy).")],
+    outputs=[Out("text", "STRING", "The answer (without the reasoning of a thinking model)."),
+             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy)."),
+             Out("reasoning", "STRING", "What a thinking model reasoned before its answer (empty for others).")],
     run=_run_generate, output_node=True,
 )
 

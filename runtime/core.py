@@ -29,6 +29,9 @@ from .store import ModelStore
 
 log = logging.getLogger("a3b")
 
+#: GenerationRequest fields `Runtime.request` passes on by name
+THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar"})
+
 
 class Runtime:
     def __init__(self, budget_bytes: int | None = None):
@@ -99,12 +102,17 @@ class Runtime:
                 variables: Mapping[str, Any] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                 sampling: SamplingParams | None = None, stop: Sequence[str] = (), priority: int = PRIORITY_BATCH,
                 confidence: ConfidenceConfig | None = None, prompt_tokens: Sequence[int] | None = None,
-                logprobs: int | None = None) -> GenerationRequest:
+                logprobs: int | None = None, tools: Sequence[dict] = (), **thinking: Any) -> GenerationRequest:
         """A GenerationRequest from the conveniences callers use: a typed prompt as it is; else token
         ids (`prompt_tokens`), chat `messages`, or `prompt` text, which `chat` (the default) sends as
-        one user message after `system`, and chat=False as plain text to continue."""
+        one user message after `system`, and chat=False as plain text to continue. `thinking` holds
+        the request's other fields by name (thinking, reasoning_budget, max_total_tokens,
+        json_schema, grammar)."""
+        unknown = set(thinking) - THINKING_FIELDS
+        if unknown:
+            raise InvalidRequest(f"Unknown request setting(s): {', '.join(sorted(unknown))}.")
         if isinstance(prompt, PROMPT_TYPES):
-            if system or messages is not None or prompt_tokens is not None or template or variables:
+            if system or messages is not None or prompt_tokens is not None or template or variables or tools:
                 raise InvalidRequest("A typed prompt carries its own messages, template and variables: give them "
                                      "there, not beside it.")
             p = prompt
@@ -119,14 +127,14 @@ class Runtime:
                     raise InvalidRequest("The prompt is empty; give some text to answer.")
                 messages = chatmod.messages(prompt, system)
             p = ChatPrompt(tuple(dict(m) if isinstance(m, Mapping) else m for m in messages), template=template or None,
-                           variables=variables or {})
+                           variables=variables or {}, tools=tuple(tools))
         else:
-            if system:
-                raise InvalidRequest("A system prompt needs chat mode (chat=True).")
+            if system or variables or tools:
+                raise InvalidRequest("A system prompt, template variables and tools need chat mode (chat=True).")
             p = TextPrompt(prompt)
         return GenerationRequest(prompt=p, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
                                  stop=tuple(stop), priority=priority, confidence=confidence or ConfidenceConfig(),
-                                 logprobs=logprobs)
+                                 logprobs=logprobs, **{k: v for k, v in thinking.items() if v is not None})
 
     def submit(self, prompt: str | Prompt | GenerationRequest = "", *, model: str | LoadSpec | None = None,
                on_token: Callable[[TokenEvent], None] | None = None, **kwargs: Any) -> GenerationStream:

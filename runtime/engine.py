@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .errors import InvalidRequest
+
 if TYPE_CHECKING:  # pragma: no cover
     import collections
 
@@ -207,8 +209,15 @@ class Backend(Protocol):
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""
 
-    def new_sampler(self, sampling: SamplingParams, seed: int) -> Any: ...
+    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: str | None = None) -> Any:
+        """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it."""
+
     def free_sampler(self, sampler: Any) -> None: ...
+
+    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
+        """The grammar for a JSON schema (or GBNF text), checked against the vocabulary; InvalidRequest
+        when it does not compile. The one step any thread may call: it only reads the vocabulary."""
+        raise InvalidRequest("This engine has no grammar sampler: json_schema and grammar are not supported.")
 
     def sample_rows(self, rows: list[tuple[Any, int, bool]]) -> list[tuple[int, float | None]]:
         """For each (sampler, row of the last decode's outputs, want entropy): the next token, and

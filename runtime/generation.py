@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
@@ -131,6 +131,8 @@ class TokenEvent:
     piece: str | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[str, float]] | None = None
+    #: reasoning text released by this token (thinking models): a channel apart from `text`
+    reasoning: str = ""
 
     @property
     def is_token(self) -> bool:
@@ -154,6 +156,15 @@ class GenerationResult:
     decode_time: float            # seconds from first to last token
     #: tokens generated (the length of `tokens` where the engine knows them)
     n_tokens: int = -1
+    #: the reasoning before the answer (thinking models), its low-confidence spans (offsets into it)
+    #: and its tokens; `reasoning_closed_by`: "model", "budget" (the runtime closed it) or None
+    reasoning: str = ""
+    reasoning_spans: list[LowConfidenceSpan] = field(default_factory=list)
+    n_reasoning_tokens: int = 0
+    reasoning_closed_by: str | None = None
+    #: what the runtime noticed about the request without refusing it (a thinking switch the
+    #: template lacks, say)
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.n_tokens < 0:
@@ -166,6 +177,7 @@ class GenerationResult:
     def as_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("entropies", "tokens")}
         d["spans"] = [s.as_dict() for s in self.spans]
+        d["reasoning_spans"] = [s.as_dict() for s in self.reasoning_spans]
         d["tokens_per_second"] = self.tokens_per_second
         return d
 
@@ -190,6 +202,8 @@ class GenerationStream:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancel_reason = "cancelled"
+        #: warnings the engine found at submit; the result carries them
+        self.warnings: list[str] = []
         self._done_callbacks: list[Callable[[GenerationStream], None]] = []
         self._cb_lock = threading.Lock()
 
@@ -267,22 +281,25 @@ class GenerationStream:
 
                 logging.getLogger("a3b").exception("done callback failed")
 
-    def _conclude(self, asm: TextAssembler, reason: str, error: BaseException | None, *, model: str,
+    def _conclude(self, asm: Any, reason: str, error: BaseException | None, *, model: str,
                   tokens: list[int] | None, n_tokens: int, n_prompt: int, n_cached: int, seed: int,
                   t_first: float | None, t_last: float | None) -> GenerationResult:
-        """End the stream, for either engine: release the held-back text, build the result, and
-        finish with it, or with the error. A cancelled request ends with Cancelled (ModelUnloaded
-        when an unload cancelled it), and the text so far travels with every error as `.partial`."""
-        tail = asm.flush()
-        if tail:
-            self._emit(TokenEvent(tail, NOT_A_TOKEN, None))
-        text, spans = asm.final_text()
+        """End the stream, for either engine: release the held-back text of both channels (`asm` is
+        a reasoning.ChannelAssembler), build the result, and finish with it, or with the error. A
+        cancelled request ends with Cancelled (ModelUnloaded when an unload cancelled it), and the
+        text so far travels with every error as `.partial`."""
+        tail_r, tail = asm.flush()
+        if tail or tail_r:
+            self._emit(TokenEvent(tail, NOT_A_TOKEN, None, reasoning=tail_r))
+        text, spans, reasoning, rspans = asm.final()
         result = GenerationResult(
             text=text, tokens=tokens, finish_reason=reason, n_prompt_tokens=n_prompt, n_cached_prompt_tokens=n_cached,
             seed=seed, spans=spans, entropies=list(asm.entropies),
             time_to_first_token=(t_first - self.submitted_at) if t_first else 0.0,
             total_time=time.perf_counter() - self.submitted_at,
-            decode_time=(t_last - t_first) if t_first and t_last else 0.0, n_tokens=n_tokens)
+            decode_time=(t_last - t_first) if t_first and t_last else 0.0, n_tokens=n_tokens,
+            reasoning=reasoning, reasoning_spans=rspans, n_reasoning_tokens=asm.n_reasoning,
+            reasoning_closed_by=asm.closed_by, warnings=list(self.warnings))
         if reason == "cancelled" and error is None:
             if self.cancel_reason.startswith("unloaded"):
                 error = ModelUnloaded(f"{model} was unloaded while this request ran; "
@@ -322,16 +339,24 @@ class TextAssembler:
         return str(self._text)
 
     def add(self, piece: bytes, entropy: float | None) -> str:
+        return self.add_text(self._decoder.decode(piece), entropy)
+
+    def add_text(self, text: str, entropy: float | None) -> str:
+        """Decoded text of one token (with its entropy), or text of no token (entropy None): the text
+        it releases. Nothing is added after a stop string."""
+        if self.stopped:
+            return ""
         start = len(self._text)
-        new = self._decoder.decode(piece)
-        self._text.append(new)
-        self._tok_offsets.append((start, len(self._text)))
-        if entropy is not None:
+        self._text.append(text)
+        if entropy is not None:   # offsets stay aligned with entropies: one each per measured token
+            self._tok_offsets.append((start, len(self._text)))
             self.entropies.append(entropy)
             self._track(entropy)
+        elif not text:
+            return ""
         if self._stops is not None:
             # A stop string is searched for only where it can end: in the new text (stops.py).
-            hit = self._stops.feed(new, start)
+            hit = self._stops.feed(text, start)
             if hit >= 0:
                 self._text.cut(hit)
                 self.stopped = True
@@ -340,9 +365,9 @@ class TextAssembler:
         return self._release(len(self._text))
 
     def flush(self) -> str:
-        self._text.append(self._decoder.decode(b"", final=True))
+        out = self.add_text(self._decoder.decode(b"", final=True), None)
         self._close_run()
-        return self._release(len(self._text))
+        return out + ("" if self.stopped else self._release(len(self._text)))
 
     def _release(self, upto: int) -> str:
         if upto <= self.released:

@@ -34,6 +34,8 @@ CTX_POLICIES = ("warn", "refuse")
 SERVE_FORMATS = ("q8_0", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q6_k")
 #: How a model is served: the file as is, the faster of it and a re-encoded copy, or a copy.
 SERVE_AS = ("as-is", "auto", *SERVE_FORMATS)
+#: Whether a thinking model reasons before its answer.
+THINKING_MODES = ("auto", "on", "off")
 
 
 def cache_root() -> Path:
@@ -63,7 +65,7 @@ class Option:
     """One setting: what every surface shows and checks for it."""
 
     name: str
-    type: type                      # int, float, str or bool
+    type: type                      # int, float, str, bool, or dict (a JSON object)
     default: Any
     #: one or two sentences; node tooltips show it as written, the CLI's help in its own style
     help: str
@@ -106,6 +108,8 @@ class Option:
             text = "true or false"
         elif self.type is str:
             text = "text"
+        elif self.type is dict:
+            text = "a JSON object"
         else:
             text = ("an integer" if self.type is int else "a number") + (
                 "" if self.min is None and self.max is None else " " + self.range_text())
@@ -141,7 +145,7 @@ def check(option: Option, value: Any, name: str | None = None, error: type[Excep
             raise error(f"{name} must be one of {', '.join(option.choices)}; got {value!r}")
         return value
     kind = option.type
-    if kind is bool or kind is str:
+    if kind in (bool, str, dict):
         if not isinstance(value, kind):
             raise error(f"{name} must be {option.describe()}, got {value!r}")
         return value
@@ -173,6 +177,8 @@ def add_argument(parser, option: Option, *flags: str, default_text: str | None =
         kw["help"] += f" (default: {default_text})"
     if option.choices is not None:
         kw["choices"] = option.choices
+    elif option.type is dict:   # a JSON object: the command line names a file holding it, which the command reads
+        kw.update(type=str, metavar="FILE")
     elif option.type is not bool:
         kw["type"] = _parse_words(option) if option.words else option.type
     kw.update(kwargs)
@@ -267,6 +273,25 @@ MAX_TOKENS = Option("max_tokens", int, 512, "Most tokens to generate.", min=1, m
 LOGPROBS = Option("logprobs", int, None,
                   "Log-probabilities reported with every token: the sampled token's and this many likeliest "
                   "alternatives'.", min=0, max=20, nullable=True)   # OpenAI's top_logprobs range
+
+# -- thinking models and structured output (GenerationRequest) ---------------------------------------------
+THINKING = Option("thinking", str, "auto",
+                  "Reasoning before the answer (thinking models): auto = as the model's template does unasked, on, "
+                  "or off (off where the template has a switch; otherwise the block is closed as soon as it opens).",
+                  choices=THINKING_MODES)
+REASONING_BUDGET = Option("reasoning_budget", int, None,
+                          "Most reasoning tokens; at the limit the reasoning block is closed and the model answers "
+                          "(0 = thinking off).", min=0, max=MAX_CONTEXT, nullable=True)   # None: no limit
+MAX_TOTAL_TOKENS = Option("max_total_tokens", int, None,
+                          "Most tokens of reasoning and answer together (max_tokens counts the answer alone).",
+                          min=1, max=MAX_CONTEXT, nullable=True)   # None: the context is the limit
+JSON_SCHEMA = Option("json_schema", dict, None,
+                     "The JSON schema the answer must follow (llama.cpp's grammar sampler; with thinking on it applies "
+                     "to the answer only).", nullable=True)
+#: `a3b generate`'s alone: where the reasoning is printed
+SHOW_REASONING = Option("show_reasoning", bool, False,
+                        "Print the reasoning on stdout before the answer (default: dimmed on stderr).")
+
 POOLING = Option("pooling", str, POOLINGS[0], "How a text's token vectors become one vector.", choices=POOLINGS)
 NORMALIZE = Option("normalize", bool, True, "Unit length, so a dot product is the cosine similarity.")
 
@@ -289,7 +314,8 @@ LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, 
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, CTX_POLICY)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
-REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS)}
+REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
+                                        JSON_SCHEMA)}
 #: every option above, by name
 OPTIONS = {**LOAD_OPTIONS, **SAMPLING_OPTIONS, **CONFIDENCE_OPTIONS, **REQUEST_OPTIONS, POOLING.name: POOLING,
            NORMALIZE.name: NORMALIZE}

@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams, check_stops
-from .options import LOGPROBS, MAX_TOKENS, check
+from .options import JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
 from .scheduler import PRIORITY_BATCH
 
 Message = dict[str, str]
@@ -83,10 +83,14 @@ class ChatPrompt:
     template: str | None = None
     #: variables rendered into the model's own (Jinja) template, e.g. {"enable_thinking": False}
     variables: Mapping[str, Any] = field(default_factory=dict)
+    #: tools the model may call, as OpenAI declares them ({"type": "function", "function": {"name",
+    #: "description", "parameters"}}), rendered by the model's own template
+    tools: tuple[dict, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "messages", tuple(self.messages))
         object.__setattr__(self, "variables", dict(self.variables or {}))
+        object.__setattr__(self, "tools", tuple(self.tools or ()))
 
     def check(self) -> None:
         if not self.messages:
@@ -109,6 +113,14 @@ class ChatPrompt:
             json.dumps(self.variables, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise InvalidRequest(f"Chat template variables must be plain JSON values ({e}).") from None
+        for i, t in enumerate(self.tools):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(fn, dict) or t.get("type", "function") != "function" \
+                    or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise InvalidRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                     f"\"parameters\": ...}}}}, got {str(t)[:80]!r}")
+        if self.tools and self.template:
+            raise InvalidRequest("Tools are rendered by the model's own chat template; leave the template empty.")
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,15 @@ class GenerationRequest:
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
     #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
-    logprobs: int | None = None
+    logprobs: int | None = LOGPROBS.default
+    #: Thinking models (options.py declares each: default, bounds, help). `max_tokens` counts the
+    #: answer; `max_total_tokens` bounds reasoning and answer together.
+    thinking: str = THINKING.default
+    reasoning_budget: int | None = REASONING_BUDGET.default
+    max_total_tokens: int | None = MAX_TOTAL_TOKENS.default
+    #: Structured output: a JSON schema the answer follows, or a GBNF grammar (not both)
+    json_schema: dict[str, Any] | None = JSON_SCHEMA.default
+    grammar: str | None = None
 
     def __post_init__(self):
         if isinstance(self.prompt, str):
@@ -184,6 +204,17 @@ class GenerationRequest:
         check(LOGPROBS, self.logprobs)
         self.confidence.validate()
         self.sampling.validate()
+        for option in (THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS, JSON_SCHEMA):
+            check(option, getattr(self, option.name))
+        if self.json_schema is not None:
+            try:
+                json.dumps(self.json_schema, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise InvalidRequest(f"json_schema must hold plain JSON values ({e}).") from None
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise InvalidRequest("grammar must be GBNF text.")
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidRequest("Give a json_schema or a grammar, not both.")
 
 
 def check_text(what: str, text: str) -> None:

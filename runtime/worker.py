@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from . import chat as chatmod
-from . import fim, memory
+from . import fim, memory, reasoning, thinking
 from .engine import Backend, DecodeFailed, LocalWeights, Model
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from .generation import GenerationStream, TextAssembler, TokenEvent
+from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
+from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
 from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
@@ -40,14 +41,20 @@ log = logging.getLogger("a3b.worker")
 class GenJob(Job):
     """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
 
-    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int):
+    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int, asm: ChannelAssembler,
+                 budget: int | None = None, grammar: str | None = None):
         super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled)
         self.stream = stream
         self.req: GenerationRequest = stream.request
         self.seed = seed
         self.sampler: Any = None   # made on the worker thread at the first sample
         self.n_gen = 0
-        self.asm = TextAssembler(self.req.stop, self.req.confidence)
+        self.asm = asm
+        #: reasoning tokens after which the block is closed (None: no limit)
+        self.budget = budget
+        #: the answer's grammar (GBNF), in the sampler chain once the answer channel has begun
+        self.grammar = grammar
+        self.grammar_live = False
         self.t_first: float | None = None
         self.t_last: float | None = None
 
@@ -102,20 +109,25 @@ class LoadedModel(Model):
         return chatmod.render(list(prompt.messages), gguf_template=self.info.chat_template, template=prompt.template,
                               bos=v.token_text(v.bos) if v.bos >= 0 else "",
                               eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
-                              variables=prompt.variables)
+                              variables=prompt.variables, tools=prompt.tools)
 
     def prompt_tokens(self, prompt: Prompt, max_tokens: int = 0) -> list[int]:
         """The token ids `prompt` becomes for this model (an infill prompt fitted beside
         `max_tokens`), as submit feeds them."""
+        return self._prompt(prompt, max_tokens)[0]
+
+    def _prompt(self, prompt: Prompt, max_tokens: int = 0) -> tuple[list[int], str]:
+        """(token ids, the rendered chat text or "") of `prompt`."""
         v = self.vocab
         if isinstance(prompt, TokenPrompt):
-            return list(prompt.tokens)
+            return list(prompt.tokens), ""
         if isinstance(prompt, TextPrompt):
-            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special)
+            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special), ""
         if isinstance(prompt, ChatPrompt):
-            return v.tokenize(self.render_chat(prompt), add_bos=v.add_bos, special=True)
+            text = self.render_chat(prompt)
+            return v.tokenize(text, add_bos=v.add_bos, special=True), text
         if isinstance(prompt, InfillPrompt):
-            return fim.build(prompt, v, self.n_ctx_seq, max_tokens)
+            return fim.build(prompt, v, self.n_ctx_seq, max_tokens), ""
         raise InvalidRequest(f"Not a prompt: {type(prompt).__name__}")
 
     def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
@@ -124,7 +136,15 @@ class LoadedModel(Model):
     def submit(self, request: GenerationRequest,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
-        tokens = self.prompt_tokens(request.prompt, request.max_tokens)
+        how = thinking.plan(self.info.chat_template, request)
+        grammar = self.backend.compile_grammar(request.json_schema, request.grammar) \
+            if request.json_schema is not None or request.grammar is not None else None
+        tokens, text = self._prompt(how.prompt, request.max_tokens)
+        asm = ChannelAssembler(how.format, request.stop, request.confidence,
+                               reasoning.start_state(how.format, text))
+        if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
+            tokens = tokens + self._end_tokens(asm)
+            asm.close()
         if not tokens:
             raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
         if len(tokens) >= self.n_ctx_seq:
@@ -135,8 +155,12 @@ class LoadedModel(Model):
         if bad:
             raise InvalidRequest(f"Token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
         stream = GenerationStream(request, on_token)
+        for w in how.warnings:
+            log.warning("%s: %s", self.name, w)
+        stream.warnings = how.warnings
         sp = request.sampling
-        job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32))
+        job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32), asm, how.budget,
+                     grammar)
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -278,7 +302,9 @@ class LoadedModel(Model):
         outs = [e for e in step.entries if e.output is not None]
         for e in outs:
             if e.job.sampler is None:
-                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed)
+                e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
+                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
+                                                         e.job.grammar if e.job.grammar_live else None)
         sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
         for e, (tok, ent) in zip(outs, sampled):
             lp = None
@@ -300,16 +326,38 @@ class LoadedModel(Model):
             return self._finish_slot(job, "stop")
         job.seq.append(tok)
         piece = self.vocab.piece(tok)
-        text = job.asm.add(piece, ent)
+        # a control token renders as nothing; harmony's channel markers are such tokens
+        markup = self.vocab.token_text(tok) if not piece and job.asm.format.name == reasoning.GPT_OSS else ""
+        r, text = job.asm.add(piece, ent, markup)
         if lp is None:
-            job.stream._emit(TokenEvent(text, tok, ent))
+            job.stream._emit(TokenEvent(text, tok, ent, reasoning=r))
         else:
             top = [(self.vocab.piece(t).decode("utf-8", "replace"), v) for t, v in lp[1]]
-            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top))
+            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top, reasoning=r))
         if job.asm.stopped:
             return self._finish_slot(job, "stop")
-        if job.n_gen >= job.req.max_tokens or len(job.seq) >= self.n_ctx_seq:
+        if job.asm.in_reasoning and job.budget is not None and job.asm.n_reasoning >= job.budget:
+            self._close_reasoning(job)
+        if job.grammar is not None and not job.grammar_live and job.asm.split.answering and job.sampler is not None:
+            self.backend.free_sampler(job.sampler)   # the next sample makes the chain with the grammar
+            job.sampler = None
+        total = job.req.max_total_tokens
+        if job.asm.n_answer >= job.req.max_tokens or (total is not None and job.n_gen >= total) \
+                or len(job.seq) >= self.n_ctx_seq:
             return self._finish_slot(job, "length")
+
+    def _end_tokens(self, asm: ChannelAssembler) -> list[int]:
+        return self.vocab.tokenize(asm.format.end_text, add_bos=False, special=True)
+
+    def _close_reasoning(self, job: GenJob) -> None:
+        """The budget is spent: the template's end-of-thinking text goes into the sequence as prompt
+        tokens (the next batched decode reads them with every other request's token; nothing else
+        waits), and the model goes on with the answer."""
+        job.seq.extend(self._end_tokens(job.asm))
+        r, text = job.asm.close()
+        self.stats["reasoning_budget_closed"] += 1
+        if r or text:
+            job.stream._emit(TokenEvent(text, NOT_A_TOKEN, None, reasoning=r))
 
     def _finish_slot(self, job: GenJob, reason: str) -> None:
         with self._lock:

@@ -35,19 +35,16 @@ from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import (MAX_STOP_STRINGS, ConfidenceConfig, GenerationResult, GenerationStream,
-                                  SamplingParams, TokenEvent, check_stops)
+from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, TokenEvent
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime import options as opt
-from ..runtime.options import LoadSpec, Option, check, wrap_seed
+from ..runtime.options import LoadSpec
 from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
+from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
+from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, stops_of
 
 log = logging.getLogger("a3b.serve")
-
-#: Largest request body read (a chat with a long context is well below it).
-MAX_BODY = 16 << 20
-
 
 @dataclass
 class ServeConfig:
@@ -136,100 +133,6 @@ class Guard:
                 return error(401, "A valid bearer token is required (Authorization: Bearer TOKEN).",
                              "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
         return None
-
-
-# -- request parsing --------------------------------------------------------------------------------
-async def read_json(request: Request) -> dict:
-    size = int(request.headers.get("content-length") or 0)
-    if size > MAX_BODY:
-        raise InvalidRequest(f"The request body is {size} bytes; at most {MAX_BODY} are read.")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise InvalidRequest(f"The request body is larger than {MAX_BODY} bytes.")
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"The request body is not JSON: {e}") from None
-    except RecursionError:
-        raise InvalidRequest("The request body is nested too deeply to read.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
-
-
-def _int(body: dict, name: str, option: Option, default: int | None = None) -> int | None:
-    """body[name] as `option` takes it (a float with an integer value counts), or `default` when absent."""
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return check(option, v, name)
-
-
-def sampling_of(body: dict) -> SamplingParams:
-    """SamplingParams from an OpenAI (or llama-server) body; fields left out keep the runtime's defaults."""
-    d = SamplingParams()
-    fields: dict[str, Any] = {}
-    for name, alias in (("temperature", None), ("top_p", None), ("min_p", None),
-                        ("repeat_penalty", "repetition_penalty")):
-        v = body.get(name, body.get(alias) if alias else None)
-        if v is not None:
-            fields[name] = v
-    if body.get("top_k") is not None:
-        fields["top_k"] = _int(body, "top_k", opt.TOP_K)
-    if body.get("seed") is not None:
-        fields["seed"] = wrap_seed(body["seed"])
-    sp = SamplingParams(**{**d.__dict__, **fields})
-    sp.validate()
-    return sp
-
-
-def stops_of(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings.")
-    return check_stops(s for s in stop if s)
-
-
-def messages_of(body: dict) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
-        content = m.get("content")
-        if isinstance(content, list):   # content parts: only text is understood
-            parts = []
-            for p in content:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported.")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts.")
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def logprobs_of(body: dict, chat: bool) -> int | None:
-    if chat:
-        if not body.get("logprobs"):
-            return None
-        return _int(body, "top_logprobs", opt.LOGPROBS, 0)
-    if body.get("logprobs") is None or body.get("logprobs") is False:
-        return None
-    return _int(body, "logprobs", opt.LOGPROBS, 0)
 
 
 # -- the application --------------------------------------------------------------------------------
@@ -376,12 +279,10 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        variables = body.get("chat_template_kwargs") or {}
-        if not isinstance(variables, dict):
-            raise InvalidRequest("chat_template_kwargs must be an object of template variables.")
-        prompt = ChatPrompt(messages_of(body), variables=variables)
+        variables, opts, tools = chat_options(body)
+        prompt = ChatPrompt(messages_with_tools(body, messages_of(body)), variables=variables, tools=tools)
         return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, on_token=on_token, **common))
+            prompt, model=spec, on_token=on_token, **common, **opts), out=ChatOutput(bool(tools)))
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -394,31 +295,32 @@ class Api:
             typed = TextPrompt(prompt)
         else:
             raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
+        opts = text_options(body)
         return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            typed, model=spec, on_token=on_token, **common))
+            typed, model=spec, on_token=on_token, **common, **opts))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
         n = body.get("n", 1)
         if n != 1:
             raise InvalidRequest("n must be 1: one choice per request.")
-        max_tokens = _int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+        max_tokens = int_field(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
                           opt.MAX_TOKENS)
         if body.get("n_predict") is not None and max_tokens is None:
-            max_tokens = _int(body, "n_predict", opt.N_PREDICT)
+            max_tokens = int_field(body, "n_predict", opt.N_PREDICT)
             max_tokens = None if max_tokens in (-1, 0) else max_tokens
         return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
                     confidence=ConfidenceConfig(enabled=True))
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
-                        deadline_s: float | None = None) -> Response:
+                        deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
         spec = self.spec_for(body)
         common = self._common(body, kind == "chat", spec, priority)
         stream, q = await self._start(lambda on_token: submit(spec, common, on_token))
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s),
+            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
@@ -426,7 +328,7 @@ class Api:
             while (ev := q.items.popleft() if q.items else await q.get()) is not None:
                 events.append(ev)
         res = self._result(stream)
-        return JSONResponse(self._final(kind, rid, res, events))
+        return JSONResponse(self._final(kind, rid, res, events, out))
 
     def _result(self, stream: GenerationStream) -> GenerationResult:
         try:
@@ -439,7 +341,8 @@ class Api:
             raise
 
     async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
-                   include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
+                   include_usage: bool, deadline_s: float | None, shape: ChatOutput | None = None
+                   ) -> AsyncIterator[bytes]:
         created = int(time.time())
         offset = 0
         async with self._watched(request, stream, deadline_s):
@@ -454,7 +357,10 @@ class Api:
                     if ev is None:
                         ended = True
                         break
-                    if ev.text or ev.piece is not None:
+                    if shape is not None:
+                        out += b"".join(self._event(self._chunk(kind, rid, created, d, ev if "content" in d else None))
+                                        for d in shape.deltas(ev))
+                    elif ev.text or ev.piece is not None:
                         out += self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
                         offset += len(ev.text)
                 if out:
@@ -465,9 +371,15 @@ class Api:
                 self.cfg.stats["errors"] += 1
                 yield self._event({"error": {"message": str(e), "type": "server_error", "code": e.code}})
                 return
-            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, res.finish_reason)
+            finish = res.finish_reason
+            if shape is not None:
+                yield b"".join(self._event(self._chunk(kind, rid, created, d)) for d in shape.last_deltas())
+                finish = shape.finish(finish)
+            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, finish)
             if kind == "infill":
                 final.update(self._infill_tail(res))
+            if shape is not None and shape.extra(res):
+                final["a3b"] = shape.extra(res)
             yield self._event(final)
             if include_usage:
                 obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
@@ -525,14 +437,19 @@ class Api:
         return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
                 "total_tokens": res.n_prompt_tokens + res.n_tokens}
 
-    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent]) -> dict:
+    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent],
+               shape: ChatOutput | None = None) -> dict:
         extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
                          "time_to_first_token": res.time_to_first_token}}
         finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
         if kind == "infill":
             return {"content": res.text, "stop": True, "model": self.cfg.model_id, **self._infill_tail(res), **extra}
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "finish_reason": finish,
+            message, finish = shape.message(res) if shape is not None else ({"role": "assistant", "content": res.text},
+                                                                            finish)
+            finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish)
+            extra["a3b"].update(shape.extra(res) if shape is not None else {})
+            choice = {"index": 0, "message": message, "finish_reason": finish,
                       "logprobs": self._chat_logprobs(events) if any(e.logprob is not None for e in events) else None}
             obj = "chat.completion"
         else:
@@ -558,7 +475,7 @@ class Api:
         deadline = body.get("t_max_predict_ms")
         deadline_s = None
         if deadline is not None:
-            deadline_s = _int(body, "t_max_predict_ms", opt.T_MAX_PREDICT_MS) / 1000.0 or None
+            deadline_s = int_field(body, "t_max_predict_ms", opt.T_MAX_PREDICT_MS) / 1000.0 or None
         if body.get("n_predict") is None and body.get("max_tokens") is None:
             body = {**body, "n_predict": opt.INFILL_N_PREDICT.default}
 

@@ -171,7 +171,7 @@ def test_pack_imports_and_lists_nodes(server):
     gen = info["A3BGenerate"]
     assert gen["input"]["required"]["max_new_tokens"][1]["default"] == 512
     assert gen["input"]["required"]["seed"][1]["control_after_generate"] is True
-    assert gen["output_node"] is True and gen["output"] == ["STRING", "STRING"]
+    assert gen["output_node"] is True and gen["output"] == ["STRING", "STRING", "STRING"]
     assert info["A3BEmbed"]["output_is_list"] == [False, True]
     assert combo_options(info["A3BLoader"]["input"]["required"]["model"])[0] == "(default)"
     # the V1 rendering used outside ComfyUI says the same as ComfyUI's rendering of the V3 nodes

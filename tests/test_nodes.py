@@ -80,7 +80,12 @@ def test_generate_schema_matches_the_issue():
     assert it["optional"]["context"][1]["forceInput"] is True
     assert it["hidden"] == {"unique_id": "UNIQUE_ID"}
     cls = NODE_CLASS_MAPPINGS["A3BGenerate"]
-    assert cls.RETURN_TYPES == ("STRING", "STRING") and cls.OUTPUT_NODE is True
+    # the reasoning output comes last: saved workflows keep their links to text and spans
+    assert cls.RETURN_TYPES == ("STRING", "STRING", "STRING") and cls.OUTPUT_NODE is True
+    assert cls.RETURN_NAMES[2] == "reasoning"
+    opt = it["optional"]
+    assert opt["thinking"][0] == ["auto", "on", "off"] and opt["thinking"][1]["default"] == "auto"
+    assert opt["reasoning_budget"][1]["default"] == -1 and opt["json_schema"][1]["multiline"] is True
     assert cls.FUNCTION == "run" and not hasattr(cls, "IS_CHANGED")  # cached on its inputs
 
 
@@ -142,8 +147,9 @@ def test_generate_context_system_stop_and_spans(real_handle):
     cut = generate(handle, "List five fruits.", max_new_tokens=24, temperature=0.0,
                    stop=f"nothing-like-this\n{stop}")["result"][0]
     assert cut == free[:free.index(stop)]
-    text, spans = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
-                           confidence_aware=True, confidence_threshold=0.5)["result"]
+    text, spans, reasoning = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
+                                      confidence_aware=True, confidence_threshold=0.5)["result"]
+    assert reasoning == ""   # the embedded model does not think
     spans = json.loads(spans)
     assert spans and all({"start", "end", "text", "mean_entropy"} <= set(s) for s in spans)
     assert "requires verification" in text  # marked in the text

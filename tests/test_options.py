@@ -27,7 +27,8 @@ from comfyui_a3b.runtime.errors import InvalidRequest
 from comfyui_a3b.runtime.generation import PRESETS, ConfidenceConfig, SamplingParams
 from comfyui_a3b.runtime.options import LoadSpec, Option, check, cli_help
 from comfyui_a3b.runtime.requests import GenerationRequest
-from comfyui_a3b.serve import app as serve_app
+from comfyui_a3b.serve import chatout
+from comfyui_a3b.serve import fields as serve_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMERIC = [o for o in opt.OPTIONS.values() if o.type in (int, float) and o.choices is None]
@@ -106,9 +107,9 @@ def test_the_callers_defaults_are_the_declared_ones():
 def test_the_seed_wraps_in_one_place():
     assert opt.wrap_seed(2**32 + 5) == 5 == opt.wrap_seed(5)
     assert node_core.sampling_params(seed=2**64 - 1).seed == 2**32 - 1
-    assert serve_app.sampling_of({"seed": 2**32 + 7}).seed == 7
+    assert serve_fields.sampling_of({"seed": 2**32 + 7}).seed == 7
     with pytest.raises(InvalidRequest, match="seed must be"):
-        serve_app.sampling_of({"seed": "7"})
+        serve_fields.sampling_of({"seed": "7"})
 
 
 def test_options_does_not_import_serving():
@@ -152,7 +153,8 @@ def test_every_flag_of_a_runtime_option_is_its_declaration():
             where = f"a3b {name} {action.option_strings[0]}"
             assert action.choices == option.choices, where
             if option.choices is None and option.type is not bool:
-                assert action.type is option.type or option.words, where
+                # a JSON object is given as the name of a file holding it
+                assert action.type is (str if option.type is dict else option.type) or option.words, where
             help_text = _help(parser, action)
             assert help_text.startswith(" ".join(cli_help(option.help).split())), (where, help_text)
             if action.default == option.default:
@@ -162,7 +164,8 @@ def test_every_flag_of_a_runtime_option_is_its_declaration():
                 assert name == "generate" and option.name in cli.SAMPLING_OPTIONS and action.default is None, where
                 assert "(default: the preset's value)" in help_text, where
     assert {"n_ctx", "n_threads", "n_gpu_layers", "ctx_policy", "max_tokens", "seed", "threshold", "min_run",
-            "pooling", "n_parallel", *cli.SAMPLING_OPTIONS} <= seen
+            "pooling", "n_parallel", "thinking", "reasoning_budget", "max_total_tokens", "json_schema",
+            *cli.SAMPLING_OPTIONS} <= seen
 
 
 def test_generate_passes_the_runtimes_max_tokens_and_says_so(capsys):
@@ -217,16 +220,21 @@ def test_every_node_widget_is_its_declaration():
             if o.words:   # the number below the minimum stands for the word
                 lo = o.min - 1
                 default = lo if default in o.words else default
-            elif default is None:
-                default = o.min
+            elif i.none_value is not None:   # or for None (reasoning_budget's no limit)
+                assert o.nullable and i.none_value == o.min - 1, where
+                lo = i.none_value
+                default = lo if default is None else default
+            elif default is None:   # a text widget starts empty, a number at its minimum
+                default = "" if i.type == "STRING" else o.min
             assert (i.min, i.max, i.step) == (lo, hi, o.step), where
             assert i.default == default, where
             assert i.tooltip.startswith(o.help), where
             assert i.choices() == list(o.choices or ()), where
             for value in (i.min, i.max) if o.type in (int, float) else ():
-                if not (o.words and value == lo):
+                if not (o.words and value == lo) and value != i.none_value:
                     check(o, value)   # a widget never offers a value the runtime refuses
     assert defs.AUTO_GPU_LAYERS == opt.N_GPU_LAYERS.min - 1
+    assert defs.NO_BUDGET == opt.REASONING_BUDGET.min - 1
 
 
 def test_the_loader_refuses_ratios_past_prune_configs_bounds(tmp_path):
@@ -281,17 +289,26 @@ SERVE_FIELDS = {"temperature": opt.TEMPERATURE, "top_p": opt.TOP_P, "top_k": opt
 def test_serve_takes_the_declared_bounds():
     for name, option in SERVE_FIELDS.items():
         for value in edges(option)[0]:
-            assert getattr(serve_app.sampling_of({name: value}), option.name) == value, (name, value)
+            assert getattr(serve_fields.sampling_of({name: value}), option.name) == value, (name, value)
         for value in edges(option)[1]:
             with pytest.raises(InvalidRequest):
-                serve_app.sampling_of({name: value})
+                serve_fields.sampling_of({name: value})
     for name, option in (("max_tokens", opt.MAX_TOKENS), ("n_predict", opt.N_PREDICT),
                          ("logprobs", opt.LOGPROBS), ("t_max_predict_ms", opt.T_MAX_PREDICT_MS)):
         for value in edges(option)[0]:
-            assert serve_app._int({name: value}, name, option) == value
+            assert serve_fields.int_field({name: value}, name, option) == value
         for value in edges(option)[1]:
             with pytest.raises(InvalidRequest, match=re.escape(f"{name} must be {option.range_text()}")):
-                serve_app._int({name: value}, name, option)
+                serve_fields.int_field({name: value}, name, option)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for option in (opt.REASONING_BUDGET, opt.MAX_TOTAL_TOKENS):   # the chat's fields of thinking models
+        for value in edges(option)[0]:
+            assert chatout.chat_options({**chat, option.name: value})[1][option.name] == value
+        for value in edges(option)[1]:
+            with pytest.raises(InvalidRequest, match=re.escape(f"{option.name} must be {option.range_text()}")):
+                chatout.chat_options({**chat, option.name: value})
+    with pytest.raises(InvalidRequest, match="json_schema must be a JSON object"):
+        chatout.chat_options({**chat, "json_schema": ["not", "a", "schema"]})
 
 
 def test_serve_answers_400_past_the_bounds(client):

@@ -347,6 +347,17 @@ def test_stop_strings_match_a_direct_search_on_random_text():
         assert (got, asm.text, asm.stopped) == (want, want_text, want_stopped), (stops, pieces)
 
 
+def test_text_given_after_a_stop_string_is_dropped():
+    """A thinking model's answer assembler gets the splitter's held-back text after a stop string
+    ended the answer: it is dropped, and the matcher is not advanced past its match."""
+    from comfyui_a3b.runtime.generation import TextAssembler
+
+    asm = TextAssembler(("STOP",), NO_CONF)
+    assert asm.add_text("abST", 1.0) == "ab" and asm.add_text("OPcd", 1.0) == "" and asm.stopped
+    assert asm.add_text("more", None) == "" and asm.add_text("", 0.5) == "" and asm.flush() == ""
+    assert asm.text == "ab" and asm.final_text() == ("ab", [])
+
+
 _LINEAR_STOP_SCRIPT = """
 import time
 from comfyui_a3b.runtime.generation import MAX_STOP_CHARS, ConfidenceConfig, TextAssembler

@@ -18,6 +18,7 @@ from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .grammar import Grammar, check_gbnf, schema_to_gbnf
 from .weights import Weights
 
 #: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
@@ -101,9 +102,11 @@ def entropy(logits: np.ndarray) -> float:
 
 @dataclass
 class Sampler:
-    """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone."""
+    """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone;
+    `grammar` when the answer is constrained (grammar.py)."""
     chain: Any
     greedy: bool = False
+    grammar: Grammar | None = None
 
 
 class LlamaBackend:
@@ -161,7 +164,13 @@ class LlamaBackend:
             # the context is not to be trusted
             raise DecodeFailed(f"llama_decode failed with code {rc}", fatal=rc < -1)
 
-    def new_sampler(self, sp, seed: int) -> Sampler:
+    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
+        text = schema_to_gbnf(json_schema) if json_schema is not None else gbnf
+        with self.weights.use():
+            check_gbnf(self.weights.vocab_ptr, text)
+        return text
+
+    def new_sampler(self, sp, seed: int, grammar: str | None = None) -> Sampler:
         L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
 
@@ -182,9 +191,13 @@ class LlamaBackend:
                 add(L.llama_sampler_init_min_p(sp.min_p, 1))
             add(L.llama_sampler_init_temp(sp.temperature))
             add(L.llama_sampler_init_dist(seed))
-        return Sampler(chain, greedy=sp.temperature <= 0 and sp.repeat_penalty == 1.0)
+        g = Grammar(self.weights.vocab_ptr, grammar, self.weights.n_vocab, self.weights.eos) if grammar else None
+        return Sampler(chain, greedy=sp.temperature <= 0 and sp.repeat_penalty == 1.0, grammar=g)
 
     def free_sampler(self, sampler: Sampler) -> None:
+        if sampler and sampler.grammar is not None:
+            sampler.grammar.free()
+            sampler.grammar = None
         if sampler and sampler.chain:
             llama().llama_sampler_free(sampler.chain)
             sampler.chain = None
@@ -193,9 +206,11 @@ class LlamaBackend:
         sampler, row, want_entropy = item
         L = llama()
         logits = None
-        if want_entropy or sampler.greedy:
+        if want_entropy or sampler.greedy or sampler.grammar is not None:
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,))
         ent = entropy(logits) if want_entropy else None
+        if sampler.grammar is not None:
+            return sampler.grammar.pick(sampler.chain, logits, sampler.greedy), ent
         if sampler.greedy:
             # the chain's answer without its candidate array: llama_sampler_sample first copies the
             # whole row into n_vocab (id, logit, p) records (0.16 ms for a 152k vocabulary), ten

@@ -30,7 +30,8 @@ import numpy as np
 from ..engine import Engine, Model
 from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong, RemoteProtocolError, \
     RemoteUnreachable
-from ..generation import GenerationStream, TextAssembler, TokenEvent
+from ..generation import GenerationStream, TokenEvent
+from ..reasoning import NONE, THINK, ChannelAssembler
 from ..options import POOLINGS, LoadSpec
 from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_texts
 from . import wire
@@ -147,7 +148,9 @@ class RemoteModel(Model):
 
     def _run(self, stream: GenerationStream, url: str, body: dict, n_prompt: int) -> None:
         req = stream.request
-        asm = TextAssembler(req.stop, req.confidence)
+        # a server that splits reasoning off sends it as reasoning_content; one that does not
+        # leaves <think> ... </think> in the content, which the splitter takes apart here
+        asm = ChannelAssembler(THINK if isinstance(req.prompt, ChatPrompt) else NONE, req.stop, req.confidence)
         n = 0
         t_first = t_last = None
         reason, error = "stop", None
@@ -166,19 +169,22 @@ class RemoteModel(Model):
                         ended = True
                         break
                     text, lp, finish = ("", None, None) if ev is KEEPALIVE else wire.delta(ev, base)
+                    thought = "" if ev is KEEPALIVE else wire.reasoning_delta(ev, base)
                     now = time.monotonic()
-                    if text:
+                    if text or thought:
                         t_token = now
                         t_last = time.perf_counter()
                         t_first = t_first or t_last
                         n += 1
                         ent = wire.entropy_of(lp[1]) if lp and req.confidence.enabled else None
-                        out = asm.add(text.encode("utf-8", "surrogatepass"), ent)
+                        r = asm.add_reasoning(thought, ent if not text else None) if thought else ""
+                        r2, out = asm.add(text.encode("utf-8", "surrogatepass"), ent) if text else ("", "")
                         if req.logprobs is not None and lp:
-                            stream._emit(TokenEvent(out, None, ent, text, lp[0], lp[1][:req.logprobs]))
+                            stream._emit(TokenEvent(out, None, ent, text, lp[0], lp[1][:req.logprobs],
+                                                    reasoning=r + r2))
                         else:
-                            stream._emit(TokenEvent(out, None, ent))
-                        if n >= req.max_tokens and not asm.stopped:
+                            stream._emit(TokenEvent(out, None, ent, reasoning=r + r2))
+                        if self._at_limit(req, asm, n) and not asm.stopped:
                             reason = "length"
                     elif now - t_token > limit:
                         raise RemoteUnreachable(f"The server at {base} sent no token for {limit:g} s (only "
@@ -188,7 +194,7 @@ class RemoteModel(Model):
                         reason = "length" if finish == "length" else "stop"
                         ended = True
                         break
-                    if asm.stopped or n >= req.max_tokens:
+                    if asm.stopped or self._at_limit(req, asm, n):
                         ended = True
                         break
                 if not ended and not stream.cancelled:
@@ -212,6 +218,11 @@ class RemoteModel(Model):
         sp = req.sampling
         stream._conclude(asm, reason, error, model=self.name, tokens=None, n_tokens=n, n_prompt=n_prompt, n_cached=0,
                          seed=sp.seed if sp.seed is not None else -1, t_first=t_first, t_last=t_last)
+
+    @staticmethod
+    def _at_limit(req: GenerationRequest, asm: ChannelAssembler, n: int) -> bool:
+        """max_tokens counts the answer, max_total_tokens everything the server streamed."""
+        return asm.n_answer >= req.max_tokens or (req.max_total_tokens is not None and n >= req.max_total_tokens)
 
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import chat as chatmod
 from .. import fim
-from ..errors import RemoteProtocolError
+from ..errors import InvalidRequest, RemoteProtocolError
 from ..requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TokenPrompt, prompt_texts
 
 #: Pieces as a pre-tokenizer cuts text: a word (or up to 8 letters of one) with its leading space, up
@@ -66,6 +66,11 @@ def request_body(req: GenerationRequest, model: str, infill: bool) -> tuple[str,
         body["stop"] = list(req.stop)
     n_top = req.logprobs if req.logprobs is not None else (5 if req.confidence.enabled else None)
     p = req.prompt
+    if not isinstance(p, ChatPrompt):   # llama-server's fields for text and infill (a chat sends response_format)
+        if req.json_schema is not None:
+            body["json_schema"] = dict(req.json_schema)
+        if req.grammar is not None:
+            body["grammar"] = req.grammar
     if isinstance(p, InfillPrompt):
         if not infill:
             return _completion(body, fim.chunks_text(p) + p.prefix + p.middle, n_top)
@@ -79,12 +84,52 @@ def request_body(req: GenerationRequest, model: str, infill: bool) -> tuple[str,
             text = chatmod.render(list(p.messages), gguf_template=None, template=p.template, bos="", eos="")
             return _completion(body, text, n_top)
         body["messages"] = [dict(m) for m in p.messages]
-        if p.variables:
-            body["chat_template_kwargs"] = dict(p.variables)
+        variables = thinking_variables(req, p)
+        if variables:
+            body["chat_template_kwargs"] = variables
+        if req.max_total_tokens is not None:
+            body["max_tokens"] = req.max_total_tokens   # the server counts reasoning and answer together
+        if req.json_schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer",
+                                                                            "schema": dict(req.json_schema)}}
+        if req.grammar is not None:
+            body["grammar"] = req.grammar   # llama-server's field
+        if p.tools:
+            body["tools"] = [dict(t) for t in p.tools]
         if n_top is not None:
             body.update(logprobs=True, top_logprobs=n_top)
         return "/chat/completions", False, body
     return _completion(body, list(p.tokens) if isinstance(p, TokenPrompt) else p.text, n_top)
+
+
+def thinking_variables(req: GenerationRequest, p: ChatPrompt) -> dict:
+    """The template variables sent: the prompt's own, and enable_thinking for thinking on or off
+    (llama-server and vLLM pass it to the Qwen templates). A server decodes on its own, so a budget
+    of N tokens cannot be kept there: only 0 (thinking off) is."""
+    variables = dict(p.variables)
+    if req.reasoning_budget not in (None, 0):
+        raise InvalidRequest("A remote server decodes on its own, so a reasoning budget cannot close its block; "
+                             "give reasoning_budget 0 (thinking off) or none, or max_total_tokens to bound both.")
+    off = req.thinking == "off" or req.reasoning_budget == 0
+    if req.thinking != "auto" or off:
+        if "enable_thinking" in variables and bool(variables["enable_thinking"]) == off:
+            raise InvalidRequest(f"thinking={'off' if off else 'on'} contradicts the template variable "
+                                 f"enable_thinking={variables['enable_thinking']!r}; give one of them.")
+        variables["enable_thinking"] = not off
+    return variables
+
+
+def reasoning_delta(ev: dict, where: str) -> str:
+    """The reasoning text of a streamed chat event: `reasoning_content` (llama-server, vLLM before
+    0.10) or `reasoning` (later vLLM), "" when it has none."""
+    choices = ev.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    d = choices[0].get("delta")
+    if not isinstance(d, dict):
+        return ""
+    f = _Fields(where)
+    return f.get(d, "reasoning_content", str, "text") or f.get(d, "reasoning", str, "text") or ""
 
 
 def _completion(body: dict, prompt: str | list[int], n_top: int | None) -> tuple[str, bool, dict]:
