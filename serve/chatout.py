@@ -71,6 +71,9 @@ def text_options(body: dict) -> dict:
     or response_format); tools need a chat."""
     if body.get("tools"):
         raise InvalidRequest("tools need the chat endpoint (/v1/chat/completions).")
+    for name in ("reasoning_budget", "max_total_tokens", "reasoning_effort", "think", "chat_template_kwargs"):
+        if body.get(name) is not None:   # a text completion renders no template: nothing could honour them
+            raise InvalidRequest(f"{name} applies to chat requests (/v1/chat/completions), not to a text completion.")
     opts: dict[str, Any] = {}
     schema = response_schema(body)
     if schema is not None:

@@ -178,3 +178,13 @@ def test_remote_engine_maps_reasoning_content(think, monkeypatch):
         assert off.reasoning == "" and off.text.startswith("It is 4.It is")
     finally:
         rt.unload()
+
+
+@pytest.mark.parametrize("field", ["reasoning_budget", "max_total_tokens", "reasoning_effort", "think",
+                                   "chat_template_kwargs"])
+def test_chat_only_fields_on_a_text_completion_are_400s(think, field):
+    """A text completion renders no chat template, so these fields could change nothing: refused,
+    not silently dropped."""
+    value = {"reasoning_effort": "low", "think": False, "chat_template_kwargs": {"enable_thinking": False}}.get(field, 8)
+    r = think.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
