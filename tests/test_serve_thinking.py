@@ -185,6 +185,7 @@ def test_remote_engine_maps_reasoning_content(think, monkeypatch):
 def test_chat_only_fields_on_a_text_completion_are_400s(think, field):
     """A text completion renders no chat template, so these fields could change nothing: refused,
     not silently dropped."""
-    value = {"reasoning_effort": "low", "think": False, "chat_template_kwargs": {"enable_thinking": False}}.get(field, 8)
+    values = {"reasoning_effort": "low", "think": False, "chat_template_kwargs": {"enable_thinking": False}}
+    value = values.get(field, 8)
     r = think.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, field: value})
     assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
