@@ -14,14 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
-import contextlib
-import json
 import logging
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +30,12 @@ from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, TokenEvent
+from ..runtime.generation import ConfidenceConfig, TokenEvent
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime import options as opt
 from ..runtime.options import LoadSpec
 from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
+from . import answers, bridge
 from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
 from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, stops_of
@@ -136,30 +132,6 @@ class Guard:
 
 
 # -- the application --------------------------------------------------------------------------------
-class Inbox:
-    """Items handed over from the worker thread (with loop.call_soon_threadsafe) to the event loop:
-    a deque and an event, so that a streaming answer sends every ready token in one write and waits
-    only when there is nothing to send."""
-
-    def __init__(self):
-        self.items: collections.deque = collections.deque()
-        self._ready = asyncio.Event()
-
-    def put(self, item) -> None:
-        self.items.append(item)
-        self._ready.set()
-
-    async def wait(self) -> None:
-        """Until an item is there (the stream's end always puts one)."""
-        while not self.items:
-            self._ready.clear()
-            await self._ready.wait()
-
-    async def get(self):
-        await self.wait()
-        return self.items.popleft()
-
-
 class Api:
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
@@ -236,47 +208,6 @@ class Api:
         return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
                              "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
 
-    @contextlib.asynccontextmanager
-    async def _watched(self, request: Request, stream: GenerationStream,
-                       deadline_s: float | None) -> AsyncIterator[None]:
-        """While the block runs, the client leaving cancels the stream at once (between two tokens
-        in the scheduler), and so does the end of `deadline_s` (llama-server's t_max_predict_ms)."""
-        left = False
-
-        def gone() -> None:
-            nonlocal left
-            if not left and not stream.done:
-                left = True
-                self.cfg.stats["disconnects"] += 1
-                stream.cancel("client disconnected")
-
-        timer = (asyncio.get_running_loop().call_later(deadline_s, stream.cancel, "time limit")
-                 if deadline_s else None)
-        try:
-            async with on_disconnect(request, gone):
-                yield
-        finally:
-            if timer is not None:
-                timer.cancel()
-            gone()   # still running: the client left, or the server stops (this task was cancelled)
-
-    # -- generation -------------------------------------------------------------------------------
-    async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
-        """Submit on an executor thread (it may load the model); token events and the end arrive in
-        an inbox on this loop (None marks the end)."""
-        loop = asyncio.get_running_loop()
-        q = Inbox()
-
-        def put(item):
-            try:
-                loop.call_soon_threadsafe(q.put, item)
-            except RuntimeError:   # the server's loop has stopped: the request is cancelled
-                raise Cancelled("server stopped") from None
-
-        stream = await loop.run_in_executor(None, lambda: submit(put))
-        stream.add_done_callback(lambda s: put(None))
-        return stream, q
-
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
         variables, opts, tools = chat_options(body)
@@ -316,148 +247,20 @@ class Api:
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
         spec = self.spec_for(body)
         common = self._common(body, kind == "chat", spec, priority)
-        stream, q = await self._start(lambda on_token: submit(spec, common, on_token))
+        stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token))
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out),
-                                     media_type="text/event-stream",
+            sse = bridge.sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out,
+                             self.cfg.model_id, self.cfg.stats)
+            return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
-        async with self._watched(request, stream, deadline_s):
+        async with bridge.watched(request, stream, deadline_s, self.cfg.stats):
             while (ev := q.items.popleft() if q.items else await q.get()) is not None:
                 events.append(ev)
-        res = self._result(stream)
-        return JSONResponse(self._final(kind, rid, res, events, out))
-
-    def _result(self, stream: GenerationStream) -> GenerationResult:
-        try:
-            return stream.result(0)
-        except Cancelled as e:
-            part = getattr(e, "partial", None)
-            if part is not None and stream.cancel_reason == "time limit":
-                part.finish_reason = "length"
-                return part
-            raise
-
-    async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
-                   include_usage: bool, deadline_s: float | None, shape: ChatOutput | None = None
-                   ) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        offset = 0
-        async with self._watched(request, stream, deadline_s):
-            if kind == "chat":
-                yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
-            ended = False
-            while not ended:
-                await q.wait()
-                out = b""
-                while q.items:   # everything that is ready goes out in one write
-                    ev = q.items.popleft()
-                    if ev is None:
-                        ended = True
-                        break
-                    if shape is not None:
-                        out += b"".join(self._event(self._chunk(kind, rid, created, d, ev if "content" in d else None))
-                                        for d in shape.deltas(ev))
-                    elif ev.text or ev.piece is not None:
-                        out += self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
-                        offset += len(ev.text)
-                if out:
-                    yield out
-            try:
-                res = self._result(stream)
-            except A3BError as e:
-                self.cfg.stats["errors"] += 1
-                yield self._event({"error": {"message": str(e), "type": "server_error", "code": e.code}})
-                return
-            finish = res.finish_reason
-            if shape is not None:
-                yield b"".join(self._event(self._chunk(kind, rid, created, d)) for d in shape.last_deltas())
-                finish = shape.finish(finish)
-            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, finish)
-            if kind == "infill":
-                final.update(self._infill_tail(res))
-            if shape is not None and shape.extra(res):
-                final["a3b"] = shape.extra(res)
-            yield self._event(final)
-            if include_usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                yield self._event({"id": rid, "object": obj,
-                                   "created": created, "model": self.cfg.model_id, "choices": [],
-                                   "usage": self._usage(res)})
-            if kind != "infill":
-                yield b"data: [DONE]\n\n"
-
-    @staticmethod
-    def _event(obj: dict) -> bytes:
-        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-    def _chunk(self, kind: str, rid: str, created: int, text, ev: TokenEvent | None = None, offset: int = 0,
-               finish: str | None = None) -> dict:
-        if kind == "infill":
-            out: dict[str, Any] = {"content": text, "stop": finish is not None}
-            if ev is not None and ev.logprob is not None:
-                out["completion_probabilities"] = [{"token": ev.piece, "logprob": ev.logprob,
-                                                    "top_logprobs": [{"token": t, "logprob": v}
-                                                                     for t, v in ev.top_logprobs or []]}]
-            return out
-        finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish) if finish else None
-        if kind == "chat":
-            delta = text if isinstance(text, dict) else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
-                                      "logprobs": self._chat_logprobs([ev]) if ev is not None and ev.logprob is not None
-                                      else None}
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.cfg.model_id,
-                    "choices": [choice]}
-        choice = {"index": 0, "text": text, "finish_reason": finish,
-                  "logprobs": self._text_logprobs([ev], offset) if ev is not None and ev.logprob is not None else None}
-        return {"id": rid, "object": "text_completion", "created": created, "model": self.cfg.model_id,
-                "choices": [choice]}
-
-    @staticmethod
-    def _chat_logprobs(events: list[TokenEvent]) -> dict:
-        return {"content": [{"token": e.piece, "logprob": e.logprob, "bytes": list((e.piece or "").encode()),
-                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
-                                              for t, v in e.top_logprobs or []]}
-                            for e in events if e.logprob is not None]}
-
-    @staticmethod
-    def _text_logprobs(events: list[TokenEvent], offset: int = 0) -> dict:
-        evs = [e for e in events if e.logprob is not None]
-        offs, o = [], offset
-        for e in evs:
-            offs.append(o)
-            o += len(e.piece or "")
-        return {"tokens": [e.piece for e in evs], "token_logprobs": [e.logprob for e in evs],
-                "top_logprobs": [dict(e.top_logprobs or []) for e in evs], "text_offset": offs}
-
-    @staticmethod
-    def _usage(res: GenerationResult) -> dict:
-        return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
-                "total_tokens": res.n_prompt_tokens + res.n_tokens}
-
-    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent],
-               shape: ChatOutput | None = None) -> dict:
-        extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
-                         "time_to_first_token": res.time_to_first_token}}
-        finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
-        if kind == "infill":
-            return {"content": res.text, "stop": True, "model": self.cfg.model_id, **self._infill_tail(res), **extra}
-        if kind == "chat":
-            message, finish = shape.message(res) if shape is not None else ({"role": "assistant", "content": res.text},
-                                                                            finish)
-            finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish)
-            extra["a3b"].update(shape.extra(res) if shape is not None else {})
-            choice = {"index": 0, "message": message, "finish_reason": finish,
-                      "logprobs": self._chat_logprobs(events) if any(e.logprob is not None for e in events) else None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": res.text, "finish_reason": finish,
-                      "logprobs": self._text_logprobs(events) if any(e.logprob is not None for e in events) else None}
-            obj = "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.cfg.model_id,
-                "choices": [choice], "usage": self._usage(res), **extra}
+        res = bridge.result(stream)
+        return JSONResponse(answers.final(kind, self.cfg.model_id, rid, res, events, out))
 
     # -- llama-server's /infill -------------------------------------------------------------------
     async def infill(self, request: Request) -> Response:
@@ -486,15 +289,6 @@ class Api:
             return self.rt.submit(prompt, model=spec, on_token=on_token, **common)
 
         return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
-
-    @staticmethod
-    def _infill_tail(res: GenerationResult) -> dict:
-        return {"tokens_predicted": res.n_tokens, "tokens_evaluated": res.n_prompt_tokens,
-                "tokens_cached": res.n_cached_prompt_tokens, "truncated": False,
-                "stop_type": {"length": "limit", "stop": "eos"}.get(res.finish_reason, res.finish_reason),
-                "timings": {"prompt_n": res.n_prompt_tokens - res.n_cached_prompt_tokens,
-                            "prompt_ms": res.time_to_first_token * 1000, "predicted_n": res.n_tokens,
-                            "predicted_ms": res.decode_time * 1000, "predicted_per_second": res.tokens_per_second}}
 
 
 def _client(request: Request) -> str:
