@@ -252,7 +252,7 @@ class Session:
         for ch in changes:
             where = d.apply(ch, self.encoding)
         d.version = version
-        self.index.set_document(uri, d.text, self.settings.chunk_tokens)
+        self.index.set_document(uri, d.snapshot(), self.settings.chunk_tokens)   # joined only if indexed
         if where is not None:
             self.hint(uri, where)   # the user is typing here
         g = self.gen
@@ -290,7 +290,7 @@ class Session:
             return   # a running completion reads its own prompt
         try:
             d.check_usable(self.settings.max_document_bytes)
-            cur = d.cursor_at(min(offset, len(d.text)))
+            cur = d.cursor_at(min(offset, len(d)))
         except DocumentError:
             return
         builder = self.engine.builder(m)
@@ -325,14 +325,14 @@ class Session:
     @staticmethod
     def _typed_ahead(g: Gen, d: Document) -> bool:
         """Did the edits only insert, at the generation's cursor, text it agrees with?"""
-        dx = len(d.text) - g.doc_len
+        dx = len(d) - g.doc_len
         off = g.cur.offset
         if dx < 0:
             return False
-        head = g.cur.suffix[:200]
-        if not d.text.startswith(head, off + dx) or not d.text.endswith(g.cur.prefix[-400:], 0, off):
+        head, tail = g.cur.suffix[:200], g.cur.prefix[-400:]
+        if d.slice(off + dx, off + dx + len(head)) != head or d.slice(off - len(tail), off) != tail:
             return False
-        return g.agrees(d.text[off:off + dx])
+        return g.agrees(d.slice(off, off + dx))
 
     # -- completion ----------------------------------------------------------------------------
     def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
@@ -399,7 +399,7 @@ class Session:
         hit = self.engine.cache.get(key, cur.prefix, count=False)
         if hit is not None:
             return answer(hit[1], "cache_" + hit[0])
-        g = self._start(m, builder, cur, key, multiline, use_fim, len(d.text))
+        g = self._start(m, builder, cur, key, multiline, use_fim, len(d))
         res = await self._wait(g)
         if res is None:
             return answer("", "superseded")

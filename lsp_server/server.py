@@ -22,7 +22,6 @@ import hashlib
 import inspect
 import itertools
 import logging
-import re
 import time
 from typing import Any
 
@@ -35,7 +34,7 @@ from pygls.exceptions import (
     JsonRpcRequestCancelled,
 )
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
+from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.uris import from_fs_path
 
 from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
@@ -44,9 +43,12 @@ from . import fixes
 from .config import as_dict
 from .documents import DocumentError, _index_to_units
 from .engine import Engine, Session, _spans_in
+from .messages import Refusals, install_log_filter, strict_converter
+from .postprocess import word_before
 from .pygls_compat import has_workspace
 
 log = logging.getLogger("a3b.lsp")
+install_log_filter()
 
 REQUEST_FAILED = -32803
 #: A3B's own notification: the editor's cursor position, for warming the prompt there.
@@ -95,6 +97,13 @@ def _units(line: str, index: int, encoding: str) -> int:
     return _index_to_units(line[:index], encoding)
 
 
+def _find_near(doc, text: str, start: int, end: int) -> int:
+    """Offset of `text` in the document between `start` and `end` (clipped), or -1."""
+    start = max(0, start)
+    i = doc.slice(start, end).find(text)
+    return -1 if i < 0 else start + i
+
+
 # -- protocol -------------------------------------------------------------------------------------
 class A3BProtocol(LanguageServerProtocol):
     """pygls' protocol with A3B's own document sync, a per-connection exit and cancellable commands.
@@ -136,7 +145,7 @@ class A3BProtocol(LanguageServerProtocol):
         try:
             ls.session.change(params.text_document.uri, params.text_document.version, params.content_changes)
         except DocumentError as e:
-            ls.show(T.MessageType.Error, f"A3B could not apply an edit: {e} Close and reopen the file.")
+            ls.refusals.add(T.MessageType.Error, "could not apply an edit", str(e), "Close and reopen the file.")
         else:
             ls.after_change(params.text_document.uri)
 
@@ -150,13 +159,14 @@ class A3BServer(LanguageServer):
     """One connection: its session over the shared engine, and what several features share."""
 
     def __init__(self, engine: Engine, connection):
-        converter = default_converter()
+        converter = strict_converter()
         super().__init__("a3b", _version(), text_document_sync_kind=T.TextDocumentSyncKind.Incremental,
                          protocol_cls=A3BProtocol, converter_factory=lambda: converter)
         #: the converter pygls structures messages with, to structure command arguments alike
         self.converter = converter
         self.engine = engine
         self.connection = connection
+        self.refusals = Refusals(self.show, lambda: connection.done)
         self.session = Session(engine, notify=lambda level, msg: self.show(
             T.MessageType.Error if level == "error" else T.MessageType.Info, msg))
         self.shutdown_requested = False
@@ -214,10 +224,10 @@ class A3BServer(LanguageServer):
     def after_change(self, uri: str) -> None:
         """Publish spans whose text has arrived, and move or drop those already published."""
         doc = self.session.docs.get(uri)
-        if doc is None:
+        if doc is None or not (self.published.get(uri) or any(p[0] == uri for p in self.pending_spans)):
             return
-        placed = self._place_pending(uri, doc.text)
-        moved = self._follow_published(uri, doc.text)
+        placed = self._place_pending(uri, doc)
+        moved = self._follow_published(uri, doc)
         if placed or moved:
             enc = self.session.encoding
             diagnostics = [T.Diagnostic(range=doc.range_at(s, e, enc), message=msg,
@@ -226,7 +236,7 @@ class A3BServer(LanguageServer):
             self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version,
                                                                               diagnostics=diagnostics))
 
-    def _place_pending(self, uri: str, text: str) -> bool:
+    def _place_pending(self, uri: str, doc) -> bool:
         """Turn pending spans of `uri` whose text is now near its offset into published ones."""
         placed = False
         keep = []
@@ -235,7 +245,7 @@ class A3BServer(LanguageServer):
             if puri != uri:
                 keep.append(item)
                 continue
-            at = text.find(inserted, max(0, off - 200), off + len(inserted) + 200) if inserted else -1
+            at = _find_near(doc, inserted, off - 200, off + len(inserted) + 200) if inserted else -1
             if at < 0:
                 if len(keep) < MAX_PENDING_SPANS:
                     keep.append(item)
@@ -248,12 +258,12 @@ class A3BServer(LanguageServer):
         self.pending_spans = keep
         return placed
 
-    def _follow_published(self, uri: str, text: str) -> bool:
+    def _follow_published(self, uri: str, doc) -> bool:
         """Published spans follow their text, and vanish once it is edited away. True if any changed."""
         old = self.published.get(uri, [])
         moved = []
         for s, e, t, msg in old:
-            at = text.find(t, max(0, s - 500), e + 500)
+            at = _find_near(doc, t, s - 500, e + 500)
             if at >= 0:
                 moved.append((at, at + len(t), t, msg))
         if moved == old:
@@ -459,7 +469,7 @@ class Features:
         a = await s.complete(params.text_document.uri, params.position, self.server.progress_for_load())
         if not a.text:
             return T.CompletionList(is_incomplete=True, items=[])
-        typed = re.search(r"\w*$", a.cursor.line_prefix).group(0)
+        typed = word_before(a.cursor.line_prefix)
         start = T.Position(line=params.position.line,
                            character=params.position.character - _units(typed, len(typed), s.encoding))
         first = a.text.split("\n", 1)[0]
@@ -489,10 +499,10 @@ class Features:
             actions.append(self._fix_action(f"Fix with A3B: {msg[:60]}", {
                 "kind": "diagnostic", "uri": uri, "version": doc.version, "line": d.range.start.line,
                 "end_line": d.range.end.line, "message": d.message}, [d]))
-        selected = doc.text[min(a, b):max(a, b)] if a != b else doc.line_text(params.range.start.line)
-        window = doc.text[max(0, min(a, b) - 4000):max(a, b) + 4000]
-        tb_text = selected if fixes.TRACEBACK_START in selected else window
-        if fixes.parse_traceback(tb_text) is not None:
+        selected = doc.slice(min(a, b), max(a, b)) if a != b else doc.line_text(params.range.start.line)
+        window = doc.slice(min(a, b) - 4000, max(a, b) + 4000)
+        tb_text = fixes.traceback_excerpt(selected if fixes.TRACEBACK_START in selected else window)
+        if tb_text is not None and fixes.parse_traceback(tb_text) is not None:
             actions.append(self._fix_action("Fix traceback with A3B",
                                             {"kind": "traceback", "uri": uri, "text": tb_text}))
         if a != b:
@@ -560,7 +570,7 @@ class Features:
         doc = s.doc(uri)
         a = doc.offset_at(r.start, s.encoding, "range start")
         b = doc.offset_at(r.end, s.encoding, "range end")
-        code = doc.text[min(a, b):max(a, b)][:6000]
+        code = doc.slice(min(a, b), min(max(a, b), min(a, b) + 6000))
         if not code.strip():
             raise DocumentError("Select some code to explain.")
         res = await self.server.chat(fixes.explain_messages(code, doc.language_id), max_tokens=160)

@@ -25,12 +25,12 @@ import threading
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlparse
 
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from ..runtime.environment import env_number
 from ..runtime.netguard import is_loopback, origin_ok, token_ok
 from .engine import Engine
-from .pygls_compat import pending_requests, send_raw
+from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
 
 log = logging.getLogger("a3b.lsp")
@@ -139,18 +139,23 @@ class Connection:
         if method is not None and not self._in_order(msg_id, method):
             return
         proto = self.server.protocol
+        awaited = method is None and awaits_reply(proto, msg_id)
         try:
             message = proto.structure_message(data)
         except JsonRpcException as e:
             detail = _describe(e.__cause__) if e.__cause__ is not None else e.message
             if msg_id is not None and method is not None:
                 self.send_error(msg_id, e.code, f"Invalid params for {method}: {detail}")
+            elif awaited:
+                fail_request(proto, msg_id, JsonRpcInvalidParams(
+                    f"The editor's answer to request {msg_id} is not valid: {detail}"))
+                log.warning("%s: the answer to request %s is not valid: %s", self.label, msg_id, detail)
             else:
                 log.warning("dropped malformed %s: %s", method or "message", detail)
                 if method and not method.startswith("$/"):
                     from lsprotocol.types import MessageType
 
-                    self.server.show(MessageType.Warning, f"A3B ignored a malformed {method} notification: {detail}")
+                    self.server.refusals.add(MessageType.Warning, f"ignored a malformed {method} notification", detail)
             return
         proto.handle_message(message)
 
@@ -327,10 +332,15 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
     """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code.
 
     `stdin` is anything with `read1(size)` (an FdReader over the real stdin); `stdout` a binary file.
+    End of input means the editor is gone: what it sent before and is still queued is dropped then
+    (200 queued edits of a large file would otherwise keep a dead editor's server busy for
+    minutes), except the small messages among it that end a session (`shutdown`, `exit`), which
+    set the exit code.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stopped = asyncio.Event()
+    ended = threading.Event()   # set by the reading thread at end of input, seen between two messages
     conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
 
     def deliver(item) -> None:
@@ -351,9 +361,11 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
             deliver(e)
         except Exception as e:  # noqa: BLE001 - a closed pipe, whatever the platform calls it
             log.info("stdin: %s", e)
+        ended.set()
         deliver(None)
 
     threading.Thread(target=pump, name="a3b-lsp-stdin", daemon=True).start()
+    dropped = 0
     while not conn.done:
         item = await queue.get()
         if item is None:
@@ -361,10 +373,29 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
         if isinstance(item, FramingError):
             conn.send_error(None, -32700, f"Parse error: {item} The stream cannot continue.")
             break
+        if ended.is_set() and not _ends_session(item):
+            dropped += 1
+            continue
         conn.feed(item)
+    if dropped:
+        log.info("stdin closed: dropped %d queued messages", dropped)
     conn.close(conn.exit_code if conn.exit_code is not None else 1)
     await asyncio.sleep(0)  # let the last responses go out
     return conn.exit_code or 0
+
+
+#: Messages at most this long are read after end of input, for a `shutdown` or `exit` among them.
+SESSION_END_BYTES = 200
+
+
+def _ends_session(body: bytes) -> bool:
+    """A small `shutdown` request or `exit` notification (read without parsing anything large)."""
+    if len(body) > SESSION_END_BYTES:
+        return False
+    try:
+        return json.loads(body).get("method") in ("shutdown", "exit")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
 
 
 # -- TCP ------------------------------------------------------------------------------------------

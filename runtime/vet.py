@@ -60,6 +60,10 @@ _server: subprocess.Popen | None = None
 history: list[tuple[str, float, str]] = []
 #: how a CPU kernel dies: an instruction the system does not allow, a bad address
 KERNEL_SIGNALS = ("SIGSEGV", "SIGILL", "SIGBUS")
+#: The folders before a source file named in llama.cpp's log ("/build/ggml/src/ggml.c:12" -> "ggml.c:12").
+#: Tried only where a run of non-blanks starts: from every position of a long run, `\S*` would scan
+#: to its end again (quadratic in the run, which a file's own metadata can make as long as it likes).
+_SOURCE_DIR = re.compile(r"(?<!\S)\S*/(?=[\w.-]+\.(?:cpp|c|h):\d+)")
 REBUILD_HINT = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install '
                 '--force-reinstall --no-cache-dir llama-cpp-python')
 
@@ -296,7 +300,7 @@ def _message(p: Path, v: dict) -> str:
     lines = [ln.strip() for ln in (v.get("log") or "").splitlines() if ln.strip()]
     said = [ln for ln in lines if "assert" in ln.lower() or "error" in ln.lower() or "fail" in ln.lower()]
     detail = " | ".join((said or lines)[-2:]) or "no message"
-    detail = re.sub(r"\S*/(?=[\w.-]+\.(?:cpp|c|h):\d+)", "", detail)   # the build folder says nothing
+    detail = _SOURCE_DIR.sub("", detail)   # the build folder says nothing
     if v.get("status") == "timeout":
         return (f"llama.cpp did not finish loading {p.name} within the time limit ({detail}). The file may be "
                 "damaged; if it is a very large model on a busy machine, set A3B_VET=off to skip this check.")

@@ -13,6 +13,7 @@ from comfyui_a3b.lsp_server.cache import CompletionCache
 from comfyui_a3b.lsp_server.context import chunk_text
 from comfyui_a3b.lsp_server.documents import Document, DocumentError
 from comfyui_a3b.lsp_server.fixes import extract_code, parse_traceback
+from comfyui_a3b.lsp_server.messages import strict_converter
 from comfyui_a3b.lsp_server.postprocess import finish
 from comfyui_a3b.lsp_server.prompt import PromptBuilder, is_multiline
 from comfyui_a3b.runtime import InfillPrompt, TextPrompt
@@ -291,6 +292,7 @@ def test_pygls_private_attributes_the_adapter_relies_on_still_exist():
         "_send_data": ("a method taking one message (data)",
                        lambda v: callable(v) and list(inspect.signature(v).parameters) == ["data"]),
         "_request_futures": ("a dict of message id -> future", lambda v: isinstance(v, dict)),
+        "_result_types": ("a dict of message id -> reply type", lambda v: isinstance(v, dict)),
     }
     assert set(shapes) == set(pygls_compat.PRIVATE_ATTRIBUTES), \
         "every private attribute pygls_compat uses needs its shape checked here"
@@ -314,6 +316,37 @@ def test_pygls_compat_functions_do_what_they_say():
     proto.handle_message(proto.structure_message(
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
     _require(pygls_compat.has_workspace(ls), "LanguageServer.workspace", "available after initialize")
+    [fut_id] = [i for i, f in proto._request_futures.items() if f is fut]
+    _require(pygls_compat.awaits_reply(proto, fut_id),
+             "JsonRPCProtocol._result_types", "holding the id of a request awaiting its reply")
+    _require(not pygls_compat.awaits_reply(proto, 1), "JsonRPCProtocol._result_types",
+             "holding only the ids of requests this server sent")
+    pygls_compat.fail_request(proto, fut_id, ValueError("unreadable"))
+    _require(isinstance(fut.exception(timeout=0), ValueError) and not pygls_compat.awaits_reply(proto, fut_id),
+             "JsonRPCProtocol._request_futures", "holding futures ended by set_exception")
+
+
+@pytest.mark.parametrize("value, kind", [
+    ({"line": 1, "character": 2.7}, T.Position),          # a column of 2.7 is not column 2
+    ({"line": True, "character": 0}, T.Position),
+    ({"applied": "no"}, T.ApplyWorkspaceEditResult),       # "no" is not True
+    ({"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 1}}, "text": 5},
+     T.TextDocumentContentChangePartial),                  # 5 is not the text "5"
+])
+def test_the_strict_converter_refuses_values_of_another_type(value, kind):
+    import cattrs
+
+    with pytest.raises(cattrs.ClassValidationError) as e:
+        strict_converter().structure(value, kind)
+    assert any("expected" in line for line in cattrs.transform_error(e.value)), cattrs.transform_error(e.value)
+
+
+def test_the_strict_converter_reads_what_the_protocol_allows():
+    conv = strict_converter()
+    assert conv.structure({"line": 3, "character": 4}, T.Position) == T.Position(3, 4)
+    assert conv.structure({"applied": False, "failureReason": "no"}, T.ApplyWorkspaceEditResult).applied is False
+    assert conv.structure({"scopeUri": None, "section": "a3b"}, T.ConfigurationItem).section == "a3b"
+    assert conv.structure(2, float) == 2 and conv.structure(0.5, float) == 0.5
 
 
 def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
@@ -337,3 +370,15 @@ def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
     everything = idx.select(embed, "file:///w/current.py", current, k=3, max_similarity=1.01, chunk_tokens=96)
     assert everything[0][0].uri == "file:///w/copy.py" and everything[0][1] > 0.99   # what the cut removes
     assert all(c.uri != "file:///w/current.py" for c, _ in everything)
+
+
+
+def test_the_strict_converter_still_reads_the_protocols_enumerations():
+    # the hooks of int and str also serve their subclasses: IntEnum and str enumerations
+    conv = strict_converter()
+    rng = {"start": {"line": 1, "character": 4}, "end": {"line": 1, "character": 8}}
+    assert conv.structure({"range": rng, "message": "m", "severity": 1}, T.Diagnostic).severity \
+        is T.DiagnosticSeverity.Error
+    assert conv.structure({"kind": "markdown", "value": "x"}, T.MarkupContent).kind is T.MarkupKind.Markdown
+    with pytest.raises(Exception):   # noqa: B017 - cattrs' error group; what matters is the refusal
+        conv.structure({"range": rng, "message": "m", "severity": "1"}, T.Diagnostic)
