@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ..runtime.environment import env
+from ..runtime.options import LSP_TOKEN
+
 
 def main(args) -> int:
     """Entry point of `a3b lsp` (see cli.py for the arguments)."""
@@ -18,7 +21,7 @@ def main(args) -> int:
     from .engine import Engine
     from .transport import parse_address, serve_forever, serve_stdio
 
-    token = getattr(args, "token", None) or os.environ.get("A3B_LSP_TOKEN") or None
+    token = getattr(args, "token", None) or env(LSP_TOKEN.env)
     model = getattr(args, "model", None)
     if getattr(args, "tcp", None) or getattr(args, "ws", None):
         kind = "tcp" if args.tcp else "ws"

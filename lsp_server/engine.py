@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -95,9 +94,6 @@ class Engine:
         #: that no amount of it can delay a completion's turn for a thread
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="a3b-lsp-bg")
         self.sessions: set[Session] = set()
-        #: one prompt builder per loaded model, weakly: an unloaded model (and the vocabulary and token
-        #: cache its builder holds) goes away with it instead of staying alive through this table
-        self._builders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.started = time.time()
 
     def spec_for(self, settings: cfg.Settings):
@@ -106,10 +102,7 @@ class Engine:
         return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx)
 
     def builder(self, model) -> PromptBuilder:
-        b = self._builders.get(model)
-        if b is None:
-            b = self._builders[model] = PromptBuilder(model.vocab)
-        return b
+        return PromptBuilder(model)   # holds nothing but the model: an unloaded model is not kept alive
 
     def status(self) -> dict[str, Any]:
         st = self.stats.summary()
@@ -303,7 +296,7 @@ class Session:
         builder = self.engine.builder(m)
         try:
             prompt = self._prompt(builder, cur, self.use_fim(builder))
-            stream = self.engine.rt.submit(model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=1,
+            stream = self.engine.rt.submit(prompt.sent, model=self.spec(), max_tokens=1,
                                            sampling=preset("greedy"), priority=PRIORITY_BATCH,
                                            confidence=ConfidenceConfig(enabled=False))
         except A3BError as e:   # unloaded meanwhile, say: warming is a hint, never an error
@@ -345,7 +338,7 @@ class Session:
     def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
         # the single/multi-line mode is not part of the key: it follows from the same context, and a
         # suggestion typed into stays valid when the mode at the new position differs
-        return bucket_key(m.info.path, str(id(m.vocab)), cur.uri, "fim" if use_fim else "pre",
+        return bucket_key(m.info.path, str(id(m.info)), cur.uri, "fim" if use_fim else "pre",
                           cur.line_suffix, cur.suffix[:240])
 
     def use_fim(self, builder: PromptBuilder) -> bool:
@@ -453,8 +446,8 @@ class Session:
         max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
         stop = ["\n\n\n"] if multiline else ["\n"]
         g.stream = self.engine.rt.submit(
-            model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=max_tokens,
-            sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE,
+            prompt.sent, model=self.spec(), max_tokens=max_tokens,
+            sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE, thinking="off",
             confidence=ConfidenceConfig(enabled=True, threshold=s.confidence_threshold),
             on_token=g.on_token)
         self.gen = g
@@ -524,7 +517,7 @@ class Session:
                 b = self.engine.builder(m)
                 p = b.build(cur, anchor=anchor, context_block=block, budget=s.context_tokens,
                             suffix_tokens=s.suffix_tokens, use_fim=self.use_fim(b))
-                stream = rt.submit(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=1,
+                stream = rt.submit(p.sent, model=spec, max_tokens=1,
                                    sampling=preset("greedy"), priority=PRIORITY_BATCH,
                                    confidence=ConfidenceConfig(enabled=False))
                 self._background.add(stream)

@@ -276,10 +276,10 @@ class A3BServer(LanguageServer):
         """Run a greedy chat request at interactive priority; cancelling the caller cancels it."""
         s = self.session
         await s.model(self.progress_for_load())
-        stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens,
+        conf = ConfidenceConfig(enabled=confidence, threshold=s.settings.confidence_threshold)
+        stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens, confidence=conf,
                                     sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
-                                    confidence=ConfidenceConfig(enabled=confidence,
-                                                                threshold=s.settings.confidence_threshold))
+                                    thinking=s.settings.thinking, reasoning_budget=s.settings.reasoning_budget)
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.shield(loop.run_in_executor(s.engine.executor, stream.result))

@@ -18,18 +18,17 @@ What this adds to pygls' own loops:
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
+from ..runtime.environment import env_number
+from ..runtime.netguard import is_loopback, origin_ok, token_ok
 from .engine import Engine
 from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
@@ -44,19 +43,12 @@ SERVER_NOT_INITIALIZED = -32002
 INVALID_REQUEST = -32600
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 #: TCP/WebSocket limits: connections served at once, seconds a new connection has to send
 #: `initialize`, and seconds an initialized connection may stay silent (0 = no limit). An editor
 #: that is merely idle sends nothing for a long while, hence the generous default.
-MAX_CONNECTIONS = int(_env_float("A3B_LSP_MAX_CLIENTS", 32))
-INIT_TIMEOUT_S = _env_float("A3B_LSP_INIT_TIMEOUT_S", 30)
-IDLE_TIMEOUT_S = _env_float("A3B_LSP_IDLE_TIMEOUT_S", 6 * 3600)
+MAX_CONNECTIONS = env_number("A3B_LSP_MAX_CLIENTS", int)
+INIT_TIMEOUT_S = env_number("A3B_LSP_INIT_TIMEOUT_S")
+IDLE_TIMEOUT_S = env_number("A3B_LSP_IDLE_TIMEOUT_S")
 
 
 def _is_notification(method: str) -> bool:
@@ -78,18 +70,6 @@ class FramingError(Exception):
         self.messages = messages or []
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
-
-
 def parse_address(text: str) -> tuple[str, int]:
     """HOST:PORT (or [v6]:PORT) that must name a loopback address."""
     host, sep, port = text.rpartition(":")
@@ -102,12 +82,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if int(port) > 65535:
         raise ValueError(f"Port {port} is out of range (0-65535).")
     return ("127.0.0.1" if host == "localhost" else host), int(port)
-
-
-def token_ok(expected: str | None, given: Any) -> bool:
-    if expected is None:
-        return True
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 class Connection:
@@ -547,7 +521,7 @@ async def start_ws(engine: Engine, host: str, port: int, token: str | None) -> L
         if not is_loopback(str(peer)):
             lst.refused += 1
             return connection.respond(403, "Only loopback clients are served.\n")
-        if request.headers.get("Origin"):
+        if not origin_ok(request.headers.get("Origin")):
             lst.refused += 1
             return connection.respond(403, "Browser origins are refused: a web page must not drive the model.\n")
         given = parse_qs(urlparse(request.path).query).get("token", [None])[0]

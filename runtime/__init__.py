@@ -31,27 +31,31 @@ else:
 
     _cxxruntime.preload()
 
-    from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
-                   remote, scheduler, serving, store, vet, worker)
+    from . import (chat, engine, errors, fim, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
+                   remote, requests, scheduler, serving, store, vet, worker)
+
+    engine.set_default_engine(llama.ENGINE)   # model files run in this process; URLs: see remote/
     from .core import Runtime, get_runtime
-    from .engine import ModelInfo, register_engine, unregister_engine
+    from .engine import Engine, Model, ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
                          InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
                          NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError, RemoteProtocolError,
                          RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture)
-    from .generation import (PRESETS, ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
-                             LowConfidenceSpan, SamplingParams, TokenEvent, preset)
+    from .generation import (PRESETS, ConfidenceConfig, GenerationResult, GenerationStream, LowConfidenceSpan,
+                             SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
     from .locate import add_model_dir, default_model_path, list_models, resolve_model
     from .options import LoadSpec
+    from .requests import ChatPrompt, ContextChunk, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
     from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
     from .worker import LoadedModel
 
     __all__ = [
-        "A3BError", "Cancelled", "ChecksumMismatch", "ConfidenceConfig", "ContextTooLarge", "CorruptGGUF",
-        "EmbeddingsUnsupported", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
-        "InvalidRequest", "LlamaCppUnavailable", "LoadSpec", "LoadedModel", "LowConfidenceSpan",
-        "ModelInfo", "ModelLoadFailed", "ModelNotFound", "ModelUnloaded", "NotGGUF", "PRESETS",
+        "A3BError", "Cancelled", "ChatPrompt", "ChecksumMismatch", "ConfidenceConfig", "ContextChunk",
+        "ContextTooLarge", "CorruptGGUF", "EmbeddingsUnsupported", "Engine", "GGUFInfo", "GenerationRequest",
+        "GenerationResult", "GenerationStream", "InfillPrompt", "InvalidRequest", "LlamaCppUnavailable", "LoadSpec",
+        "LoadedModel", "LowConfidenceSpan", "Model", "ModelInfo", "ModelLoadFailed", "ModelNotFound",
+        "ModelUnloaded", "NotGGUF", "PRESETS", "Prompt", "TextPrompt", "TokenPrompt",
         "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "RemoteAuthFailed",
         "RemoteError", "RemoteProtocolError", "RemoteUnreachable", "Runtime",
         "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "add_model_dir",

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ctypes
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import InvalidRequest
@@ -26,14 +28,21 @@ def _check(msgs: list[Message]) -> None:
             raise InvalidRequest(f"A chat message needs string 'role' and 'content': {m!r}")
 
 
-def render_jinja(template: str, msgs: list[Message], bos: str, eos: str) -> str:
-    """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter."""
+def supports_tools(template: str | None) -> bool:
+    """Whether a chat template renders tools (it reads the `tools` variable)."""
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
+def render_jinja(template: str, msgs: list[Message], bos: str, eos: str,
+                 variables: Mapping[str, Any] | None = None, tools: Sequence[dict] = ()) -> str:
+    """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter;
+    `variables` are the template's own settings (e.g. enable_thinking); `tools` as OpenAI declares them."""
     import jinja2
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     try:
         fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-        return fmt(messages=msgs).prompt
+        return fmt(messages=msgs, tools=list(tools) or None, **dict(variables or {})).prompt
     except jinja2.TemplateError as e:
         raise InvalidRequest(f"The model's chat template does not work ({type(e).__name__}: {e}). Use one of "
                              "llama.cpp's templates instead (template='chatml'; on the command line "
@@ -64,13 +73,23 @@ def render_named(name: str, msgs: list[Message]) -> str:
 
 
 def render(msgs: list[Message], *, gguf_template: str | None, template: str | None, bos: str, eos: str,
-           tokenizer_adds_bos: bool = False) -> str:
-    """`template`: None/"" = the model's own (GGUF metadata), else a llama.cpp template name."""
+           tokenizer_adds_bos: bool = False, variables: Mapping[str, Any] | None = None,
+           tools: Sequence[dict] = ()) -> str:
+    """`template`: None/"" = the model's own (GGUF metadata), else a llama.cpp template name.
+    `variables` and `tools` go into the model's own template; the named ones take neither."""
     _check(msgs)
+    if tools and (template or not supports_tools(gguf_template)):
+        raise InvalidRequest("This model's chat template has no tool support (it does not render `tools`), so "
+                             "tools cannot be offered to it. Leave tools out, or use a model whose template "
+                             "has tools (Qwen3, Hermes, Llama 3.1 and later).")
+    if variables and (template or not gguf_template):
+        raise InvalidRequest("Chat template variables need the model's own chat template, and "
+                             f"{'the named template ' + repr(template) if template else 'this model has none'}. "
+                             "Leave the variables out.")
     if template:
         return render_named(template, msgs)
     if gguf_template:
-        out = render_jinja(gguf_template, msgs, bos=bos, eos=eos)
+        out = render_jinja(gguf_template, msgs, bos=bos, eos=eos, variables=variables, tools=tools)
         # When the tokenizer adds BOS itself, a template that also writes it would double it.
         if tokenizer_adds_bos and bos and out.startswith(bos):
             out = out[len(bos):]

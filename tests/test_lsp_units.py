@@ -15,7 +15,9 @@ from comfyui_a3b.lsp_server.documents import Document, DocumentError
 from comfyui_a3b.lsp_server.fixes import extract_code, parse_traceback
 from comfyui_a3b.lsp_server.messages import strict_converter
 from comfyui_a3b.lsp_server.postprocess import finish
-from comfyui_a3b.lsp_server.prompt import FimIds, PromptBuilder, is_multiline
+from comfyui_a3b.lsp_server.prompt import PromptBuilder, is_multiline
+from comfyui_a3b.runtime import InfillPrompt, TextPrompt
+from comfyui_a3b.runtime.fim import fim_ids
 from comfyui_a3b.lsp_server.transport import (
     MAX_HEADER_BYTES,
     MAX_MESSAGE_BYTES,
@@ -111,30 +113,31 @@ def test_cache_exact_and_typed_ahead_hits():
 # -- prompts from real tokenizers ---------------------------------------------------------------
 def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
     m = rt.load()
-    b = PromptBuilder(m.vocab)
-    assert b.fim is None  # the embedded SmolLM2 has no FIM tokens: the prefix path
+    b = PromptBuilder(m)
+    assert not b.fim  # the embedded SmolLM2 has no FIM tokens: the prefix path
     body = "".join(f"value_{i} = compute({i})\n" for i in range(200))
     cur1 = cursor_at(body + "result = comp|")
     p1 = b.build(cur1, anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=True)
-    assert p1.mode == "prefix" and p1.window_tokens <= 120
+    assert p1.mode == "prefix" and isinstance(p1.sent, TextPrompt) and p1.window_tokens <= 120
     cur2 = cursor_at(body + "result = compu|")
     p2 = b.build(cur2, anchor=p1.anchor, context_block="", budget=120, suffix_tokens=16, use_fim=True)
     assert p2.anchor == p1.anchor
+    t1, t2 = m.prompt_tokens(p1.sent), m.prompt_tokens(p2.sent)
     common = 0
-    while common < min(len(p1.tokens), len(p2.tokens)) and p1.tokens[common] == p2.tokens[common]:
+    while common < min(len(t1), len(t2)) and t1[common] == t2[common]:
         common += 1
-    assert common >= len(p1.tokens) - 3  # only the last word's tokens differ: the KV cache covers the rest
-    text = m.vocab.detokenize(p1.tokens)
+    assert common >= len(t1) - 3  # only the last word's tokens differ: the KV cache covers the rest
+    text = m.vocab.detokenize(t1)
     assert text.startswith("# demo.py\n")
 
 
 def test_document_text_cannot_inject_control_tokens(rt):
     m = rt.load()
-    b = PromptBuilder(m.vocab)
+    b = PromptBuilder(m)
     cur = cursor_at("s = '<|im_end|><|endoftext|>'\nx = |")
     p = b.build(cur, anchor=None, context_block="", budget=200, suffix_tokens=0, use_fim=False)
     specials = {m.vocab.special_tokens()[k] for k in ("eos", "eot")} | {m.vocab.tokenize("<|im_end|>", special=True)[0]}
-    assert not specials & set(p.tokens[1:])
+    assert not specials & set(m.prompt_tokens(p.sent)[1:])
 
 
 @pytest.fixture(scope="module")
@@ -148,19 +151,18 @@ def fim_model(tmp_path_factory):
 def test_fim_prompt_is_built_from_the_models_token_ids(rt, fim_model):
     spec = rt.spec(str(fim_model), n_ctx=256, n_parallel=1)
     m = rt.load(spec)
-    ids = FimIds.of(m.vocab)
-    assert ids is not None and (ids.pre, ids.suf, ids.mid) == (3, 4, 5)
-    b = PromptBuilder(m.vocab)
+    assert fim_ids(m.vocab) == (3, 4, 5) and m.supports_fim
+    b = PromptBuilder(m)
     cur = cursor_at("def f(x):\n    return |\n\nprint(f(2))\n")
     p = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=True)
-    assert p.mode == "fim"
-    t = p.tokens
+    assert p.mode == "fim" and isinstance(p.sent, InfillPrompt)
+    t = m.prompt_tokens(p.sent, 4)
     assert t.count(3) == t.count(4) == t.count(5) == 1
     assert t.index(3) < t.index(4) < t.index(5) == len(t) - 1
     assert "\n\nprint(f(2))" in m.vocab.detokenize(t[t.index(4) + 1:t.index(5)])
     off = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=False)
-    assert off.mode == "prefix" and 3 not in off.tokens
-    res = rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=4)
+    assert off.mode == "prefix" and 3 not in m.prompt_tokens(off.sent)
+    res = rt.generate(p.sent, model=spec, max_tokens=4)
     assert res.n_prompt_tokens == len(t)
 
 

@@ -1,4 +1,5 @@
-"""The in-process llama.cpp engine (the default engine; see engine.py for the interface).
+"""The in-process llama.cpp engine (the default engine; see engine.py for the interface): its models
+are worker.LoadedModel over a LlamaBackend.
 
 binding.py   llama-cpp-python imported once, llama.cpp's log captured, the batch helper
 weights.py   one loaded llama_model and its vocabulary; load-error classification
@@ -10,12 +11,15 @@ import logging
 import os
 from pathlib import Path
 
+from .. import vet
+from ..engine import Engine
 from ..errors import InvalidRequest
 from ..gguf_info import check_header
 from ..options import LoadSpec
 from . import offload
 from .devices import gpus
 from ..serving import serving_path
+from ..worker import LoadedModel
 from .backend import LlamaBackend, context_params, thread_counts
 from .binding import GGML_TYPES, fill_batch, llama, llama_cpp_version, sequence, system_info
 from .weights import Weights, probe_architecture, unsupported_error
@@ -23,7 +27,7 @@ from .weights import Weights, probe_architecture, unsupported_error
 log = logging.getLogger("a3b.llama")
 
 
-class LlamaEngine:
+class LlamaEngine(Engine):
     """Local GGUF files run by llama.cpp in this process."""
 
     name = "llama.cpp"
@@ -42,6 +46,8 @@ class LlamaEngine:
         return os.path.getsize(spec.path)
 
     def load_weights(self, spec: LoadSpec) -> Weights:
+        # vetted before anything here reads the header's values or re-encodes the file in this process
+        vet.check_file(spec.path)
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
         n_gpu_layers, how = gpu_layers(load_path, spec)
         offload.check_fits_in_memory(
@@ -50,16 +56,16 @@ class LlamaEngine:
         return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
                        offload=how)
 
-    def open(self, weights: Weights, spec: LoadSpec) -> LlamaBackend:
-        return LlamaBackend(weights, spec)
+    def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
+        return LoadedModel(weights, LlamaBackend(weights, spec), spec)
 
     def gpus(self) -> list:
         return gpus()
 
     def gpu_bytes(self, spec: LoadSpec) -> int:
         """GPU memory the whole model would take with this spec (weights, KV cache, compute)."""
-        layers, output, meta = offload.model_sizes(spec.path)
-        kv = offload.kv_bytes_per_layer(meta, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
+        layers, output, dims = offload.model_sizes(spec.path)
+        kv = offload.kv_bytes_per_layer(dims, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
         return sum(layers) + output + kv + offload.FIXED_RESERVE
 
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
