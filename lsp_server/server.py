@@ -280,11 +280,13 @@ class A3BServer(LanguageServer):
         stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens, confidence=conf,
                                     sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
                                     thinking=s.settings.thinking, reasoning_budget=s.settings.reasoning_budget)
-        loop = asyncio.get_running_loop()
+        result = asyncio.get_running_loop().run_in_executor(s.engine.executor, stream.result)
         try:
-            return await asyncio.shield(loop.run_in_executor(s.engine.executor, stream.result))
+            return await asyncio.shield(result)
         except asyncio.CancelledError:
             stream.cancel("request cancelled")
+            # it ends with Cancelled that nobody awaits: read it, or asyncio logs it with a traceback
+            result.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
 
     async def compute_fix(self, data: dict) -> tuple[T.WorkspaceEdit, str, list, int]:

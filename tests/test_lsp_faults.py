@@ -271,7 +271,7 @@ async def test_400_edits_that_cannot_be_applied_make_one_message_with_a_count(fa
         assert popups[0].endswith("Close and reopen the file."), popups
 
 
-async def test_a_completion_on_a_closed_document_is_logged_on_one_line(fake_engine):
+async def test_expected_client_errors_and_cancels_are_logged_without_tracebacks(fake_engine):
     proc = await asyncio.create_subprocess_exec(*FAKE_SERVER, "--model", FAKE_MODEL, "--stdio",
                                                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, limit=1 << 26)
@@ -283,6 +283,15 @@ async def test_a_completion_on_a_closed_document_is_logged_on_one_line(fake_engi
         assert res["error"]["code"] == -32602 and "is not open" in res["error"]["message"]
         raw.notify("textDocument/didChange", {"textDocument": {"uri": "file:///w/x.py", "version": 2},
                                               "contentChanges": [{"text": 5}]})     # malformed, too
+        uri = "file:///w/explain.py"
+        raw.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                             "text": SAMPLE}})
+        raw.request(3, "workspace/executeCommand", {"command": "a3b.explainSelection", "arguments": [
+            uri, {"start": {"line": 0, "character": 0}, "end": {"line": 22, "character": 0}}]})
+        await asyncio.sleep(0.5)                 # the explanation is being written (8 ms a token)
+        raw.notify("$/cancelRequest", {"id": 3})
+        assert (await raw.response(3))["error"]["code"] == -32800
+        await asyncio.sleep(0.5)                 # the generation ends with Cancelled meanwhile
         raw.request(2, "shutdown")
         await raw.response(2)
         raw.notify("exit")
@@ -291,7 +300,7 @@ async def test_a_completion_on_a_closed_document_is_logged_on_one_line(fake_engi
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
-    assert "Traceback" not in err, err
+    assert "Traceback" not in err and "never retrieved" not in err, err
     lines = [ln for ln in err.splitlines() if "is not open" in ln]
     assert len(lines) == 1, err
     assert len([ln for ln in err.splitlines() if "didChange" in ln]) == 1, err
