@@ -42,7 +42,8 @@ from ..runtime.errors import A3BError, Cancelled
 from . import fixes
 from .config import as_dict
 from .documents import DocumentError, _index_to_units
-from .engine import Engine, Session, _spans_in
+from .completion import _spans_in
+from .session import Engine, Session
 from .messages import Refusals, install_log_filter, strict_converter
 from .postprocess import word_before
 from .pygls_compat import has_workspace

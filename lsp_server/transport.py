@@ -29,7 +29,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from ..runtime.environment import env_number
 from ..runtime.netguard import is_loopback, origin_ok, token_ok
-from .engine import Engine
+from .session import Engine
 from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
 
