@@ -47,7 +47,8 @@ CASES = {
         "from comfyui_a3b.lsp_server.documents import Document\ntext = '\\r' * 300_000 + '\\n' * 300_000",
         "assert Document('file:///d', text).line_count() == 600_000"),
     "remote token estimates of long blank runs": (
-        "from comfyui_a3b.runtime.remote.wire import estimate_tokens\ntext = (' ' * 50_000 + 'x') * 6 + '\\t' * 100_000",
+        "from comfyui_a3b.runtime.remote.wire import estimate_tokens\n"
+        "text = (' ' * 50_000 + 'x') * 6 + '\\t' * 100_000",
         "estimate_tokens(text)"),
 }
 
