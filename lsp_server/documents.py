@@ -286,3 +286,7 @@ def safe_text(s: str) -> str:
         return s
     except UnicodeEncodeError:
         return s.encode("utf-8", "replace").decode("utf-8")
+
+
+def _units(line: str, index: int, encoding: str) -> int:
+    return _index_to_units(line[:index], encoding)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from comfyui_a3b.lsp_server import config, engine, server
+from comfyui_a3b.lsp_server import completion, config, server
 
 
 def test_thinking_settings_are_checked():
@@ -47,4 +47,4 @@ def test_quick_fix_chat_follows_the_thinking_setting(fake_engine):
 
 def test_inline_completions_never_think(fake_engine):
     # a text or infill prompt has no template to switch: "off" is said explicitly and costs nothing
-    assert 'thinking="off"' in inspect.getsource(engine.Session._start)
+    assert 'thinking="off"' in inspect.getsource(completion.Completer._start)

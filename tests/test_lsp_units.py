@@ -18,14 +18,8 @@ from comfyui_a3b.lsp_server.postprocess import finish
 from comfyui_a3b.lsp_server.prompt import PromptBuilder, is_multiline
 from comfyui_a3b.runtime import InfillPrompt, TextPrompt
 from comfyui_a3b.runtime.fim import fim_ids
-from comfyui_a3b.lsp_server.transport import (
-    MAX_HEADER_BYTES,
-    MAX_MESSAGE_BYTES,
-    FrameParser,
-    FramingError,
-    is_loopback,
-    parse_address,
-)
+from comfyui_a3b.lsp_server.framing import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, FrameParser, FramingError
+from comfyui_a3b.lsp_server.transport import is_loopback, parse_address
 from lsprotocol import types as T
 from pygls.lsp.server import LanguageServer
 from tinygguf import write_tiny_gguf

@@ -199,7 +199,7 @@ def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_mode
                              n_gpu_layers="auto" if layers == defs.AUTO_GPU_LAYERS else layers,
                              n_threads=w["threads"], kv_cache_type=w["kv_cache_type"], serve_as=w["serve_as"])
     served = rt.spec(None)                                   # serve/inprocess.py without A3B_SERVE_MODEL
-    editor = rt.spec(None, n_ctx=Settings().n_ctx)           # lsp_server/engine.py with no model setting
+    editor = rt.spec(None, n_ctx=Settings().n_ctx)           # lsp_server/session.py with no model setting
     assert served.n_gpu_layers == editor.n_gpu_layers == "auto"
     try:
         rt.generate("Hi", model=served, max_tokens=2)
