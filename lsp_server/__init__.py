@@ -82,7 +82,8 @@ def _leave_promptly(code: int) -> None:
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    # Always end here, not through the interpreter's teardown: a model's worker thread (a daemon) may
+    # still be inside llama.cpp, and finalising the interpreter under it crashed the process (SIGSEGV).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
