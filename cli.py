@@ -267,7 +267,7 @@ def cmd_doctor(args) -> int:
         lines.append(("llama.cpp build", si["system_info"], True))
         lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else
                       "no (CPU only build; the README's GPU section says how to install a CUDA build)", True))
-        from .runtime.cxxruntime import carriers
+        from .runtime.llama.cxxruntime import carriers
 
         own = carriers()
         lines.append(("C++ runtime", f"{', '.join(own)} carry their own copy: safe only where llama.cpp loads "

@@ -125,7 +125,7 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
 
 
 def serve_as_choices() -> list[str]:
-    from ..runtime.serving import SERVE_AS
+    from ..runtime.options import SERVE_AS
 
     return list(SERVE_AS)
 

@@ -26,13 +26,12 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
-    # llama.cpp's libraries first where nothing loaded the C++ runtime yet (see llama/cxxruntime.py)
-    from . import cxxruntime as _cxxruntime
+    # first: the engine loads llama.cpp's libraries before the C++ runtime where nothing loaded it yet
+    # (see llama/cxxruntime.py)
+    from . import llama  # noqa: F401
 
-    _cxxruntime.preload()
-
-    from . import (chat, engine, errors, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
-                   remote, scheduler, serving, store, vet, worker)
+    from . import (chat, engine, errors, generation, gguf_info, locate, options,  # noqa: F401  (eager: see above)
+                   remote, scheduler, store, vet, worker)
     from .core import Runtime, get_runtime
     from .engine import ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,

@@ -31,6 +31,9 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16", "q5_0", "q5_1", "q4_1")
 #: What to do when n_ctx exceeds the model's trained context.
 CTX_POLICIES = ("warn", "refuse")
+#: llama.cpp types a model can be served re-encoded in (llama/reencode.py), and serve_as's choices
+SERVE_FORMATS = ("q8_0", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q6_k")
+SERVE_AS = ("as-is", "auto", *SERVE_FORMATS)
 
 
 def cache_root() -> Path:
@@ -75,7 +78,7 @@ class LoadSpec:
     lora_path: str | None = None
     lora_scale: float = 1.0
     #: Serve the file as is, a cached re-encoded copy ("q8_0", ...), or the faster of both ("auto");
-    #: see serving.py.
+    #: see llama/reencode.py.
     serve_as: str = "as-is"
     #: Longest text the embedding context takes, in tokens (RAG chunks beyond it are refused).
     embed_n_ctx: int = 256
@@ -84,8 +87,6 @@ class LoadSpec:
     ctx_policy: str = "warn"
 
     def validate(self) -> None:
-        from .serving import SERVE_AS
-
         ints = {"n_ctx": self.n_ctx, "n_parallel": self.n_parallel, "n_threads": self.n_threads,
                 "n_batch": self.n_batch, "embed_n_ctx": self.embed_n_ctx}
         if self.n_gpu_layers != "auto":

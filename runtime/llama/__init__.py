@@ -1,24 +1,38 @@
-"""The in-process llama.cpp engine (the default engine; see engine.py for the interface).
+"""The in-process llama.cpp engine (the default engine; see engine.py for the interface), and the
+only code that calls llama.cpp.
 
-binding.py   llama-cpp-python imported once, llama.cpp's log captured, the batch helper
-weights.py   one loaded llama_model and its vocabulary; load-error classification
-backend.py   contexts for one LoadSpec: decode, sample, embed
+cxxruntime.py  llama.cpp's libraries loaded before the C++ runtime where we can (first, below)
+binding.py     llama-cpp-python imported once, llama.cpp's log captured, the batch helper
+weights.py     one loaded llama_model and its vocabulary; load-error classification
+backend.py     contexts for one LoadSpec: decode, sample, embed
+templates.py   chat prompts rendered by llama.cpp's named templates or the GGUF's Jinja template
+reencode.py    serving copies re-encoded in a faster format (LoadSpec.serve_as)
+evaluate.py    all-position logits, perplexity, prompt and decode speed of a file
+graph.py       observers of llama.cpp's graph evaluation (the pruning tool's statistics)
+ggml.py        the ggml functions llama-cpp-python does not bind (tensor struct, sizes)
+quantize.py    llama.cpp's quantiser, for rows of values and for whole files
 """
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
+# before anything below can load the C++ runtime (numpy does): see cxxruntime.py
+from . import cxxruntime
 
-from ..errors import InvalidRequest
-from ..gguf_info import check_header
-from ..options import LoadSpec
-from . import offload
-from .devices import gpus
-from ..serving import serving_path
-from .backend import LlamaBackend, context_params, thread_counts
-from .binding import GGML_TYPES, fill_batch, llama, llama_cpp_version, sequence, system_info
-from .weights import Weights, probe_architecture, unsupported_error
+cxxruntime.preload()
+
+import logging  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ..errors import InvalidRequest  # noqa: E402
+from ..gguf_info import check_header  # noqa: E402
+from ..options import LoadSpec  # noqa: E402
+from . import offload  # noqa: E402
+from .backend import LlamaBackend, context_params, thread_counts  # noqa: E402
+from .binding import (GGML_TYPES, check_usable, fill_batch, llama, llama_cpp_version, sequence,  # noqa: E402
+                      system_info)
+from .devices import gpus  # noqa: E402
+from .reencode import serving_path  # noqa: E402
+from .weights import Weights, probe_architecture, unsupported_error  # noqa: E402
 
 log = logging.getLogger("a3b.llama")
 
@@ -107,6 +121,6 @@ def total_memory() -> int:
 
 ENGINE = LlamaEngine()
 
-__all__ = ["ENGINE", "GGML_TYPES", "LlamaBackend", "LlamaEngine", "Weights", "context_params", "fill_batch",
-           "llama", "llama_cpp_version", "probe_architecture", "sequence", "system_info", "thread_counts",
-           "unsupported_error"]
+__all__ = ["ENGINE", "GGML_TYPES", "LlamaBackend", "LlamaEngine", "Weights", "check_usable", "context_params",
+           "fill_batch", "llama", "llama_cpp_version", "probe_architecture", "sequence", "system_info",
+           "thread_counts", "unsupported_error"]

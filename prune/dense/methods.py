@@ -25,10 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibrate import LayerStats
-
-METHODS = ("random", "magnitude", "wanda", "flap", "obs", "a3b")
-DATA_FREE = ("random", "magnitude")
+from ..calibration.stats import LayerStats
 
 
 @dataclass
@@ -55,8 +52,9 @@ def scores(method: str, gate: np.ndarray | None, up: np.ndarray | None, down: np
     raise ValueError(f"no plain score for method {method!r}")
 
 
-def _top(score: np.ndarray, k: int) -> np.ndarray:
-    return np.sort(np.argsort(-score, kind="stable")[:k])
+def top(score: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the `k` highest scores, in ascending order (ties: the lower index)."""
+    return np.sort(np.argsort(-np.asarray(score), kind="stable")[:k])
 
 
 def obs_chunk(n: int) -> int:
@@ -88,7 +86,7 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
         Hss_inv = torch.linalg.inv(Hinv[S][:, S])
         HS = Hinv[S]
         W = W - (W[:, S] @ Hss_inv) @ HS
-        Hinv = Hinv - HS.T @ Hss_inv @ HS
+        Hinv -= HS.T @ Hss_inv @ HS  # in place: one n x n matrix fewer at a time
         W[:, S] = 0.0
         alive[S] = False
         left -= c
@@ -114,7 +112,9 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
         b0 = (torch.zeros(down.shape[0], dtype=torch.float64, device=device) if bias is None
               else torch.from_numpy(bias).to(device=device, dtype=torch.float64))
         W = torch.cat([W, b0[:, None]], 1)
-    G = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(G.shape[0], dtype=torch.float64, device=device)
+    else:
+        G = G.clone()  # damped below in place: the caller's statistics stay as they were
+    G.diagonal().add_(damp * float(G.diagonal()[:n].mean()))
     return obs_prune(W, G, n, k, fit_bias, chunk)
 
 
@@ -129,17 +129,10 @@ def plan_layer(method: str, gate: np.ndarray | None, up: np.ndarray, down: np.nd
         return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk)
     if method == "a3b":
         raise ValueError("method a3b is sequential: use sequential.sequential_plans")
-    keep = _top(scores(method, gate, up, down, st, rng), k)
+    keep = top(scores(method, gate, up, down, st, rng), k)
     if method == "flap" and bias_ok:
         pruned = np.setdiff1d(np.arange(n), keep)
         comp = down[:, pruned].astype(np.float64) @ st.mean[pruned]
         new_bias = (bias if bias is not None else 0.0) + comp
         return LayerPlan(keep, None, np.asarray(new_bias, dtype=np.float32))
     return LayerPlan(keep, None, None)
-
-
-def width_for(keep: float, n_ff: int, align: int) -> int:
-    """FFN width for a keep ratio, rounded to a multiple of `align` (the quantisation block)."""
-    align = max(1, int(align))
-    k = int(round(keep * n_ff / align)) * align
-    return int(min(n_ff, max(align, k)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import require_torch
+from ..errors import require_torch
 from .methods import LayerPlan, obs_prune
 
 
@@ -25,7 +25,7 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
     torch = require_torch()
     from tqdm import tqdm
 
-    from .reference import _rms, _rope_tables
+    from ..reference import _rms, _rope_tables  # imports torch
 
     hp = teacher.hp
     F = torch.nn.functional
