@@ -34,10 +34,10 @@ from ..errors import require_torch
 
 log = logging.getLogger("comfyui_a3b.prune")
 
-#: a training step's share of the float32 matrix-product speed its products alone would reach (the
-#: rest: softmax, norms, rounding through the quantiser, the optimiser); measured at 0.4 to 0.6 on
-#: 2-core machines with SmolLM2-135M
-STEP_EFFICIENCY = 0.5
+#: a training step's share of the float32 matrix-product speed device.matmul_speed measures (the rest:
+#: softmax, norms, rounding through the quantiser, recomputation, the optimiser): 0.33 measured with
+#: SmolLM2-135M on a 2-core machine (8.2 s per step of 8 x 128 tokens, against 400 GFLOP/s measured)
+STEP_EFFICIENCY = 0.33
 #: steps timed before the time of the rest is said (the first one also sets up the optimiser)
 TIMED_STEPS = 2
 SHORTER = ("fewer steps make it shorter (--recover-steps N; 0 = no recovery, one-shot pruning in minutes), "

@@ -62,8 +62,9 @@ def obs_chunk(n: int) -> int:
     return max(8, n // 256)
 
 
-def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
-    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), G the damped Gram.
+def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
+    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), Hinv the inverse of the
+    damped Gram matrix G (updated in place: the caller gives it away).
 
     W must be the least-squares optimum for G (the current weights, when the target is the layer's own
     output). Removing the `chunk` cheapest neurons together is an exact block-OBS update for that
@@ -71,8 +72,7 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
     """
     import torch
 
-    m = G.shape[0]
-    Hinv = torch.linalg.inv(G)
+    m = Hinv.shape[0]
     alive = torch.ones(m, dtype=torch.bool, device=W.device)
     protected = torch.zeros(m, dtype=torch.bool, device=W.device)
     if fit_bias:
@@ -115,7 +115,9 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
     else:
         G = G.clone()  # damped below in place: the caller's statistics stay as they were
     G.diagonal().add_(damp * float(G.diagonal()[:n].mean()))
-    return obs_prune(W, G, n, k, fit_bias, chunk)
+    Hinv = torch.linalg.inv(G)
+    del G  # n x n float64 matrices held at once: the caller's statistics, and Hinv with one update
+    return obs_prune(W, Hinv, n, k, fit_bias, chunk)
 
 
 def plan_layer(method: str, gate: np.ndarray | None, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
