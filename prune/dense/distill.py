@@ -212,14 +212,18 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
         student.checkpoint = False
         for p in params:
             p.requires_grad_(False)
+            p.grad = None  # as large as what was trained: gone before the export copies it
         if quant_types:
             qat.detach(student)  # the weights become the rounded values llama.cpp will store
         rep.seconds = time.perf_counter() - t0
     return rep
 
 
-#: Vocabulary-sized logits are made for this many bytes of tokens at a time (see kl_step).
-LOGITS_CHUNK_BYTES = 32 << 20
+#: Vocabulary-sized logits are made for this many bytes of tokens at a time (see kl_step): 42 tokens
+#: of a 49k vocabulary, where the head's products are still large enough to run at full speed. On a
+#: GPU the logits are not the process's memory, and larger slices keep its products large.
+LOGITS_CHUNK_BYTES = 8 << 20
+GPU_LOGITS_CHUNK_BYTES = 1 << 30
 
 
 def kl_step(student, teacher, x, autocast: bool = True):
@@ -247,7 +251,7 @@ def kl_step(student, teacher, x, autocast: bool = True):
     s_flat = s_leaf.flatten(0, 1)
     n = s_flat.shape[0]
     vocab = student.embd.shape[0] if student.output is None else student.output.shape[0]
-    chunk = max(1, LOGITS_CHUNK_BYTES // (4 * vocab))
+    chunk = max(1, (LOGITS_CHUNK_BYTES if dev == "cpu" else GPU_LOGITS_CHUNK_BYTES) // (4 * vocab))
     total = torch.zeros((), device=x.device)
     for i in range(0, n, chunk):
         with torch.no_grad(), amp(dev, autocast):
@@ -266,7 +270,8 @@ def _save(path, step, named, opt, sched, data, rep) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
-    state = {"step": step, "tensors": {n: p.detach().clone() for n, p in named.items()},
+    # the tensors themselves, not copies: torch.save writes them out before training goes on
+    state = {"step": step, "tensors": {n: p.detach() for n, p in named.items()},
              "opt": opt.state_dict(), "sched": sched.state_dict(), "data": data.state(),
              "losses": list(rep.losses), "tokens": rep.tokens}
     try:
