@@ -43,7 +43,7 @@ def _start_language_server() -> None:
 
         info = inprocess.maybe_start()
         if info:
-            _log.info("[comfyui-a3b] language server listening: %s", info)
+            _log.info("[comfyui-a3b] language server listening on %s", info.get("address"))
     except Exception as e:  # noqa: BLE001  (a missing or broken optional part must not stop the nodes)
         _log.warning("[comfyui-a3b] in-process language server not started: %s: %s", type(e).__name__, e)
 

@@ -1,15 +1,16 @@
 """The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
-server together, which runtime/ itself must not do.
+server together, which runtime/ itself must not do. cliwords.py holds what it says around a
+command's output (help layout, version, errors in the words of its flags) and how it reads its input.
 
 Exit status: 0 on success; 2 for a user error, either a usage error argparse reports or a typed
 runtime error (`A3BError`), printed as one line `a3b: error: ...`; 1 when a check fails (`inspect`
 of an architecture llama.cpp does not know, `doctor`) and for anything else, which is a bug and
 prints its traceback; 130 after Ctrl-C.
 
-Every default and choice list in the help comes from where the runtime and the pruning tool define
-it (PRESETS, ConfidenceConfig, LoadSpec, the lists in runtime/options.py, PruneConfig), so the help
+Every option the runtime takes is added from its declaration in runtime/options.py (its type or
+choices, default and help), and the pruning tool's defaults come from PruneConfig, so the help
 cannot drift from what a command does.
 """
 from __future__ import annotations
@@ -22,11 +23,13 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
+from .runtime import options as opt
 from .runtime.generation import PRESETS, ConfidenceConfig
-from .runtime.options import CTX_POLICIES, POOLINGS, LoadSpec
+from .runtime.options import add_argument
 
 DESCRIPTION = ("One local GGUF model for ComfyUI and your editor: generate and embed text with it, inspect and "
                "verify GGUF files, check the installation, run the language server, and A3B-prune a model.")
@@ -50,56 +53,16 @@ exit status: 0 success; 1 a failed check (inspect, doctor) or an internal error,
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """Ends every option's help with its default, and keeps examples and tables as written.
-
-    An option whose default is None, or whose help already says what happens without it, is left
-    as is: its help text explains the default in words.
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS, []):
-            return text
-        return text + " (default: %(default)s)"
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        # Paragraphs with indented lines (examples, tables) keep their lines; prose is wrapped.
-        out = []
-        for para in text.split("\n\n"):
-            lines = para.splitlines()
-            if any(line.startswith(" ") for line in lines):
-                out.append("\n".join(indent + line for line in lines))
-            else:
-                out.append(super()._fill_text(para, width, indent))
-        return "\n\n".join(out)
-
-
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """The model and its load options; the defaults are LoadSpec's."""
+    """The model and its load options, as runtime/options.py declares them."""
     p.add_argument("--model", "-m", default=None,
                    help="GGUF path, a name in ComfyUI's models/LLM or $A3B_MODELS, or an OpenAI-compatible "
                         "server's URL http(s)://HOST:PORT/v1[#MODEL] (API key: $A3B_REMOTE_API_KEY) "
                         "(default: the embedded SmolLM2-135M)")
-    p.add_argument("--n-ctx", type=int, default=LoadSpec.n_ctx, metavar="N",
-                   help="context tokens per request: prompt and answer together")
-    p.add_argument("--threads", type=int, default=LoadSpec.n_threads, metavar="N",
-                   help="CPU threads; 0 = automatic (half the cores for decoding, all for prompts)")
-    p.add_argument("--n-gpu-layers", type=_gpu_layers, default=LoadSpec.n_gpu_layers, metavar="N|auto",
-                   help="layers offloaded to a GPU: auto = as many as fit in the free GPU memory (0 without a GPU), "
-                        "0 = CPU only, -1 = all, N = the last N layers")
-    p.add_argument("--ctx-policy", choices=CTX_POLICIES, default=LoadSpec.ctx_policy,
-                   help="when --n-ctx exceeds the model's trained context: load and log a warning (warn), "
-                        "or stop with an error (refuse)")
-
-
-def _gpu_layers(text: str) -> int | str:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer count or 'auto', got {text!r}") from None
+    add_argument(p, opt.N_CTX, metavar="N")
+    add_argument(p, opt.N_THREADS, "--threads", metavar="N")
+    add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
+    add_argument(p, opt.CTX_POLICY)
 
 
 def _spec(rt, args):
@@ -109,27 +72,6 @@ def _spec(rt, args):
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).splitlines()) or type(error).__name__
-
-
-def _read_text_lines(path: str) -> list[str]:
-    """The non-empty lines of an `embed --file`, or InvalidRequest saying why it cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
-    except FileNotFoundError as e:
-        raise InvalidRequest(f"--file {path}: no such file; give a text file with one text per line.") from e
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(f"--file {path} is not UTF-8 text (byte {e.start}); give a text file "
-                             "with one text per line.") from e
-    except OSError as e:
-        raise InvalidRequest(f"Cannot read --file {path}: {e.strerror or e}.") from e
-
-
-def _check_readable(path: str) -> None:
-    """InvalidRequest for an existing file this user may not read; a missing file is left to the
-    runtime, whose ModelNotFound says where models are looked for."""
-    if os.path.isfile(path) and not os.access(path, os.R_OK):
-        raise InvalidRequest(f"Cannot read {path}: permission denied.")
 
 
 def _address(text: str) -> str:
@@ -153,31 +95,34 @@ def cmd_generate(args) -> int:
                       min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     conf = ConfidenceConfig(enabled=True, threshold=args.entropy_threshold, min_run=args.entropy_run,
                             insert_marker=args.mark_low_confidence)
+    prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
     t0 = time.perf_counter()
-    stream = rt.submit(args.prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
-                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template)
-    out = sys.stdout
+    stream = rt.submit(prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
+                       sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template,
+                       **cli_reasoning.request_kwargs(args))
+    out, printer = sys.stdout, cli_reasoning.Printer(args.show_reasoning)
     try:
-        for chunk in stream.text_chunks():
+        for ev in stream:
             if not args.json:
-                out.write(chunk)
-                out.flush()
+                printer.event(ev)
+        printer.end()
         res = stream.result()
     except KeyboardInterrupt:
         stream.cancel()
         print("\n[cancelled]", file=sys.stderr)
         return 130
+    full = cliwords.context_full(res, args.max_tokens, args.max_total_tokens)
     if args.json:
-        print(json.dumps(res.as_dict(), indent=2))
+        print(json.dumps({**res.as_dict(), "context_full": full}, indent=2))
     else:
         if args.mark_low_confidence and res.spans:
             out.write("\n--- with low-confidence markers ---\n" + res.text)
         out.write("\n")
-        total = time.perf_counter() - t0
-        print(f"[{res.n_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, time to first token "
-              f"{res.time_to_first_token * 1000:.0f} ms, prompt {res.n_prompt_tokens} tokens, "
-              f"seed {res.seed}, {res.finish_reason}, {len(res.spans)} low-confidence spans, "
-              f"total {total:.2f} s]", file=sys.stderr)
+        print(cliwords.summary(res, time.perf_counter() - t0), file=sys.stderr)
+        if full:
+            print(cliwords.context_note(res, spec.n_ctx), file=sys.stderr)
+        for w in res.warnings:
+            print(f"a3b: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -186,7 +131,7 @@ def cmd_embed(args) -> int:
 
     from .runtime import get_runtime
 
-    texts = list(args.texts) + (_read_text_lines(args.file) if args.file else [])
+    texts = list(args.texts) + (cliwords.read_text_lines(args.file) if args.file else [])
     rt = get_runtime()
     vecs = rt.embed(texts, model=_spec(rt, args), pooling=args.pooling, normalize=not args.no_normalize)
     if args.npy:
@@ -205,10 +150,11 @@ def cmd_embed(args) -> int:
 
 def cmd_inspect(args) -> int:
     from .runtime import inspect_gguf
-    from .runtime.llama import llama_cpp_version, probe_architecture
+    from .runtime.llama import llama_cpp_version
+    from .runtime.llama.weights import probe_architecture
 
-    _check_readable(args.file)
-    info = inspect_gguf(args.file)
+    cliwords.check_readable(args.file)
+    info = inspect_gguf(cliwords.model_file(args.file))
     ok, why = probe_architecture(info.path)
     d = info.as_dict()
     d["llama_cpp_supports_architecture"] = ok
@@ -246,7 +192,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     from .runtime import verify_sha256
 
-    _check_readable(args.file)
+    cliwords.check_readable(args.file)
     digest = verify_sha256(args.file, args.sha256, progress=not args.quiet)
     print(f"OK {digest}  {args.file}")
     return 0
@@ -329,7 +275,7 @@ def cmd_lsp(args) -> int:
 
 def cmd_serve(args) -> int:
     # The HTTP server is an adapter over the runtime, imported only by this command.
-    import socket
+    import logging
 
     from .runtime import get_runtime
     from .serve import Server, parse_address
@@ -339,15 +285,19 @@ def cmd_serve(args) -> int:
     if args.parallel is not None:
         spec = rt.spec(spec, n_parallel=args.parallel)
     host, port = parse_address(args.http)
-    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name)
+    srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name,
+                 access_log=not args.quiet)
     rt.load(spec)   # errors now, not at the first request
-    try:   # a clear line now rather than a log line from the HTTP server later
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, port))
-    except OSError as e:
-        raise InvalidRequest(f"Cannot listen on {args.http}: {e.strerror or e}; choose another address or port.") from e
-    print(f"a3b serve: {srv.cfg.model_id} on http://{args.http}/v1"
-          + (" (bearer token required)" if srv.cfg.token else ""), file=sys.stderr, flush=True)
+    srv.bind()      # a clear line now rather than a log line from the HTTP server later; the real port
+    if not args.quiet:   # one line per request on stderr, as it is
+        access = logging.getLogger("a3b.serve.access")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+    print(f"a3b serve: {srv.cfg.model_id} on {srv.url}" + (" (bearer token required)" if srv.cfg.token else ""),
+          file=sys.stderr, flush=True)
     srv.run()
     return 0
 
@@ -363,7 +313,7 @@ def _presets_epilog() -> str:
 
 
 def _command(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter, **kwargs)
+    return sub.add_parser(name, help=summary, description=description, formatter_class=cliwords.HelpFormatter, **kwargs)
 
 
 def _add_generate(sub) -> None:
@@ -372,37 +322,27 @@ def _add_generate(sub) -> None:
                  "one line on stderr: tokens, tokens/s, time to first token, prompt tokens, the seed, the "
                  "finish reason and the number of low-confidence spans. The same seed and settings give "
                  "the same text.", epilog=_presets_epilog())
-    g.add_argument("prompt", help="text to answer, or to continue with --raw")
+    g.add_argument("prompt", help="text to answer, or to continue with --raw; - reads it from standard input")
     _add_model_args(g)
     g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
     g.add_argument("--template", default=None, metavar="NAME",
                    help="llama.cpp chat template name, e.g. chatml (default: the model's own template)")
-    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate")
+    add_argument(g, opt.MAX_TOKENS, metavar="N")
     g.add_argument("--preset", choices=list(PRESETS), default="default",
                    help="sampling preset; its values are listed below")
-    sampling = {"temperature": (float, "T", "sampling temperature; 0 = always the likeliest token"),
-                "top_p": (float, "P", "nucleus sampling: the smallest set of tokens whose probabilities sum to P"),
-                "top_k": (int, "K", "sample among the K likeliest tokens (0 = off)"),
-                "min_p": (float, "P", "drop tokens below P times the likeliest token's probability"),
-                "repeat_penalty": (float, "R", "penalty on recently seen tokens (1 = off)")}
-    for opt in SAMPLING_OPTIONS:
-        kind, metavar, text = sampling[opt]
-        g.add_argument("--" + opt.replace("_", "-"), type=kind, default=None, metavar=metavar,
-                       help=f"{text} (default: the preset's value)")
-    g.add_argument("--seed", type=int, default=None, metavar="N",
-                   help="sampler seed: the same seed and settings give the same text "
-                        "(default: a fresh seed per run, printed at the end)")
+    for name in SAMPLING_OPTIONS:
+        add_argument(g, opt.SAMPLING_OPTIONS[name], default=None, default_text="the preset's value")
+    add_argument(g, opt.SEED, metavar="N", default_text="a fresh seed per run, printed at the end")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop before this text (repeatable; default: none)")
-    g.add_argument("--entropy-threshold", type=float, default=ConfidenceConfig.threshold, metavar="NATS",
-                   help="entropy of the next-token distribution above which a token is low-confidence")
-    g.add_argument("--entropy-run", type=int, default=ConfidenceConfig.min_run, metavar="N",
-                   help="consecutive low-confidence tokens that make a low-confidence span")
+    add_argument(g, opt.THRESHOLD, "--entropy-threshold", metavar="NATS")
+    add_argument(g, opt.MIN_RUN, "--entropy-run", metavar="N")
     g.add_argument("--mark-low-confidence", action="store_true",
                    help="after the streamed text, print it again with a verification marker before "
                         "each low-confidence span")
     g.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
+    cli_reasoning.add_arguments(g)
     g.set_defaults(func=cmd_generate)
 
 
@@ -412,8 +352,9 @@ def _add_embed(sub) -> None:
                  "printed as JSON or written as a float32 .npy array.")
     e.add_argument("texts", nargs="*", metavar="TEXT", help="a text to embed")
     _add_model_args(e)
-    e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file (default: none)")
-    e.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a text's token vectors become one vector")
+    e.add_argument("--file", metavar="FILE", help="also embed each non-empty line of this UTF-8 file, - for standard "
+                                                 "input (default: none)")
+    add_argument(e, opt.POOLING)
     e.add_argument("--no-normalize", action="store_true", help="keep the vectors' lengths instead of scaling them to 1")
     e.add_argument("--npy", metavar="FILE",
                    help="write a float32 .npy array, one row per text, instead of JSON (default: JSON on stdout)")
@@ -425,7 +366,8 @@ def _add_inspect(sub) -> None:
                  "Show a GGUF's architecture, sizes, context length, quantisation, RoPE base, chat template "
                  "and a3b.* keys, and whether the installed llama.cpp supports its architecture (exit "
                  "status 1 when it does not).")
-    i.add_argument("file", metavar="FILE", help="the GGUF file")
+    i.add_argument("file", metavar="FILE", help="the GGUF file: a path, a name in the model folders, or default "
+                                                "(the embedded model), as --model takes it")
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
     i.set_defaults(func=cmd_inspect)
 
@@ -460,9 +402,8 @@ def _add_lsp(sub) -> None:
                            "(default: --stdio)")
     mode.add_argument("--ws", type=_address, metavar="HOST:PORT",
                       help="listen for editors over WebSocket on a loopback address (default: --stdio)")
-    lsp.add_argument("--token", default=None,
-                     help="shared secret TCP/WebSocket clients must send (default: $A3B_LSP_TOKEN; "
-                          "without either, any local user can connect)")
+    add_argument(lsp, opt.LSP_TOKEN, default_text=f"${opt.LSP_TOKEN.env}; without either, any local user can "
+                 "connect")
     lsp.add_argument("--model", "-m", default=None,
                      help="model for editors whose settings name none (default: the embedded SmolLM2-135M)")
     lsp.set_defaults(func=cmd_lsp)
@@ -477,15 +418,14 @@ def _add_serve(sub) -> None:
     sv.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                     help="address to listen on; a non-loopback host needs --token")
     _add_model_args(sv)
-    sv.add_argument("--parallel", type=int, default=None, metavar="N",
-                    help=f"sequence slots: requests decoded together (default: {LoadSpec.n_parallel})")
-    sv.add_argument("--token", default=None,
-                    help="bearer token every request must carry (default: $A3B_SERVE_TOKEN; without either, "
-                         "any local user can connect)")
+    add_argument(sv, opt.N_PARALLEL, "--parallel", metavar="N")
+    add_argument(sv, opt.SERVE_TOKEN, default_text=f"${opt.SERVE_TOKEN.env}; without either, any local user can "
+                 "connect")
     sv.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                     help="a browser Origin allowed to call the server, e.g. http://localhost:3000 (repeatable; "
                          "default: none, every browser page is refused)")
     sv.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
+    sv.add_argument("--quiet", "-q", action="store_true", help="no line per request on stderr")
     sv.set_defaults(func=cmd_serve)
 
 
@@ -496,8 +436,11 @@ def _add_prune(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=cliwords.HelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and runtime details to stderr")
+    p.add_argument("--version", action="version", version=cliwords.version(),
+                   help="print the versions of a3b, llama-cpp-python and Python, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
     for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune):
@@ -510,13 +453,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     exception propagates (a traceback, status 1), since it is a bug to report, not a user mistake."""
     import logging
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
     except A3BError as e:
-        print(f"a3b: error: {_one_line(e)}", file=sys.stderr)
+        words = cliwords.flag_words(_one_line(e), cliwords.command_parser(parser, args.cmd))
+        print(f"a3b: error: {words}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -68,7 +68,7 @@ api.queuePrompt(0, {output: arguments[0], workflow: {}}).catch(e => done(String(
 
 
 def time_to_first_token(server, reps: int) -> dict:
-    from comfyui_a3b.runtime import SamplingParams, chat, get_runtime
+    from comfyui_a3b.runtime import ChatPrompt, SamplingParams, chat, get_runtime
 
     rt = get_runtime()
     drv = _browser(server)
@@ -88,7 +88,7 @@ def time_to_first_token(server, reps: int) -> dict:
             t0 = time.perf_counter()
             first: list[float] = []
             m = rt.load()
-            rendered = rt.render_chat(m, chat.messages(text, None))
+            rendered = m.render_chat(ChatPrompt(chat.messages(text, None)))
             stream = rt.submit(rendered, chat=False, max_tokens=16, sampling=SamplingParams(seed=100 + i),
                                on_token=lambda ev, first=first: (first.append(time.perf_counter())
                                                                  if ev.text and not first else None))

@@ -151,7 +151,7 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
     rt = get_runtime()
     spec = rt.spec(None)
     m = rt.load(spec)
-    b = PromptBuilder(m.vocab)
+    b = PromptBuilder(m)
     decoded0 = m.stats["decoded_tokens"]
     records: list[dict] = []
     threads = []
@@ -169,7 +169,7 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
                         suffix_tokens=0, use_fim=False)
             anchor = p.anchor
             t0 = time.perf_counter()
-            stream = rt.submit(model=spec, chat=False, prompt_tokens=p.tokens,
+            stream = rt.submit(p.sent, model=spec,
                                max_tokens=settings.max_tokens if multi else settings.max_tokens_single_line,
                                sampling=preset("code", seed=0), stop=["\n\n\n"] if multi else ["\n"],
                                priority=PRIORITY_INTERACTIVE)
@@ -203,7 +203,7 @@ def isolated_runtime(requests_by_file, settings) -> list[dict]:
 
     rt = get_runtime()
     spec = rt.spec(None)
-    b = PromptBuilder(rt.load(spec).vocab)
+    b = PromptBuilder(rt.load(spec))
     out = []
     for name, reqs in requests_by_file:
         anchor = None
@@ -213,7 +213,7 @@ def isolated_runtime(requests_by_file, settings) -> list[dict]:
                         use_fim=False)
             anchor = p.anchor
             t0 = time.perf_counter()
-            rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, priority=PRIORITY_INTERACTIVE,
+            rt.generate(p.sent, model=spec, priority=PRIORITY_INTERACTIVE,
                         max_tokens=settings.max_tokens if multi else settings.max_tokens_single_line,
                         sampling=preset("code", seed=0), stop=["\n\n\n"] if multi else ["\n"])
             out.append({"multiline": multi, "latency_ms": (time.perf_counter() - t0) * 1000})

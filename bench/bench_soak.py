@@ -22,7 +22,11 @@ whether the process survived. Separately, the
 first-load cost of crash isolation (runtime/vet.py): a first load of the default model in a fresh
 process with vetting on vs off, median of several runs.
 
-    python -m comfyui_a3b.bench.bench_soak [--minutes 10] [--vet-runs 5]
+Before it, the editor scenario (bench/soak_editor.py, a few minutes): completion latency p50/p95 of
+a fresh language server while real files are opened one after another, vs each file alone
+(bench/results/soak_editor.json, soak_editor.png).
+
+    python -m comfyui_a3b.bench.bench_soak [--minutes 10] [--vet-runs 5] [--scenario all|soak|editor]
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import tempfile
 import threading
 import time
 
+from . import soak_editor
 from .common import median, percentile, plot, print_table, write_results
 
 EDITORS = 4
@@ -307,11 +312,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--vet-runs", type=int, default=5)
+    ap.add_argument("--scenario", choices=("all", "soak", "editor"), default="all",
+                    help="the soak, the editor scenario (bench/soak_editor.py), or both")
+    ap.add_argument("--editor-files", type=int, default=6, help="files the editor scenario opens")
+    ap.add_argument("--editor-rounds", type=int, default=2, help="runs of each mode of the editor scenario")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("SOAK-RESULT " + json.dumps(child(args.minutes)), flush=True)
         return 0
+    if args.scenario in ("all", "editor"):
+        editor_scenario(args)
+    return soak(args) if args.scenario in ("all", "soak") else 0
+
+
+def editor_scenario(args) -> None:
+    res = soak_editor.run(args.editor_files, args.editor_rounds)
+    print_table(f"Soak, editor scenario: {args.editor_files} files, {args.editor_rounds} runs of each mode, each "
+                "in a fresh `a3b lsp --stdio` with the default settings (each file alone / opened one after "
+                "another)", ["measure", "value"],
+                soak_editor.rows(res))
+    write_results("soak_editor", {"args": vars(args), **res})
+    plot("soak_editor", soak_editor.draw(res))
+
+
+def soak(args) -> int:
     vet = vet_cost(args.vet_runs)
     p = subprocess.run([sys.executable, "-m", "comfyui_a3b.bench.bench_soak", "--child",
                         "--minutes", str(args.minutes)],

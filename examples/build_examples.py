@@ -5,6 +5,10 @@
 `<name>.json` is the editor's format (drag it onto ComfyUI's canvas or open it from the menu);
 `<name>.api.json` is the API format that POST /prompt takes. Widget order for the A3B nodes comes
 from the node declarations, so the files follow the nodes when they change.
+
+Layout: nodes stand in columns, each at least as large as the editor draws its widgets (`min_size`,
+from ComfyUI's frontend: LiteGraph's computeSize), with a gap between them, so a workflow opens
+with nothing covered.
 """
 from __future__ import annotations
 
@@ -27,6 +31,18 @@ CORE_OUTPUTS = {
     "PreviewAny": [],
 }
 CORE_LINK_INPUTS = {"PreviewAny": [("source", "*")]}
+#: core nodes' multiline text boxes: PrimitiveStringMultiline's value, PreviewAny's preview, StringConcatenate's strings
+CORE_TEXT_BOXES = {"PrimitiveStringMultiline": 1, "PreviewAny": 1, "StringConcatenate": 2}
+
+# The editor's measures (ComfyUI frontend 1.27, LiteGraph's LGraphNode.computeSize): the title bar
+# (NODE_TITLE_HEIGHT) is drawn above a node's position; its body has a row per input or output slot
+# (NODE_SLOT_HEIGHT), then each widget (NODE_WIDGET_HEIGHT, a multiline text box at least 50) with 4
+# between widgets, 8 after them and 6 at the bottom; a node with a text box is at least 400 wide
+# (the multiline widget's minNodeSize).
+TITLE_H, SLOT_H, WIDGET_H, TEXT_BOX_H, WIDGET_GAP, BOTTOM = 30, 20, 20, 50, 4, 8 + 6
+TEXT_BOX_MIN_W = 400
+#: the space between two nodes of a column, and between columns
+GAP = 40
 
 
 def _a3b():
@@ -43,7 +59,7 @@ class N:
     values: dict[str, Any] = field(default_factory=dict)
     links: dict[str, tuple[int, int]] = field(default_factory=dict)  # input -> (node id, output slot)
     pos: tuple[int, int] = (0, 0)
-    size: tuple[int, int] = (320, 200)
+    size: tuple[int, int] = (320, 0)   # width, and the extra height for text boxes beyond their minimum
 
 
 def _schema(t: str):
@@ -57,6 +73,37 @@ def _schema(t: str):
         outs = [(o.name, o.type) for o in d.outputs]
         return widgets, links, outs
     return ([(w, "STRING", "", False) for w in CORE_WIDGETS[t]], CORE_LINK_INPUTS.get(t, []), CORE_OUTPUTS[t])
+
+
+def min_size(node_type: str) -> tuple[int, int]:
+    """The smallest (width, height) the editor draws a node of `node_type` in, title bar left out (see
+    the measures above). A3BGenerate has one more text box: the streamed text (web/a3b.js)."""
+    widgets, link_inputs, outs = _schema(node_type)
+    d = _a3b().get(node_type)
+    if d is not None:
+        boxes = sum(1 for i in d.inputs if i.is_widget and i.multiline) + (node_type == "A3BGenerate")
+    else:
+        boxes = CORE_TEXT_BOXES.get(node_type, 0)
+    n_widgets = len(widgets) + sum(1 for *_, control in widgets if control)   # control_after_generate adds one
+    rows = max(len(link_inputs), len(outs), 1)
+    height = (rows * SLOT_H + (n_widgets - boxes) * (WIDGET_H + WIDGET_GAP) + boxes * (TEXT_BOX_H + WIDGET_GAP)
+              + BOTTOM)
+    return (TEXT_BOX_MIN_W if boxes else 0), height
+
+
+def arrange(columns: list[list[N]]) -> list[N]:
+    """Place `columns` of nodes left to right, each node below the last one's bottom, every node at
+    least `min_size` (plus the extra height its size asks for), and return the nodes in id order."""
+    x = 0
+    for column in columns:
+        y = 0
+        for n in column:
+            w, h = min_size(n.type)
+            n.size = (max(n.size[0], w), h + n.size[1])
+            n.pos = (x, y)
+            y += n.size[1] + TITLE_H + GAP
+        x += max(n.size[0] for n in column) + GAP
+    return sorted((n for column in columns for n in column), key=lambda n: n.id)
 
 
 def build(nodes: list[N]) -> tuple[dict, dict]:
@@ -118,35 +165,66 @@ PREMISE = ("A small cheerful robot named Bolt washes up on the rocks below an ol
 
 def comic_script() -> list[N]:
     gen = dict(max_new_tokens=96, temperature=0.7, seed=42)
-    return [
-        N(1, "A3BLoader", pos=(0, 0), size=(320, 260)),
-        N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, pos=(0, 300), size=(320, 160)),
-        N(3, "A3BGenerate", "Storyboard", {
+    text = (380, 120)   # generate nodes: room for the text boxes beyond their minimum
+    return arrange([
+        [N(1, "A3BLoader"),
+         N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, size=(320, 80))],
+        [N(3, "A3BGenerate", "Storyboard", {
             **gen, "system": "You are a comic book writer. Be brief and visual.",
             "prompt": ("Write a storyboard of exactly 3 comic panels for this premise. One line per panel, "
                        "starting with 'Panel 1:', 'Panel 2:' and 'Panel 3:'."),
-        }, links={"model": (1, 0), "context": (2, 0)}, pos=(380, 0), size=(380, 520)),
-        N(4, "A3BGenerate", "Mira's dialogue", {
+        }, links={"model": (1, 0), "context": (2, 0)}, size=text),
+         N(6, "A3BGenerate", "Image prompt, panel 1", {
+             **gen, "max_new_tokens": 48, "temperature": 0.4,
+             "system": "You write prompts for an image model: one line of comma-separated visual keywords.",
+             "prompt": "Write the image prompt for Panel 1.",
+         }, links={"model": (1, 0), "context": (3, 0)}, size=text)],
+        [N(4, "A3BGenerate", "Mira's dialogue", {
             **gen, "max_new_tokens": 72,
             "system": "You are Mira, an old lighthouse keeper: gruff but kind, you speak in short sentences.",
             "prompt": "Write Mira's line of dialogue for each panel, as 'Panel N: \"...\"'.",
-        }, links={"model": (1, 0), "context": (3, 0)}, pos=(820, 0), size=(380, 520)),
-        N(5, "A3BGenerate", "Bolt's dialogue", {
-            **gen, "max_new_tokens": 72,
-            "system": "You are Bolt, a small cheerful robot who loves asking questions.",
-            "prompt": "Write Bolt's line of dialogue for each panel, as 'Panel N: \"...\"'.",
-        }, links={"model": (1, 0), "context": (3, 0)}, pos=(820, 560), size=(380, 520)),
-        N(6, "A3BGenerate", "Image prompt, panel 1", {
-            **gen, "max_new_tokens": 48, "temperature": 0.4,
+        }, links={"model": (1, 0), "context": (3, 0)}, size=text),
+         N(5, "A3BGenerate", "Bolt's dialogue", {
+             **gen, "max_new_tokens": 72,
+             "system": "You are Bolt, a small cheerful robot who loves asking questions.",
+             "prompt": "Write Bolt's line of dialogue for each panel, as 'Panel N: \"...\"'.",
+         }, links={"model": (1, 0), "context": (3, 0)}, size=text)],
+        [N(7, "StringConcatenate", "Dialogue", {"delimiter": "\n\n--- Bolt ---\n"},
+           links={"string_a": (4, 0), "string_b": (5, 0)}, size=(300, 0)),
+         N(8, "PreviewAny", "Script", links={"source": (7, 0)}, size=(360, 240)),
+         N(9, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (6, 0)}, size=(360, 120))],
+    ])
+
+
+#: The storyboard as data: a JSON list of panels, which the answer must follow (llama.cpp's grammar)
+PANELS_SCHEMA = {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+    "type": "object", "required": ["panel", "scene", "dialogue"], "additionalProperties": False,
+    "properties": {"panel": {"type": "integer", "minimum": 1, "maximum": 3},
+                   "scene": {"type": "string", "maxLength": 160},
+                   "dialogue": {"type": "string", "maxLength": 120}}}}
+
+
+def storyboard_json() -> list[N]:
+    """A storyboard as a JSON list of panels (json_schema), a thinking model's reasoning kept apart,
+    and the panels read by the next step as data."""
+    return arrange([
+        [N(1, "A3BLoader"),
+         N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, size=(320, 80))],
+        [N(3, "A3BGenerate", "Storyboard (JSON panels)", {
+            "max_new_tokens": 360, "temperature": 0.3, "seed": 7, "thinking": "auto", "reasoning_budget": 256,
+            "json_schema": json.dumps(PANELS_SCHEMA, indent=1),
+            "system": "You are a comic book writer. Be brief and visual.",
+            "prompt": "Write a storyboard of 3 comic panels for this premise: the scene and one line of dialogue each.",
+        }, links={"model": (1, 0), "context": (2, 0)}, size=(400, 240))],
+        [N(4, "A3BGenerate", "Image prompt, panel 1", {
+            "max_new_tokens": 48, "temperature": 0.4, "seed": 7, "thinking": "off",
             "system": "You write prompts for an image model: one line of comma-separated visual keywords.",
-            "prompt": "Write the image prompt for Panel 1.",
-        }, links={"model": (1, 0), "context": (3, 0)}, pos=(380, 560), size=(380, 520)),
-        N(7, "StringConcatenate", "Dialogue", {"delimiter": "\n\n--- Bolt ---\n"},
-          links={"string_a": (4, 0), "string_b": (5, 0)}, pos=(1260, 0), size=(300, 200)),
-        N(8, "PreviewAny", "Script", links={"source": (7, 0)}, pos=(1260, 260), size=(360, 300)),
-        N(9, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (6, 0)},
-          pos=(1260, 600), size=(360, 200)),
-    ]
+            "prompt": "Write the image prompt for the scene of panel 1 of this JSON storyboard.",
+        }, links={"model": (1, 0), "context": (3, 0)}, size=(380, 120))],
+        [N(5, "PreviewAny", "Panels (JSON)", links={"source": (3, 0)}, size=(360, 240)),
+         N(6, "PreviewAny", "Reasoning (thinking models)", links={"source": (3, 2)}, size=(360, 160)),
+         N(7, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (4, 0)}, size=(360, 120))],
+    ])
 
 
 DOCUMENTS = "\n".join([
@@ -163,24 +241,23 @@ QUESTION = "What time does the ferry to Harrow Island leave?"
 
 
 def rag() -> list[N]:
-    return [
-        N(1, "A3BLoader", pos=(0, 0), size=(320, 260)),
-        N(2, "PrimitiveStringMultiline", "Documents (one per line)", {"value": DOCUMENTS}, pos=(0, 300),
-          size=(420, 260)),
-        N(3, "PrimitiveStringMultiline", "Question", {"value": QUESTION}, pos=(0, 600), size=(420, 120)),
-        N(4, "A3BEmbed", "Embed documents", links={"model": (1, 0), "text": (2, 0)}, pos=(480, 0), size=(300, 200)),
-        N(5, "A3BEmbed", "Embed question", links={"model": (1, 0), "text": (3, 0)}, pos=(480, 260), size=(300, 200)),
-        N(6, "A3BTopK", "Retrieve", {"top_k": 2}, links={"documents": (4, 0), "texts": (4, 1), "query": (5, 0)},
-          pos=(840, 0), size=(320, 200)),
-        N(7, "A3BGenerate", "Answer", {
+    return arrange([
+        [N(1, "A3BLoader"),
+         N(2, "PrimitiveStringMultiline", "Documents (one per line)", {"value": DOCUMENTS}, size=(420, 200)),
+         N(3, "PrimitiveStringMultiline", "Question", {"value": QUESTION}, size=(420, 40))],
+        [N(4, "A3BEmbed", "Embed documents", links={"model": (1, 0), "text": (2, 0)}, size=(300, 0)),
+         N(5, "A3BEmbed", "Embed question", links={"model": (1, 0), "text": (3, 0)}, size=(300, 0))],
+        [N(6, "A3BTopK", "Retrieve", {"top_k": 2}, links={"documents": (4, 0), "texts": (4, 1), "query": (5, 0)},
+           size=(320, 0)),
+         N(8, "PreviewAny", "Retrieved", links={"source": (6, 1)}, size=(360, 200))],
+        [N(7, "A3BGenerate", "Answer", {
             "max_new_tokens": 48, "temperature": 0.0, "seed": 1,
             "system": "Answer the question using only the notes above it. One short sentence.",
-        }, links={"model": (1, 0), "context": (6, 0), "prompt": (3, 0)}, pos=(1220, 0), size=(380, 520)),
-        N(8, "PreviewAny", "Retrieved", links={"source": (6, 1)}, pos=(840, 260), size=(320, 200)),
-    ]
+        }, links={"model": (1, 0), "context": (6, 0), "prompt": (3, 0)}, size=(380, 120))],
+    ])
 
 
-EXAMPLES = {"comic_script": comic_script, "rag": rag}
+EXAMPLES = {"comic_script": comic_script, "rag": rag, "storyboard_json": storyboard_json}
 
 
 def main() -> None:

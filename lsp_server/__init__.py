@@ -10,15 +10,18 @@ from __future__ import annotations
 import os
 import sys
 
+from ..runtime.environment import env
+from ..runtime.options import LSP_TOKEN
+
 
 def main(args) -> int:
     """Entry point of `a3b lsp` (see cli.py for the arguments)."""
     import asyncio
 
-    from .engine import Engine
+    from .session import Engine
     from .transport import parse_address, serve_forever, serve_stdio
 
-    token = getattr(args, "token", None) or os.environ.get("A3B_LSP_TOKEN") or None
+    token = getattr(args, "token", None) or env(LSP_TOKEN.env)
     model = getattr(args, "model", None)
     if getattr(args, "tcp", None) or getattr(args, "ws", None):
         kind = "tcp" if args.tcp else "ws"
@@ -79,7 +82,8 @@ def _leave_promptly(code: int) -> None:
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    # Always end here, not through the interpreter's teardown: a model's worker thread (a daemon) may
+    # still be inside llama.cpp, and finalising the interpreter under it crashed the process (SIGSEGV).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

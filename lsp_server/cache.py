@@ -8,7 +8,7 @@ Two kinds of hit:
   the rest of the suggestion is still right, so it is answered at once.
 
 Entries live in buckets named by `bucket_key` over everything else that must be equal for a hit.
-The completion engine (`Session.cache_key` in engine.py) builds it from the loaded model (its file
+The completion logic (`Completer.cache_key` in completion.py) builds it from the loaded model (its file
 path and the identity of its loaded weights), the document URI, the prompt kind (fill-in-the-middle
 or plain prefix), the rest of the cursor's line, and the first 240 characters after the cursor.
 The single/multi-line mode is not part of it: it follows from the same context. Inside a bucket,

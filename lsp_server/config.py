@@ -6,75 +6,104 @@ value is kept, so a typo never takes the server down.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..runtime.generation import ConfidenceConfig
+from ..runtime import options as opt
+from ..runtime.errors import InvalidRequest
+from ..runtime.options import Option, check
 
 SECTION = "a3b"
+
+# The editor's own settings; the ones it shares with the runtime (nCtx, confidenceThreshold) are the
+# runtime's declarations.
+MODEL = Option("model", str, None, "GGUF path or a name in the model folders; null = the embedded default.",
+               nullable=True)
+MAX_TOKENS = Option("completion_max_tokens", int, 64, "Most tokens of a multi-line completion.", min=1, max=1024)
+MAX_TOKENS_SINGLE_LINE = Option("completion_max_tokens_single_line", int, 32,
+                                "Most tokens of a single-line completion.", min=1, max=256)
+DEBOUNCE_MS = Option("debounce_ms", int, 40, "Wait this long before running the model; a newer request wins.",
+                     min=0, max=5000)
+FIM = Option("fim", str, "auto", "Fill-in-the-middle when the model has FIM tokens.", choices=("auto", "on", "off"))
+CONTEXT_TOKENS = Option("context_tokens", int, 320, "Prompt tokens from the current file before the cursor.",
+                        min=16, max=16384)
+SUFFIX_TOKENS = Option("suffix_tokens", int, 48, "Tokens after the cursor given to FIM models.", min=0, max=4096)
+CONTEXT_CHUNKS = Option("context_chunks", int, 2, "Chunks of other open files chosen by embedding similarity "
+                        "(0 = off).", min=0, max=16)
+CHUNK_TOKENS = Option("chunk_tokens", int, 96, "Tokens per chunk from another file.", min=16, max=1024)
+MAX_CHUNK_SIMILARITY = Option("max_chunk_similarity", float, 0.99, "Chunks more similar than this to the text at "
+                              "the cursor are left out (they make models repeat).", min=0.0, low_open=True, max=1.0)
+MAX_DOCUMENT_BYTES = Option("max_document_bytes", int, 32 * 1024 * 1024, "Larger documents are kept in sync but "
+                            "not completed or indexed.", min=1024, max=1 << 31)
+WARM = Option("warm", bool, True, "Read a completion's prompt in the background when the cursor rests.")
+#: A quick fix waits for its reasoning: thinking is off unless asked for, and bounded when on.
+THINKING = replace(opt.THINKING, default="off")
+REASONING_BUDGET = replace(opt.REASONING_BUDGET, default=256, help="With thinking on: most reasoning tokens of a "
+                           "quick fix or an explanation (null = no limit but the context).")
 
 
 @dataclass(frozen=True)
 class Settings:
-    #: GGUF path or a name in the model folders; None = the embedded default. Names that arrive over
-    #: the protocol are resolved inside the allowed model folders only (see `Engine.spec_for`).
-    model: str | None = None
-    #: Context tokens per sequence slot; None = the runtime's default (shared with ComfyUI's nodes).
+    """One connection's settings; each field's meaning, default and bounds: its Option in _KEYS."""
+
+    #: Names that arrive over the protocol are resolved inside the allowed model folders only (see
+    #: `Engine.spec_for`).
+    model: str | None = MODEL.default
+    #: None = the runtime's default (shared with ComfyUI's nodes).
     n_ctx: int | None = None
-    #: Most tokens of a multi-line completion (single-line completions stop at the line's end).
-    max_tokens: int = 64
-    #: Single-line completions never take more than this.
-    max_tokens_single_line: int = 32
-    #: Wait this long after a request before running the model; a newer request in the meantime wins.
-    debounce_ms: int = 40
-    #: Fill-in-the-middle when the model has FIM tokens: "auto" (use them if present), "on", "off".
-    fim: str = "auto"
-    #: Prompt budget for the current file (tokens before the cursor).
-    context_tokens: int = 320
-    #: Tokens after the cursor given to FIM models.
-    suffix_tokens: int = 48
-    #: Chunks from other open files, chosen by embedding similarity (0 = off).
-    context_chunks: int = 2
-    #: Tokens per chunk from another file.
-    chunk_tokens: int = 96
-    #: Chunks more similar than this to the text at the cursor are left out (they make models repeat).
-    max_chunk_similarity: float = 0.99
-    #: Documents larger than this are kept in sync but not completed or indexed.
-    max_document_bytes: int = 32 * 1024 * 1024
-    #: Read a completion's prompt in the background when the user pauses at an edit (or the editor
-    #: reports the cursor with `a3b/cursor`), so the first completion there is as fast as later ones.
-    warm: bool = True
+    #: Single-line completions stop at the line's end, and never take more than max_tokens_single_line.
+    max_tokens: int = MAX_TOKENS.default
+    max_tokens_single_line: int = MAX_TOKENS_SINGLE_LINE.default
+    debounce_ms: int = DEBOUNCE_MS.default
+    fim: str = FIM.default
+    context_tokens: int = CONTEXT_TOKENS.default
+    suffix_tokens: int = SUFFIX_TOKENS.default
+    context_chunks: int = CONTEXT_CHUNKS.default
+    chunk_tokens: int = CHUNK_TOKENS.default
+    max_chunk_similarity: float = MAX_CHUNK_SIMILARITY.default
+    max_document_bytes: int = MAX_DOCUMENT_BYTES.default
+    #: Also when the editor reports the cursor with `a3b/cursor`, so the first completion there is as
+    #: fast as later ones.
+    warm: bool = WARM.default
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
-    confidence_threshold: float = ConfidenceConfig.threshold
+    confidence_threshold: float = opt.THRESHOLD.default
+    #: Thinking models in quick fixes and explanations; inline completions never think: an editor
+    #: waits for them.
+    thinking: str = THINKING.default
+    reasoning_budget: int | None = REASONING_BUDGET.default
 
 
-# protocol name -> (field name, type check, description of the valid values)
-_KEYS: dict[str, tuple[str, Any, str]] = {
-    "model": ("model", lambda v: v is None or isinstance(v, str), "a model path or name, or null"),
-    "modelPath": ("model", lambda v: v is None or isinstance(v, str), "a model path or name, or null"),
-    "nCtx": ("n_ctx", lambda v: v is None or (_int(v) and 256 <= v <= 131072), "an integer in 256..131072, or null"),
-    "maxTokens": ("max_tokens", lambda v: _int(v) and 1 <= v <= 1024, "an integer in 1..1024"),
-    "maxTokensSingleLine": ("max_tokens_single_line", lambda v: _int(v) and 1 <= v <= 256, "an integer in 1..256"),
-    "debounceMs": ("debounce_ms", lambda v: _int(v) and 0 <= v <= 5000, "an integer in 0..5000"),
-    "fim": ("fim", lambda v: v in ("auto", "on", "off", True, False), '"auto", "on" or "off"'),
-    "contextTokens": ("context_tokens", lambda v: _int(v) and 16 <= v <= 16384, "an integer in 16..16384"),
-    "suffixTokens": ("suffix_tokens", lambda v: _int(v) and 0 <= v <= 4096, "an integer in 0..4096"),
-    "contextChunks": ("context_chunks", lambda v: _int(v) and 0 <= v <= 16, "an integer in 0..16"),
-    "chunkTokens": ("chunk_tokens", lambda v: _int(v) and 16 <= v <= 1024, "an integer in 16..1024"),
-    "maxChunkSimilarity": ("max_chunk_similarity", lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "maxDocumentBytes": ("max_document_bytes", lambda v: _int(v) and 1024 <= v <= 1 << 31, "an integer >= 1024"),
-    "confidenceThreshold": ("confidence_threshold", lambda v: _num(v) and v > 0, "a number > 0"),
-    "warm": ("warm", lambda v: isinstance(v, bool), "true or false"),
+#: protocol name -> (field name, the option that declares it)
+_KEYS: dict[str, tuple[str, Option]] = {
+    "model": ("model", MODEL),
+    "modelPath": ("model", MODEL),
+    "nCtx": ("n_ctx", opt.N_CTX.or_none()),
+    "maxTokens": ("max_tokens", MAX_TOKENS),
+    "maxTokensSingleLine": ("max_tokens_single_line", MAX_TOKENS_SINGLE_LINE),
+    "debounceMs": ("debounce_ms", DEBOUNCE_MS),
+    "fim": ("fim", FIM),
+    "contextTokens": ("context_tokens", CONTEXT_TOKENS),
+    "suffixTokens": ("suffix_tokens", SUFFIX_TOKENS),
+    "contextChunks": ("context_chunks", CONTEXT_CHUNKS),
+    "chunkTokens": ("chunk_tokens", CHUNK_TOKENS),
+    "maxChunkSimilarity": ("max_chunk_similarity", MAX_CHUNK_SIMILARITY),
+    "maxDocumentBytes": ("max_document_bytes", MAX_DOCUMENT_BYTES),
+    "confidenceThreshold": ("confidence_threshold", opt.THRESHOLD),
+    "warm": ("warm", WARM),
+    "thinking": ("thinking", THINKING),
+    "reasoningBudget": ("reasoning_budget", REASONING_BUDGET),
 }
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def valid(option: Option, value: Any) -> bool:
+    """Whether a setting's value is one `option` takes (fim also takes true and false)."""
+    if option is FIM and isinstance(value, bool):
+        return True
+    try:
+        check(option, value)
+    except InvalidRequest:
+        return False
+    return True
 
 
 def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
@@ -93,9 +122,9 @@ def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
             if key not in ("token",):  # the TCP/WS token travels here too; not a setting
                 errors.append(f"Unknown A3B setting {key!r} (known: {', '.join(sorted(_KEYS))}).")
             continue
-        name, ok, desc = spec
-        if not ok(value):
-            errors.append(f"A3B setting {key!r} must be {desc}; got {value!r}. Keeping "
+        name, option = spec
+        if not valid(option, value):
+            errors.append(f"A3B setting {key!r} must be {option.describe(none='null')}; got {value!r}. Keeping "
                           f"{getattr(base, name)!r}.")
             continue
         if name == "fim" and isinstance(value, bool):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .documents import Snapshot
 from .prompt import CHARS_PER_TOKEN, comment_for
 
 MAX_INDEXED_CHARS = 512 * 1024   # larger files are not indexed (still completed)
@@ -66,9 +67,11 @@ class ContextIndex:
     def __init__(self, vectors: VectorCache):
         self.vectors = vectors
         self.docs: dict[str, list[Chunk]] = {}
-        self._texts: dict[str, str] = {}
+        self._texts: dict[str, str | Snapshot] = {}
 
-    def set_document(self, uri: str, text: str | None, chunk_tokens: int) -> None:
+    def set_document(self, uri: str, text: str | Snapshot | None, chunk_tokens: int) -> None:
+        """The text of `uri` now (a Snapshot is joined only when a selection chunks it), or None
+        once it is closed."""
         self._texts.pop(uri, None)   # re-inserted last: _texts is ordered by recency of use
         if text is None:
             self.docs.pop(uri, None)
@@ -84,6 +87,8 @@ class ContextIndex:
                 continue
             chunks = self.docs.get(uri)
             if chunks is None:
+                if isinstance(text, Snapshot):
+                    text = text.text() if len(text) <= MAX_INDEXED_CHARS else ""
                 chunks = self.docs[uri] = chunk_text(uri, text, chunk_tokens)
             out.extend(chunks[:limit - len(out)])
             if len(out) >= limit:

@@ -3,6 +3,11 @@
 The code action itself only names the fix (cheap); the model runs when the client resolves the
 action (or executes the fallback command), with the offending lines and the problem in a chat
 prompt. The answer's code replaces exactly those lines.
+
+Tracebacks come from user text (a selection, the lines around the cursor), so every pattern here is
+linear in its input: a frame line's leading blanks are spaces or tabs only (a \\s* at each line start
+would run over every blank line that follows, quadratic in their number), a path stops at the line's
+end, and a traceback is read at most MAX_TRACEBACK_CHARS past its header.
 """
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)', re.M)
+FRAME = re.compile(r'^[ \t]*File "(?P<path>[^"\n]+)", line (?P<line>\d+)', re.M)
+ERROR_LINE = re.compile(r"[\w.]+(?:Error|Exception|Exit|Interrupt|Warning)\b")
 TRACEBACK_START = "Traceback (most recent call last):"
+#: a traceback of a thousand frames is about 200 KB; Python folds longer runs of repeated frames
+MAX_TRACEBACK_CHARS = 256 * 1024
 FENCE = re.compile(r"```[\w+-]*\n(.*?)(?:```|\Z)", re.S)
 CONTEXT_LINES = 2
 
@@ -34,17 +42,22 @@ class Traceback:
     error: str         # the last line, e.g. "ZeroDivisionError: division by zero"
 
 
+def traceback_excerpt(text: str) -> str | None:
+    """`text` from its first traceback header on, at most MAX_TRACEBACK_CHARS; None without one."""
+    i = text.find(TRACEBACK_START)
+    return None if i < 0 else text[i:i + MAX_TRACEBACK_CHARS]
+
+
 def parse_traceback(text: str) -> Traceback | None:
     """The frames and final error line of a Python traceback inside `text`, or None."""
-    i = text.find(TRACEBACK_START)
-    if i < 0:
+    body = traceback_excerpt(text)
+    if body is None:
         return None
-    body = text[i:]
     frames = [Frame(m.group("path"), int(m.group("line"))) for m in FRAME.finditer(body)]
     if not frames:
         return None
     lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
-    error = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt|Warning)\b", ln)
+    error = next((ln for ln in reversed(lines) if ERROR_LINE.match(ln)
                   or (":" in ln and not ln.startswith(("File ", "Traceback", "^", "~")))), lines[-1])
     return Traceback(frames, error)
 

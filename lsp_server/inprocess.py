@@ -13,14 +13,11 @@ in `get_runtime().status()["lsp"]`.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import threading
 from typing import Any
 
-from ..runtime.options import switched_off
-
-log = logging.getLogger("a3b.lsp")
+from ..runtime.environment import env, switched_off
+from ..runtime.options import LSP_TOKEN
 
 ENV = "A3B_LSP"
 _state: dict[str, Any] = {}
@@ -38,27 +35,26 @@ def parse_env(value: str) -> tuple[str, str, int]:
     return kind, host, port
 
 
-def maybe_start(env: dict[str, str] | None = None) -> dict | None:
+def maybe_start(environ: dict[str, str] | None = None) -> dict | None:
     """Start the in-process server if $A3B_LSP asks for it; its status dict, or None when off.
 
     Calling it again returns the running server's status. Errors (a bad address, a port in use)
     raise ValueError/OSError with a message that says what to change.
     """
-    env = os.environ if env is None else env
-    value = (env.get(ENV) or "").strip()
+    value = (env(ENV, environ) or "").strip()
     if not value or switched_off(value):
         return None
     with _lock:
         if _state.get("listener") is not None:
             return status()
         kind, host, port = parse_env(value)
-        token = env.get("A3B_LSP_TOKEN") or None
+        token = env(LSP_TOKEN.env, environ)
         return _start(kind, host, port, token)
 
 
 def _start(kind: str, host: str, port: int, token: str | None) -> dict:
     from ..runtime import get_runtime
-    from .engine import Engine
+    from .session import Engine
     from .transport import start_tcp, start_ws
 
     engine = Engine(address=None)
@@ -92,8 +88,7 @@ def _start(kind: str, host: str, port: int, token: str | None) -> dict:
         raise OSError(f"A3B language server could not listen on {kind}://{host}:{port}: {box['error']}")
     _state.update(engine=engine, thread=t, token=token is not None, **box)
     get_runtime().status_providers["lsp"] = status
-    log.info("A3B language server listening on %s", engine.address)
-    return status()
+    return status()   # the caller logs the address (the pack's __init__, once)
 
 
 def status() -> dict:

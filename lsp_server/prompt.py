@@ -1,4 +1,4 @@
-"""Completion prompts, built from token ids with the stable part first.
+"""Completion prompts, with the stable part first.
 
 Layout, oldest and most stable first, so the runtime's KV prefix reuse covers all but the last few
 tokens while the user types:
@@ -8,16 +8,20 @@ tokens while the user types:
     [window of the current file]       starts at a line boundary that stays put while typing
     <cursor>
 
-Fill-in-the-middle models get `<fim_pre> chunks header window <fim_suf> suffix <fim_mid>` built from
-their special token ids (llama-cpp-python's `suffix=` path is not used). Every piece of document
-text is tokenized with special-token parsing off, so a file that contains "<|endoftext|>" cannot
-inject control tokens.
+This module chooses the window (its anchor stays put while it fits the token budget) and says what
+goes in; the model builds the prompt. Fill-in-the-middle models get an InfillPrompt (the chunks, the
+header and window as its prefix, the text after the cursor as its suffix), which the local engine
+lays out as `<fim_pre> chunks header window <fim_suf> suffix <fim_mid>` (runtime/fim.py) and a
+remote one sends to the server's /infill. Other models get the same text as a TextPrompt to
+continue. Document text is never parsed for special tokens, so a file that contains
+"<|endoftext|>" cannot inject control tokens.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
+from ..runtime.requests import ContextChunk, InfillPrompt, TextPrompt
 from .documents import Cursor, safe_text
 
 #: Line comment per LSP language id, for the file header and the context chunks' captions.
@@ -49,23 +53,8 @@ def is_multiline(cur: Cursor) -> bool:
 
 
 @dataclass
-class FimIds:
-    pre: int
-    suf: int
-    mid: int
-    sep: int = -1     # file separator for repository-level context, when the model has one
-
-    @classmethod
-    def of(cls, vocab) -> FimIds | None:
-        st = vocab.special_tokens()
-        if min(st["fim_pre"], st["fim_suf"], st["fim_mid"]) < 0:
-            return None
-        return cls(st["fim_pre"], st["fim_suf"], st["fim_mid"], st.get("fim_sep", -1))
-
-
-@dataclass
 class Prompt:
-    tokens: list[int]
+    sent: TextPrompt | InfillPrompt   # what the model gets
     mode: str                    # "fim" or "prefix"
     multiline: bool
     anchor: int                  # document offset where the window starts
@@ -76,54 +65,66 @@ class Prompt:
 class PromptBuilder:
     """Builds prompts for one loaded model; keeps no per-document state (the anchor is passed in)."""
 
-    def __init__(self, vocab):
-        self.vocab = vocab
-        self.fim = FimIds.of(vocab)
+    def __init__(self, model):
+        self.model = model
+        #: the model reads fill-in-the-middle prompts as such (else it continues the prefix)
+        self.fim = model.supports_fim
 
-    def tok(self, text: str) -> list[int]:
-        return self.vocab.tokenize(safe_text(text), add_bos=False, special=False) if text else []
+    def count(self, text: str) -> int:
+        """Tokens of document text, for the budgets (an estimate on a remote model: no network
+        call, as this runs on the event loop)."""
+        if not text:
+            return 0
+        return self.model.count_tokens(TextPrompt(safe_text(text), add_bos=False, parse_special=False), exact=False)
 
-    def choose_anchor(self, cur: Cursor, prev: int | None, budget: int) -> tuple[int, list[int]]:
+    def choose_anchor(self, cur: Cursor, prev: int | None, budget: int) -> tuple[int, int]:
         """Window start (a line start) and the window's tokens. The previous anchor is kept while the
         window fits the budget, so the prompt only grows at its end; when it no longer fits the
         window restarts at about 60% of the budget, leaving room to type before the next move."""
         text, base = cur.prefix, cur.prefix_start
         if prev is not None and base <= prev <= cur.offset and (prev == 0 or text[prev - base - 1:prev - base] == "\n"):
-            toks = self.tok(text[prev - base:])
-            if len(toks) <= budget:
-                return prev, toks
+            n = self.count(text[prev - base:])
+            if n <= budget:
+                return prev, n
         line_start = max(0, len(text) - len(cur.line_prefix))
         start = max(0, len(text) - int(budget * 0.6 * CHARS_PER_TOKEN))
         if start > 0:
             nl = text.find("\n", start - 1)
             start = min(nl + 1 if nl >= 0 else len(text), line_start)
-        toks = self.tok(text[start:])
-        while len(toks) > budget and start < len(text):
+        n = self.count(text[start:])
+        while n > budget and start < len(text):   # whole lines off the start until it fits
             nl = text.find("\n", start)
             start = nl + 1 if nl >= 0 else len(text)
-            toks = self.tok(text[start:])
-        if len(toks) > budget:  # a single enormous line: keep its last `budget` tokens
-            toks = toks[-budget:]
-        return base + start, toks
+            n = self.count(text[start:])
+        return base + start, n
 
     def header(self, cur: Cursor) -> str:
         name = os.path.basename(cur.uri.split("?", 1)[0]) or "untitled"
         return f"{comment_for(cur.language_id)} {name}\n"
 
+    def suffix(self, text: str, n_tokens: int) -> str:
+        """The start of `text` that takes at most about `n_tokens` tokens."""
+        text = text[:n_tokens * 8]
+        for _ in range(4):   # a few proportional cuts: the count is known after each
+            n = self.count(text)
+            if n <= n_tokens:
+                break
+            text = text[:len(text) * n_tokens // n]
+        return text
+
     def build(self, cur: Cursor, *, anchor: int | None, context_block: str, budget: int,
               suffix_tokens: int, use_fim: bool, context_files: list[str] | None = None) -> Prompt:
-        anchor, window = self.choose_anchor(cur, anchor, budget)
+        anchor, n_window = self.choose_anchor(cur, anchor, budget)
         multiline = is_multiline(cur)
-        head = self.tok(context_block + self.header(cur)) if context_block else self.tok(self.header(cur))
-        bos = [self.vocab.bos] if self.vocab.add_bos and self.vocab.bos >= 0 else []
-        if use_fim and self.fim is not None:
-            stoks = self.tok(cur.suffix[:suffix_tokens * 8])[:suffix_tokens]
-            tokens = bos + [self.fim.pre] + head + window + [self.fim.suf] + stoks + [self.fim.mid]
+        head = self.header(cur) + cur.prefix[anchor - cur.prefix_start:]
+        if use_fim and self.fim:
+            chunks = (ContextChunk("", safe_text(context_block)),) if context_block else ()
+            sent: TextPrompt | InfillPrompt = InfillPrompt(
+                safe_text(head), safe_text(self.suffix(cur.suffix, suffix_tokens)) if suffix_tokens else "",
+                chunks=chunks)
             mode = "fim"
         else:
-            # tokenized as one string so that the text typed at the end changes only the last tokens
-            tokens = bos + self.tok((context_block + self.header(cur)) + cur.prefix[anchor - cur.prefix_start:])
-            if len(tokens) > len(bos) + len(head) + len(window) + 8:  # window cut inside one long line
-                tokens = bos + head + window
+            # one text, so that the text typed at the end changes only the last tokens
+            sent = TextPrompt(safe_text(context_block + head), parse_special=False)
             mode = "prefix"
-        return Prompt(tokens, mode, multiline, anchor, len(window), context_files or [])
+        return Prompt(sent, mode, multiline, anchor, n_window, context_files or [])

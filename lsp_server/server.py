@@ -10,49 +10,42 @@ Where each message goes:
   documents, see documents.py), `exit` and `workspace/executeCommand`;
 * `Features` answers everything else, one method per request, notification or command;
   `Features.register` is the table of which LSP method (with which capability options) goes to
-  which method;
+  which method; the code actions and the commands that run the model are in actions.py;
 * `A3BServer` holds the connection's state and what several features share: messages to the user,
-  load progress, the low-confidence diagnostics and the model-backed fixes.
+  load progress, the low-confidence diagnostics (diagnostics.py) and the model-backed fixes
+  (actions.py).
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import inspect
 import itertools
 import logging
-import re
 import time
 from typing import Any
 
 from lsprotocol import types as T
 from pygls.capabilities import ServerCapabilitiesBuilder
-from pygls.exceptions import (
-    FeatureRequestError,
-    JsonRpcException,
-    JsonRpcInvalidParams,
-    JsonRpcRequestCancelled,
-)
+from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
-from pygls.uris import from_fs_path
+from pygls.protocol import LanguageServerProtocol, lsp_method
 
-from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
-from ..runtime.errors import A3BError, Cancelled
-from . import fixes
+from ..runtime.errors import A3BError
+from .actions import ActionFeatures, ModelActions
 from .config import as_dict
-from .documents import DocumentError, _index_to_units
-from .engine import Engine, Session, _spans_in
-from .pygls_compat import has_workspace
+from .diagnostics import SpanDiagnostics
+from .documents import DocumentError, _units
+from .errors import _guard
+from .messages import Refusals, install_log_filter, strict_converter
+from .postprocess import word_before
+from .session import Engine, Session
 
 log = logging.getLogger("a3b.lsp")
+install_log_filter()
 
-REQUEST_FAILED = -32803
 #: A3B's own notification: the editor's cursor position, for warming the prompt there.
 CURSOR_NOTIFICATION = "a3b/cursor"
-#: Pending low-confidence spans kept per connection while their text has not appeared yet.
-MAX_PENDING_SPANS = 32
 
 
 def _version() -> str:
@@ -62,37 +55,6 @@ def _version() -> str:
         return importlib.metadata.version("comfyui-a3b")
     except Exception:  # noqa: BLE001 - not installed as a distribution: any version will do
         return "0"
-
-
-# -- errors ---------------------------------------------------------------------------------------
-class RequestFailed(JsonRpcException):
-    """An A3B error as an LSP error response (RequestFailed), message unchanged."""
-
-    CODE = REQUEST_FAILED
-
-
-def lsp_error(e: Exception) -> JsonRpcException:
-    if isinstance(e, DocumentError):
-        return JsonRpcInvalidParams(str(e))
-    return RequestFailed(str(e), data={"code": getattr(e, "code", type(e).__name__)})
-
-
-def _guard(coro_fn):
-    """Turn runtime and document errors into clear LSP error responses."""
-
-    @functools.wraps(coro_fn)
-    async def wrapped(*args, **kwargs):
-        try:
-            return await coro_fn(*args, **kwargs)
-        except Cancelled as e:
-            raise JsonRpcRequestCancelled(str(e)) from e
-        except (DocumentError, A3BError) as e:
-            raise lsp_error(e) from e
-    return wrapped
-
-
-def _units(line: str, index: int, encoding: str) -> int:
-    return _index_to_units(line[:index], encoding)
 
 
 # -- protocol -------------------------------------------------------------------------------------
@@ -136,7 +98,7 @@ class A3BProtocol(LanguageServerProtocol):
         try:
             ls.session.change(params.text_document.uri, params.text_document.version, params.content_changes)
         except DocumentError as e:
-            ls.show(T.MessageType.Error, f"A3B could not apply an edit: {e} Close and reopen the file.")
+            ls.refusals.add(T.MessageType.Error, "could not apply an edit", str(e), "Close and reopen the file.")
         else:
             ls.after_change(params.text_document.uri)
 
@@ -146,17 +108,18 @@ class A3BProtocol(LanguageServerProtocol):
 
 
 # -- server ---------------------------------------------------------------------------------------
-class A3BServer(LanguageServer):
+class A3BServer(SpanDiagnostics, ModelActions, LanguageServer):
     """One connection: its session over the shared engine, and what several features share."""
 
     def __init__(self, engine: Engine, connection):
-        converter = default_converter()
+        converter = strict_converter()
         super().__init__("a3b", _version(), text_document_sync_kind=T.TextDocumentSyncKind.Incremental,
                          protocol_cls=A3BProtocol, converter_factory=lambda: converter)
         #: the converter pygls structures messages with, to structure command arguments alike
         self.converter = converter
         self.engine = engine
         self.connection = connection
+        self.refusals = Refusals(self.show, lambda: connection.done)
         self.session = Session(engine, notify=lambda level, msg: self.show(
             T.MessageType.Error if level == "error" else T.MessageType.Info, msg))
         self.shutdown_requested = False
@@ -204,133 +167,6 @@ class A3BServer(LanguageServer):
 
         return start
 
-    # -- low-confidence diagnostics --------------------------------------------------------------
-    def expect_insert(self, uri: str, offset: int, text: str, spans: list) -> None:
-        """After `text` lands at `offset` of `uri`, publish its low-confidence spans."""
-        if spans:
-            self.pending_spans.append((uri, offset, text, spans))
-            self.after_change(uri)
-
-    def after_change(self, uri: str) -> None:
-        """Publish spans whose text has arrived, and move or drop those already published."""
-        doc = self.session.docs.get(uri)
-        if doc is None:
-            return
-        placed = self._place_pending(uri, doc.text)
-        moved = self._follow_published(uri, doc.text)
-        if placed or moved:
-            enc = self.session.encoding
-            diagnostics = [T.Diagnostic(range=doc.range_at(s, e, enc), message=msg,
-                                        severity=T.DiagnosticSeverity.Information, source="a3b")
-                           for s, e, _, msg in self.published.get(uri, [])]
-            self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version,
-                                                                              diagnostics=diagnostics))
-
-    def _place_pending(self, uri: str, text: str) -> bool:
-        """Turn pending spans of `uri` whose text is now near its offset into published ones."""
-        placed = False
-        keep = []
-        for item in self.pending_spans:
-            puri, off, inserted, spans = item
-            if puri != uri:
-                keep.append(item)
-                continue
-            at = text.find(inserted, max(0, off - 200), off + len(inserted) + 200) if inserted else -1
-            if at < 0:
-                if len(keep) < MAX_PENDING_SPANS:
-                    keep.append(item)
-                continue
-            for s, e, ent in spans:
-                self.published.setdefault(uri, []).append(
-                    (at + s, at + e, inserted[s:e],
-                     f"A3B is unsure here (mean entropy {ent:.2f} nats): check this part."))
-            placed = True
-        self.pending_spans = keep
-        return placed
-
-    def _follow_published(self, uri: str, text: str) -> bool:
-        """Published spans follow their text, and vanish once it is edited away. True if any changed."""
-        old = self.published.get(uri, [])
-        moved = []
-        for s, e, t, msg in old:
-            at = text.find(t, max(0, s - 500), e + 500)
-            if at >= 0:
-                moved.append((at, at + len(t), t, msg))
-        if moved == old:
-            return False
-        self.published[uri] = moved
-        return True
-
-    # -- model-backed actions (shared by code actions and commands) -------------------------------
-    async def chat(self, messages, max_tokens: int, confidence: bool = False):
-        """Run a greedy chat request at interactive priority; cancelling the caller cancels it."""
-        s = self.session
-        await s.model(self.progress_for_load())
-        stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens,
-                                    sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
-                                    confidence=ConfidenceConfig(enabled=confidence,
-                                                                threshold=s.settings.confidence_threshold))
-        loop = asyncio.get_running_loop()
-        try:
-            return await asyncio.shield(loop.run_in_executor(s.engine.executor, stream.result))
-        except asyncio.CancelledError:
-            stream.cancel("request cancelled")
-            raise
-
-    async def compute_fix(self, data: dict) -> tuple[T.WorkspaceEdit, str, list, int]:
-        """(edit, uri, spans, offset) for a fix described by a code action's `data`."""
-        kind = data.get("kind")
-        if kind == "traceback":
-            uri, text, first, last, problem, lang = self._traceback_target(data.get("text", ""), data.get("uri"))
-        elif kind == "diagnostic":
-            uri = data["uri"]
-            doc = self.session.doc(uri)
-            text, lang = doc.text, doc.language_id
-            first, last = int(data["line"]), int(data["end_line"])
-            if first >= doc.line_count():
-                raise DocumentError(f"Line {first} is outside {uri} ({doc.line_count()} lines).")
-            problem = data.get("message") or "an error"
-        else:
-            raise DocumentError(f"Unknown fix kind {kind!r}.")
-        a, b, code = fixes.line_window(text, first, last, around=1)
-        res = await self.chat(fixes.fix_messages(code, problem, lang or ""), max_tokens=200, confidence=True)
-        new = fixes.extract_code(res.text, code)
-        if not new.strip():
-            raise A3BError(f"The model gave no code for this fix (it answered {res.text[:80]!r}).")
-        lines = text.split("\n")
-        end = T.Position(line=b, character=_units(lines[b], len(lines[b]), self.session.encoding))
-        rng = T.Range(start=T.Position(line=a, character=0), end=end)
-        edit = T.WorkspaceEdit(changes={uri: [T.TextEdit(range=rng, new_text=new)]})
-        start = sum(len(ln) + 1 for ln in lines[:a])
-        return edit, uri, _spans_in(res.spans, new), start
-
-    def _workspace_roots(self) -> list[str]:
-        """Local paths of the workspace folders and root, where traceback files are looked up."""
-        if not has_workspace(self):
-            return []
-        roots = [fixes.uri_to_path(f.uri) for f in self.workspace.folders.values()]
-        roots = [r for r in roots if r]
-        if self.workspace.root_path:
-            roots.append(self.workspace.root_path)
-        return roots
-
-    def _traceback_target(self, tb_text: str, origin: str | None):
-        """(uri, text, first line, last line, error, language) of the innermost frame A3B can read."""
-        tb = fixes.parse_traceback(tb_text)
-        if tb is None:
-            raise DocumentError("No Python traceback found (it starts with 'Traceback (most recent call last):').")
-        roots = self._workspace_roots()
-        for fr in reversed(tb.frames):
-            for uri, doc in self.session.docs.items():
-                p = fixes.uri_to_path(uri)
-                if p and (p == fr.path or p.endswith("/" + fr.path.lstrip("./"))):
-                    return uri, doc.text, fr.line - 1, fr.line - 1, tb.error, doc.language_id
-            text = fixes.read_source(fr.path, roots)
-            if text is not None:
-                return from_fs_path(fr.path), text, fr.line - 1, fr.line - 1, tb.error, "python"
-        raise DocumentError("None of the traceback's files is open or inside the workspace: "
-                            + ", ".join(f'{f.path}:{f.line}' for f in tb.frames[-3:]))
-
 
 # -- features -------------------------------------------------------------------------------------
 def _plain(method):
@@ -345,7 +181,7 @@ def _plain(method):
     return functools.update_wrapper(call, method)
 
 
-class Features:
+class Features(ActionFeatures):
     """What A3B answers: one method per LSP request, notification or command.
 
     `register` is the one place that says which LSP method goes to which method here. Methods
@@ -459,7 +295,7 @@ class Features:
         a = await s.complete(params.text_document.uri, params.position, self.server.progress_for_load())
         if not a.text:
             return T.CompletionList(is_incomplete=True, items=[])
-        typed = re.search(r"\w*$", a.cursor.line_prefix).group(0)
+        typed = word_before(a.cursor.line_prefix)
         start = T.Position(line=params.position.line,
                            character=params.position.character - _units(typed, len(typed), s.encoding))
         first = a.text.split("\n", 1)[0]
@@ -470,102 +306,7 @@ class Features:
             text_edit=T.TextEdit(range=T.Range(start=start, end=params.position), new_text=typed + a.text),
             insert_text_format=T.InsertTextFormat.PlainText)])
 
-    # -- quick fixes -----------------------------------------------------------------------------
-    @_guard
-    async def code_action(self, params: T.CodeActionParams) -> list:
-        """Fixes for the diagnostics in range, a fix for a traceback near it, and Explain for a selection.
-
-        Titles cost nothing: the model runs only when the client resolves an action (or runs the
-        `a3b.fix` command, for clients that cannot resolve).
-        """
-        uri = params.text_document.uri
-        doc = self.session.doc(uri)
-        enc = self.session.encoding
-        a = doc.offset_at(params.range.start, enc, "range start")
-        b = doc.offset_at(params.range.end, enc, "range end")
-        actions = []
-        for d in (params.context.diagnostics or [])[:3]:
-            msg = " ".join(d.message.split())
-            actions.append(self._fix_action(f"Fix with A3B: {msg[:60]}", {
-                "kind": "diagnostic", "uri": uri, "version": doc.version, "line": d.range.start.line,
-                "end_line": d.range.end.line, "message": d.message}, [d]))
-        selected = doc.text[min(a, b):max(a, b)] if a != b else doc.line_text(params.range.start.line)
-        window = doc.text[max(0, min(a, b) - 4000):max(a, b) + 4000]
-        tb_text = selected if fixes.TRACEBACK_START in selected else window
-        if fixes.parse_traceback(tb_text) is not None:
-            actions.append(self._fix_action("Fix traceback with A3B",
-                                            {"kind": "traceback", "uri": uri, "text": tb_text}))
-        if a != b:
-            explain = T.Command(title="Explain with A3B", command="a3b.explainSelection", arguments=[uri, params.range])
-            actions.append(T.CodeAction(title="Explain with A3B", kind=T.CodeActionKind.Empty, command=explain)
-                           if self.server.supports("text_document.code_action.code_action_literal_support")
-                           else explain)
-        return actions
-
-    def _fix_action(self, title: str, data: dict, diagnostics=None) -> T.CodeAction | T.Command:
-        """A quick fix in the form the client takes: a resolvable action, an action with a command,
-        or a bare command."""
-        command = T.Command(title=title, command="a3b.fix", arguments=[data])
-        if not self.server.supports("text_document.code_action.code_action_literal_support"):
-            return command  # such clients only take Command objects
-        act = T.CodeAction(title=title, kind=T.CodeActionKind.QuickFix, diagnostics=diagnostics, data=data)
-        if not self.server.supports("text_document.code_action.resolve_support"):
-            act.command = command  # the client cannot resolve: run the same fix as a command
-        return act
-
-    @_guard
-    async def code_action_resolve(self, action: T.CodeAction) -> T.CodeAction:
-        """Run the model for a quick fix and return the action with its WorkspaceEdit."""
-        data = action.data if isinstance(action.data, dict) else None
-        if data is None:
-            raise DocumentError("This code action has no A3B data to resolve.")
-        edit, uri, spans, start = await self.server.compute_fix(data)
-        action.edit = edit
-        self.server.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
-        return action
-
     # -- commands --------------------------------------------------------------------------------
-    @_guard
-    async def fix(self, *args: Any) -> dict:
-        """a3b.fix(data): compute the fix a code action describes and apply it (workspace/applyEdit)."""
-        if len(args) != 1 or not isinstance(args[0], dict):
-            raise DocumentError("a3b.fix takes one argument: the data of an A3B code action.")
-        return await self._apply_fix(args[0])
-
-    @_guard
-    async def fix_traceback(self, *args: Any) -> dict:
-        """a3b.fixTraceback(text): fix the innermost frame of a traceback that A3B can read."""
-        if not args or not isinstance(args[0], str):
-            raise DocumentError("a3b.fixTraceback takes the traceback text as its first argument.")
-        return await self._apply_fix({"kind": "traceback", "text": args[0]})
-
-    async def _apply_fix(self, data: dict) -> dict:
-        ls = self.server
-        edit, uri, spans, start = await ls.compute_fix(data)
-        res = await ls.workspace_apply_edit_async(T.ApplyWorkspaceEditParams(edit=edit, label="A3B fix"))
-        ls.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
-        return {"applied": bool(res and res.applied), "uri": uri}
-
-    @_guard
-    async def explain_selection(self, *args: Any) -> dict:
-        """a3b.explainSelection(uri, range): the model's explanation of the selected code."""
-        s = self.session
-        try:
-            uri, r = args[0], self.server.converter.structure(args[1], T.Range)
-            if not isinstance(uri, str):
-                raise TypeError(uri)
-        except Exception:  # noqa: BLE001 - any malformed argument gets the same usage message
-            raise DocumentError("a3b.explainSelection takes a document URI and a range "
-                                "({start: {line, character}, end: {...}}).") from None
-        doc = s.doc(uri)
-        a = doc.offset_at(r.start, s.encoding, "range start")
-        b = doc.offset_at(r.end, s.encoding, "range end")
-        code = doc.text[min(a, b):max(a, b)][:6000]
-        if not code.strip():
-            raise DocumentError("Select some code to explain.")
-        res = await self.server.chat(fixes.explain_messages(code, doc.language_id), max_tokens=160)
-        return {"explanation": res.text.strip(), "tokens": res.n_tokens}
-
     def status(self, *args: Any) -> dict:
         """a3b.status([uri]): model, settings, memory and statistics; with an open document's URI,
         that document's state too (version, length, hash: what tests compare)."""

@@ -9,7 +9,7 @@ What this adds to pygls' own loops:
   not match the LSP types an Invalid params (-32602) naming the field; all with the request's id when
   there is one, so a client never waits for an answer that will not come;
 * strict framing: only Content-Length / Content-Type headers, bounded sizes. One parser without I/O
-  (FrameParser) serves stdio and TCP: their readers only read bytes and feed it;
+  (FrameParser, framing.py) serves stdio and TCP: their readers only read bytes and feed it;
 * security for TCP/WS: listening on loopback addresses only, refusing peers that are not loopback,
   refusing WebSocket handshakes that carry a browser Origin (a web page could otherwise reach a
   loopback port), and an optional token (initializationOptions.token, or for WebSocket also
@@ -18,45 +18,36 @@ What this adds to pygls' own loops:
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
-from .engine import Engine
-from .pygls_compat import pending_requests, send_raw
+from ..runtime.environment import env_number
+from ..runtime.netguard import is_loopback, origin_ok, token_ok
+from .framing import MAX_MESSAGE_BYTES, FrameParser, FramingError, _frame
+from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
+from .session import Engine
 
 log = logging.getLogger("a3b.lsp")
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # a 10 MB document, JSON-escaped, fits with room to spare
-MAX_HEADER_BYTES = 8192
 READ_BYTES = 1 << 16                     # what one read of stdin or a socket asks for
 UNAUTHORIZED = -32001
 SERVER_NOT_INITIALIZED = -32002
 INVALID_REQUEST = -32600
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 #: TCP/WebSocket limits: connections served at once, seconds a new connection has to send
 #: `initialize`, and seconds an initialized connection may stay silent (0 = no limit). An editor
 #: that is merely idle sends nothing for a long while, hence the generous default.
-MAX_CONNECTIONS = int(_env_float("A3B_LSP_MAX_CLIENTS", 32))
-INIT_TIMEOUT_S = _env_float("A3B_LSP_INIT_TIMEOUT_S", 30)
-IDLE_TIMEOUT_S = _env_float("A3B_LSP_IDLE_TIMEOUT_S", 6 * 3600)
+MAX_CONNECTIONS = env_number("A3B_LSP_MAX_CLIENTS", int)
+INIT_TIMEOUT_S = env_number("A3B_LSP_INIT_TIMEOUT_S")
+IDLE_TIMEOUT_S = env_number("A3B_LSP_IDLE_TIMEOUT_S")
 
 
 def _is_notification(method: str) -> bool:
@@ -65,29 +56,6 @@ def _is_notification(method: str) -> bool:
 
     types = METHOD_TO_TYPES.get(method)
     return types is not None and types[1] is None
-
-
-class FramingError(Exception):
-    """Bytes that are not LSP framing; the connection cannot continue.
-
-    `messages`: the bodies completed before those bytes (see FrameParser.feed).
-    """
-
-    def __init__(self, message: str, messages: list[bytes] | None = None):
-        super().__init__(message)
-        self.messages = messages or []
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -102,12 +70,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if int(port) > 65535:
         raise ValueError(f"Port {port} is out of range (0-65535).")
     return ("127.0.0.1" if host == "localhost" else host), int(port)
-
-
-def token_ok(expected: str | None, given: Any) -> bool:
-    if expected is None:
-        return True
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 class Connection:
@@ -165,18 +127,23 @@ class Connection:
         if method is not None and not self._in_order(msg_id, method):
             return
         proto = self.server.protocol
+        awaited = method is None and awaits_reply(proto, msg_id)
         try:
             message = proto.structure_message(data)
         except JsonRpcException as e:
             detail = _describe(e.__cause__) if e.__cause__ is not None else e.message
             if msg_id is not None and method is not None:
                 self.send_error(msg_id, e.code, f"Invalid params for {method}: {detail}")
+            elif awaited:
+                fail_request(proto, msg_id, JsonRpcInvalidParams(
+                    f"The editor's answer to request {msg_id} is not valid: {detail}"))
+                log.warning("%s: the answer to request %s is not valid: %s", self.label, msg_id, detail)
             else:
                 log.warning("dropped malformed %s: %s", method or "message", detail)
                 if method and not method.startswith("$/"):
                     from lsprotocol.types import MessageType
 
-                    self.server.show(MessageType.Warning, f"A3B ignored a malformed {method} notification: {detail}")
+                    self.server.refusals.add(MessageType.Warning, f"ignored a malformed {method} notification", detail)
             return
         proto.handle_message(message)
 
@@ -234,93 +201,6 @@ def _describe(exc: BaseException) -> str:
         return str(exc)
 
 
-# -- framing ------------------------------------------------------------------------------------
-class FrameParser:
-    """LSP base-protocol framing without I/O: bytes in, complete message bodies out.
-
-    A message is header lines ("Name: value" ending in \\r\\n or \\n), a blank line, then
-    Content-Length bytes of body. Only Content-Length and Content-Type headers are accepted (anything
-    else is not an LSP stream: an HTTP request, say), a header line longer than MAX_HEADER_BYTES or
-    a body larger than MAX_MESSAGE_BYTES is refused, and blank lines between messages are skipped.
-    Bytes can arrive split anywhere; an incomplete message waits for the next `feed`.
-    """
-
-    def __init__(self):
-        self._buf = bytearray()
-        self._headers: dict[str, str] = {}
-        self._length: int | None = None     # body length, once the headers are complete
-        self._failed: FramingError | None = None
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """The bodies of the messages that `data` completes, in order.
-
-        Raises FramingError at bytes that break the framing; its `messages` are the bodies completed
-        before them, for the caller to serve first. The stream cannot be resynchronised after that:
-        every later `feed` raises the same error.
-        """
-        if self._failed is not None:
-            raise FramingError(str(self._failed))
-        self._buf += data
-        bodies: list[bytes] = []
-        try:
-            while (body := self._next()) is not None:
-                bodies.append(body)
-        except FramingError as e:
-            self._failed = FramingError(str(e), bodies)
-            raise self._failed from None
-        return bodies
-
-    def _next(self) -> bytes | None:
-        while self._length is None:
-            line = self._line()
-            if line is None:
-                return None
-            if line in (b"\r\n", b"\n"):
-                if self._headers:
-                    self._length = _content_length(self._headers)
-                continue
-            _header(line, self._headers)
-        if len(self._buf) < self._length:
-            return None
-        body = bytes(self._buf[:self._length])
-        del self._buf[:self._length]
-        self._headers, self._length = {}, None
-        return body
-
-    def _line(self) -> bytes | None:
-        """The next header line with its line end, or None until it is complete."""
-        i = self._buf.find(b"\n", 0, MAX_HEADER_BYTES + 1)
-        if i < 0:
-            if len(self._buf) > MAX_HEADER_BYTES:
-                raise FramingError("A header line is too long.")
-            return None
-        line = bytes(self._buf[:i + 1])
-        del self._buf[:i + 1]
-        return line
-
-
-def _content_length(headers: dict[str, str]) -> int:
-    if "content-length" not in headers:
-        raise FramingError("A message header without Content-Length.")
-    try:
-        n = int(headers["content-length"])
-    except ValueError:
-        raise FramingError(f"Content-Length is not a number: {headers['content-length']!r}.") from None
-    if not 0 <= n <= MAX_MESSAGE_BYTES:
-        raise FramingError(f"A message of {n} bytes is larger than the limit of {MAX_MESSAGE_BYTES} bytes.")
-    return n
-
-
-def _header(line: bytes, headers: dict[str, str]) -> None:
-    if len(line) > MAX_HEADER_BYTES:
-        raise FramingError("A header line is too long.")
-    name, sep, value = line.decode("ascii", "replace").partition(":")
-    name = name.strip().lower()
-    if not sep or name not in ("content-length", "content-type"):
-        raise FramingError(f"Not an LSP header: {line[:60]!r} (expected Content-Length).")
-    headers[name] = value.strip()
-
-
 # -- stdio --------------------------------------------------------------------------------------
 class FdReader:
     """Reads a raw file descriptor with os.read, for the stdin reader thread.
@@ -353,10 +233,15 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
     """Serve one editor over stdin/stdout until `exit` or end of input. Returns the exit code.
 
     `stdin` is anything with `read1(size)` (an FdReader over the real stdin); `stdout` a binary file.
+    End of input means the editor is gone: what it sent before and is still queued is dropped then
+    (200 queued edits of a large file would otherwise keep a dead editor's server busy for
+    minutes), except the small messages among it that end a session (`shutdown`, `exit`), which
+    set the exit code.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stopped = asyncio.Event()
+    ended = threading.Event()   # set by the reading thread at end of input, seen between two messages
     conn = Connection(engine, "stdio", _StdoutWriter(stdout), on_close=lambda: loop.call_soon_threadsafe(stopped.set))
 
     def deliver(item) -> None:
@@ -377,9 +262,11 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
             deliver(e)
         except Exception as e:  # noqa: BLE001 - a closed pipe, whatever the platform calls it
             log.info("stdin: %s", e)
+        ended.set()
         deliver(None)
 
     threading.Thread(target=pump, name="a3b-lsp-stdin", daemon=True).start()
+    dropped = 0
     while not conn.done:
         item = await queue.get()
         if item is None:
@@ -387,10 +274,29 @@ async def serve_stdio(engine: Engine, stdin, stdout) -> int:
         if isinstance(item, FramingError):
             conn.send_error(None, -32700, f"Parse error: {item} The stream cannot continue.")
             break
+        if ended.is_set() and not _ends_session(item):
+            dropped += 1
+            continue
         conn.feed(item)
+    if dropped:
+        log.info("stdin closed: dropped %d queued messages", dropped)
     conn.close(conn.exit_code if conn.exit_code is not None else 1)
     await asyncio.sleep(0)  # let the last responses go out
     return conn.exit_code or 0
+
+
+#: Messages at most this long are read after end of input, for a `shutdown` or `exit` among them.
+SESSION_END_BYTES = 200
+
+
+def _ends_session(body: bytes) -> bool:
+    """A small `shutdown` request or `exit` notification (read without parsing anything large)."""
+    if len(body) > SESSION_END_BYTES:
+        return False
+    try:
+        return json.loads(body).get("method") in ("shutdown", "exit")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
 
 
 # -- TCP ------------------------------------------------------------------------------------------
@@ -460,9 +366,6 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
     return lst
 
 
-def _frame(message: dict) -> bytes:
-    body = json.dumps(message).encode()
-    return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
 async def _drain_and_close(writer) -> None:
@@ -516,7 +419,7 @@ async def start_ws(engine: Engine, host: str, port: int, token: str | None) -> L
         if not is_loopback(str(peer)):
             lst.refused += 1
             return connection.respond(403, "Only loopback clients are served.\n")
-        if request.headers.get("Origin"):
+        if not origin_ok(request.headers.get("Origin")):
             lst.refused += 1
             return connection.respond(403, "Browser origins are refused: a web page must not drive the model.\n")
         given = parse_qs(urlparse(request.path).query).get("token", [None])[0]

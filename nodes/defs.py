@@ -7,18 +7,19 @@ call the same `run` functions, so the node contract is checked where ComfyUI is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..prune.config import GPU_RECOVERY, PruneConfig
-from ..runtime import ConfidenceConfig, SamplingParams
+from ..runtime import options as opt
 from ..runtime.errors import Cancelled
-from ..runtime.options import FLASH_ATTN_MODES, KV_CACHE_TYPES, POOLINGS, LoadSpec
+from ..runtime.options import Option
 from . import comfy, core
 
-_SAMPLING = SamplingParams()  # the sampling defaults the runtime uses everywhere
-#: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto")
-AUTO_GPU_LAYERS = -2
+#: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto"): see `widget`
+AUTO_GPU_LAYERS = opt.N_GPU_LAYERS.min - 1
+#: the reasoning_budget widget's "no limit" (an INT widget cannot hold None): see `widget`
+NO_BUDGET = opt.REASONING_BUDGET.min - 1
 
 MODEL = "A3B_MODEL"           # a LoadSpec: a light handle, the runtime holds the weights
 EMBEDDINGS = "EMBEDDINGS"     # a torch.Tensor, N x D float32
@@ -40,6 +41,10 @@ class In:
     force_input: bool = False
     control_after_generate: bool = False
     options: Callable[[], list[str]] | list[str] | None = None
+    #: the declaration a widget was made from (`widget`), for the tests that compare the two
+    option: Option | None = None
+    #: the number that stands for None in an INT widget (`widget`'s none_below)
+    none_value: float | None = None
 
     @property
     def is_widget(self) -> bool:
@@ -94,6 +99,43 @@ class NodeDef:
         return out
 
 
+_KINDS = {int: "INT", float: "FLOAT", bool: "BOOLEAN", str: "STRING", dict: "STRING"}
+
+
+def widget(option: Option, name: str | None = None, *, note: str = "", none_below: bool = False, **extra: Any) -> In:
+    """The widget of a declared option: its default, bounds (an open one a step inside), step,
+    choices and help. An INT widget holds neither a word nor None, so the number below the minimum
+    stands for the option's word (n_gpu_layers' -2 = auto), or with `none_below` for None where None
+    means something no number does (reasoning_budget's -1 = no limit); any other option whose default
+    is None (the seed) starts at its minimum. A text widget (a JSON object's included) starts empty.
+    `note` adds what only the node says to the tooltip."""
+    lo, hi = option.widget_bounds()
+    default = option.default
+    kind = "COMBO" if option.choices else _KINDS[option.type]
+    none = None
+    if option.words or none_below:
+        lo = option.min - 1
+        default = lo if default in option.words or (none_below and default is None) else default
+        none = lo if none_below else None
+    if default is None and option.choices is None:
+        default = "" if kind == "STRING" else option.min
+    return In(name or option.name, kind, default,
+              tooltip=option.help + (" " + note if note else ""), min=lo, max=hi, step=option.step,
+              options=list(option.choices) if option.choices else None, option=option, none_value=none, **extra)
+
+
+#: The loader's pruning widgets: PruneConfig's ratios, where 1 (the default) means no pruning.
+KEEP_RATIO = replace(core.KEEP, name="keep_ratio", default=1.0,
+                     help="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch.")
+HEADS_KEEP = replace(core.HEADS_KEEP, help=(
+    "A3B head pruning: keep this share of the query heads of every KV group (1.0 = off; 0.67 keeps 2 of 3). "
+    "llama and qwen3 models with grouped-query attention; needs torch."))
+EXPERTS_KEEP = replace(core.EXPERTS_KEEP, help=(
+    "A3B expert pruning of mixture-of-experts models (qwen3moe, qwen35moe): keep this share of the routed "
+    "experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot (recover_steps is not "
+    "used). Made once and cached."))
+
+
 def _first(x: Any) -> Any:
     """With list inputs every argument arrives as a list; scalars are its first item."""
     return x[0] if isinstance(x, list) and x else x
@@ -130,21 +172,16 @@ LOADER = NodeDef(
     inputs=[
         In("model", "COMBO", options=_model_options, default=core.DEFAULT_CHOICE,
            tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
-        In("n_ctx", "INT", LoadSpec.n_ctx, min=256, max=131072, step=256,
-           tooltip="Context length per request (prompt + answer), in tokens."),
-        In("n_gpu_layers", "INT", AUTO_GPU_LAYERS, min=AUTO_GPU_LAYERS, max=1000,
-           tooltip=("Layers on the GPU: -2 = auto (as many as fit in the free VRAM, after ComfyUI has been "
-                    "asked to make room), -1 = all, 0 = CPU only, N = the last N layers.")),
-        In("threads", "INT", LoadSpec.n_threads, min=0, max=256, tooltip="CPU threads; 0 = all cores."),
-        In("flash_attn", "COMBO", LoadSpec.flash_attn, options=list(FLASH_ATTN_MODES)),
-        In("kv_cache_type", "COMBO", LoadSpec.kv_cache_type, options=list(KV_CACHE_TYPES),
-           tooltip="KV cache precision; q8_0 halves its memory."),
+        widget(opt.N_CTX),
+        widget(opt.N_GPU_LAYERS, note=f"Here {AUTO_GPU_LAYERS} stands for auto; ComfyUI is asked to make room first."),
+        widget(opt.N_THREADS, "threads"),
+        widget(opt.FLASH_ATTN),
+        widget(opt.KV_CACHE_TYPE),
         In("lora", "COMBO", core.NONE_CHOICE, optional=True,
            options=lambda: core.lora_choices(comfy.lora_folders()),
            tooltip="A GGUF LoRA adapter (models/LLM/loras) applied over the model."),
-        In("lora_strength", "FLOAT", LoadSpec.lora_scale, optional=True, min=-4.0, max=4.0, step=0.05),
-        In("keep_ratio", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
-           tooltip="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch."),
+        widget(opt.LORA_SCALE, "lora_strength", optional=True),
+        widget(KEEP_RATIO, optional=True),
         In("prune_method", "COMBO", PruneConfig.method, optional=True, options=core.prune_methods,
            tooltip="How neurons are ranked when keep_ratio < 1."),
         In("recover_steps", "INT", -1, optional=True, min=-1, max=10000,
@@ -152,16 +189,9 @@ LOADER = NodeDef(
                     f"runs: {PruneConfig.recover_steps} steps of 8 x 128 tokens on the CPU, about 8 s each for a 135M "
                     f"model on 2 cores; {GPU_RECOVERY['recover_steps']} steps of 32 x 512 on a CUDA GPU, about 8 "
                     "minutes on an H200). Made once, then cached.")),
-        In("serve_as", "COMBO", LoadSpec.serve_as, optional=True, options=core.serve_as_choices,
-           tooltip=("Serve the file as is, a copy re-encoded once (q8_0 reads prompts about twice as fast "
-                    "for small Q4 models), or whichever measures faster here (auto).")),
-        In("heads_keep", "FLOAT", 1.0, optional=True, min=0.1, max=1.0, step=0.01,
-           tooltip=("A3B head pruning: keep this share of the query heads of every KV group (1.0 = off; "
-                    "0.67 keeps 2 of 3). llama and qwen3 models with grouped-query attention; needs torch.")),
-        In("experts_keep", "FLOAT", 1.0, optional=True, min=0.05, max=1.0, step=0.05,
-           tooltip=("A3B expert pruning of mixture-of-experts models (qwen3moe, qwen35moe): keep this share of "
-                    "the routed experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot "
-                    "(recover_steps is not used). Made once and cached.")),
+        widget(opt.SERVE_AS_OPTION, optional=True),
+        widget(HEADS_KEEP, optional=True),
+        widget(EXPERTS_KEEP, optional=True),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,
@@ -170,7 +200,8 @@ LOADER = NodeDef(
 
 # -- A3BGenerate ------------------------------------------------------------------------------------------
 def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
-                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None):
+                  repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None,
+                  thinking=opt.THINKING.default, reasoning_budget=NO_BUDGET, json_schema=""):
     bar = comfy.progress_bar(max_new_tokens, node_id)
     comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": "", "reset": True})
 
@@ -179,14 +210,19 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
         if text:
             comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "text": text, "n": n})
 
-    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted)
+    def on_reasoning(text: str, n: int) -> None:
+        comfy.send(comfy.EVENT_TOKEN, {"node": node_id, "reasoning": text, "n": n})
+
+    hooks = core.GenerateHooks(on_text=on_text, should_stop=comfy.interrupted, on_reasoning=on_reasoning)
     try:
         sampling = core.sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                         repeat_penalty=repeat_penalty, seed=seed)
         g = core.generate(model, prompt, system=system, context=context, max_new_tokens=max_new_tokens,
                           sampling=sampling, stop=stop,
                           confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
-                          hooks=hooks)
+                          hooks=hooks, thinking=thinking,
+                          reasoning_budget=None if reasoning_budget == NO_BUDGET else reasoning_budget,
+                          json_schema=json_schema)
     except Cancelled:
         comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
         comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
@@ -199,8 +235,9 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
                                   "tokens_per_second": r.tokens_per_second,
                                   "time_to_first_token": r.time_to_first_token,
                                   "n_prompt_tokens": r.n_prompt_tokens,
-                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens})
-    return (g.text, g.spans_json), g.ui
+                                  "n_cached_prompt_tokens": r.n_cached_prompt_tokens,
+                                  "n_reasoning_tokens": r.n_reasoning_tokens})
+    return (g.text, g.spans_json, g.reasoning), g.ui
 
 
 GENERATE = NodeDef(
@@ -211,26 +248,30 @@ GENERATE = NodeDef(
         In("model", MODEL),
         In("prompt", "STRING", "", multiline=True, tooltip="What to answer. A connected context goes before it."),
         In("system", "STRING", "", multiline=True, tooltip="System prompt (a character, a style, rules)."),
-        In("max_new_tokens", "INT", 512, min=1, max=32768,
-           tooltip="Most tokens to generate; must fit in n_ctx next to the prompt."),
-        In("temperature", "FLOAT", _SAMPLING.temperature, min=0.0, max=2.0, step=0.05, round=0.01),
-        In("top_p", "FLOAT", _SAMPLING.top_p, min=0.01, max=1.0, step=0.01, round=0.01),
-        In("top_k", "INT", _SAMPLING.top_k, min=0, max=1000, tooltip="0 = off."),
-        In("min_p", "FLOAT", _SAMPLING.min_p, min=0.0, max=0.99, step=0.01, round=0.01),
-        In("repeat_penalty", "FLOAT", _SAMPLING.repeat_penalty, min=0.5, max=2.0, step=0.01, round=0.01),
-        In("seed", "INT", 0, min=0, max=2**32 - 1, control_after_generate=True,
-           tooltip="Passed to the sampler: the same seed and inputs give the same text."),
+        widget(opt.MAX_TOKENS, "max_new_tokens", note="They must fit in n_ctx next to the prompt."),
+        widget(opt.TEMPERATURE, round=0.01),
+        widget(opt.TOP_P, round=0.01),
+        widget(opt.TOP_K),
+        widget(opt.MIN_P, round=0.01),
+        widget(opt.REPEAT_PENALTY, round=0.01),
+        widget(opt.SEED, control_after_generate=True),
         In("stop", "STRING", "", multiline=True,
            tooltip="Stop strings, one per line (\\n for a newline)."),
         In("confidence_aware", "BOOLEAN", False,
            tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
-        In("confidence_threshold", "FLOAT", ConfidenceConfig.threshold, optional=True, min=0.1, max=10.0, step=0.1,
-           round=0.01),
+        widget(opt.THRESHOLD, "confidence_threshold", optional=True, round=0.01),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
+        widget(opt.THINKING, optional=True, note="The reasoning goes to its own output."),
+        widget(opt.REASONING_BUDGET, optional=True, none_below=True,
+               note=f"Here {NO_BUDGET} = no limit; max_new_tokens counts the answer."),
+        widget(opt.JSON_SCHEMA, optional=True, multiline=True,
+               note="Paste a schema (empty = free text); the text output is then JSON, e.g. a storyboard as a list "
+                    "of panels."),
     ],
-    outputs=[Out("text", "STRING"),
-             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy).")],
+    outputs=[Out("text", "STRING", "The answer (without the reasoning of a thinking model)."),
+             Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy)."),
+             Out("reasoning", "STRING", "What a thinking model reasoned before its answer (empty for others).")],
     run=_run_generate, output_node=True,
 )
 
@@ -251,8 +292,8 @@ EMBED = NodeDef(
     inputs=[
         In("model", MODEL),
         In("text", "STRING", "", multiline=True, tooltip="One item per line (or connect a list of STRING)."),
-        In("pooling", "COMBO", POOLINGS[0], options=list(POOLINGS)),
-        In("normalize", "BOOLEAN", True, tooltip="Unit length, so a dot product is the cosine similarity."),
+        widget(opt.POOLING),
+        widget(opt.NORMALIZE),
     ],
     outputs=[Out("embeddings", EMBEDDINGS, "torch.Tensor, N x D float32"),
              Out("texts", "STRING", "The N texts, in the order of the rows.", is_list=True)],

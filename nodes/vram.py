@@ -29,20 +29,36 @@ import threading
 from typing import Any
 
 from ..runtime import LoadSpec, get_runtime
+from ..runtime.environment import VARIABLES, env
 
 log = logging.getLogger("a3b.vram")
 
 ENV = "A3B_VRAM_POLICY"
 POLICIES = ("offload", "resident", "unload-after-run")
-DEFAULT_POLICY = "offload"
+DEFAULT_POLICY = VARIABLES[ENV].default
 
 _lock = threading.Lock()
-_managed: dict[LoadSpec, ManagedLLM] = {}
-_installed = False
+
+
+class _Registry:
+    """Our models in ComfyUI's list, by spec, and whether the store listener is installed."""
+
+    def __init__(self) -> None:
+        self.managed: dict[LoadSpec, ManagedLLM] = {}
+        self.installed = False
+
+    def reset(self) -> None:
+        """As at the start of a process: nothing managed, nothing installed."""
+        with _lock:
+            self.managed.clear()
+            self.installed = False
+
+
+REGISTRY = _Registry()
 
 
 def policy() -> str:
-    value = os.environ.get(ENV, DEFAULT_POLICY).strip().lower()
+    value = env(ENV).strip().lower()
     if value not in POLICIES:
         log.warning("%s=%r is not one of %s; using %s", ENV, value, ", ".join(POLICIES), DEFAULT_POLICY)
         return DEFAULT_POLICY
@@ -122,13 +138,13 @@ def _listener(event: str, spec: LoadSpec) -> None:
     with _lock:
         if event == "loaded":
             m = rt.loaded(spec)
-            if m is None or m.info.n_gpu_layers == 0 or spec in _managed:
+            if m is None or m.info.n_gpu_layers == 0 or spec in REGISTRY.managed:
                 return
             entry = ManagedLLM(spec, mm.get_torch_device(), _gpu_bytes(rt, spec, m))
-            _managed[spec] = entry
+            REGISTRY.managed[spec] = entry
             mm.current_loaded_models.insert(0, entry)
         elif event == "unloaded":
-            entry = _managed.pop(spec, None)
+            entry = REGISTRY.managed.pop(spec, None)
             if entry is not None and not entry.unloading:
                 entry._loaded = False
                 try:
@@ -152,17 +168,30 @@ def _mm():
 
 def install() -> bool:
     """Take part in ComfyUI's model management (once); False outside ComfyUI."""
-    global _installed
     if _mm() is None:
         return False
     with _lock:
-        if _installed:
+        if REGISTRY.installed:
             return True
-        _installed = True
+        REGISTRY.installed = True
     get_runtime().store.add_listener(_listener)
     _hook_run_end()
-    log.info("a3b: our GPU models take part in ComfyUI's model management (%s=%s)", ENV, policy())
+    if _gpu_shared():
+        log.info("a3b: our GPU models take part in ComfyUI's model management (%s=%s)", ENV, policy())
     return True
+
+
+def _gpu_shared() -> bool:
+    """Whether there is a card to share: ComfyUI not started with --cpu, and llama.cpp seeing a GPU.
+    Without one, nothing here ever acts, and a line about GPU models would only mislead."""
+    mm = _mm()
+    cpu = getattr(getattr(mm, "CPUState", None), "CPU", None)
+    if cpu is not None and getattr(mm, "cpu_state", None) == cpu:
+        return False
+    try:
+        return get_runtime().gpu_available()
+    except Exception:  # noqa: BLE001 - llama-cpp-python missing or broken: the pack reports that itself
+        return False
 
 
 def _hook_run_end() -> None:
@@ -191,4 +220,4 @@ def _hook_run_end() -> None:
 def status() -> dict:
     with _lock:
         return {"policy": policy(), "managed": [{"model": e.model.name, "bytes": e.nbytes, "loaded": e._loaded}
-                                                for e in _managed.values()]}
+                                                for e in REGISTRY.managed.values()]}

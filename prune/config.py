@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..runtime.options import cache_root, check_finite
+from ..runtime.options import Option, cache_root, check, check_finite
 from .corpus import dir_digest
 from .device import resolve_device
 from .errors import InvalidRequest
@@ -65,11 +65,25 @@ def with_device_defaults(settings: dict) -> dict:
     return {**settings, **{k: GPU_RECOVERY[k] for k in unset}}
 
 
+#: The keep ratios, declared once: PruneConfig checks them, and the A3BLoader's widgets (where 1 means
+#: no pruning) take their bounds.
+KEEP = Option("keep", float, 0.63, "Fraction of the FFN neurons kept in every layer.", min=0.0, low_open=True,
+              max=1.0, step=0.05, label="keep ratio",
+              hint="it is the fraction of FFN neurons kept in every layer (e.g. 0.63).")
+HEADS_KEEP = Option("heads_keep", float, 1.0, "Fraction of the query heads of every KV group kept.", min=0.0,
+                    low_open=True, max=1.0, step=0.01, label="heads keep ratio",
+                    hint="it is the fraction of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
+EXPERTS_KEEP = Option("experts_keep", float, 1.0, "Fraction of the routed experts kept in every layer of a "
+                      "mixture-of-experts model.", min=0.0, low_open=True, max=1.0, step=0.05,
+                      label="experts keep ratio", hint="it is the fraction of routed experts kept in every "
+                      "layer of a mixture-of-experts model (e.g. 0.5).")
+
+
 @dataclass
 class PruneConfig:
-    keep: float = 0.63
+    keep: float = KEEP.default
     method: str = "a3b"
-    heads_keep: float = 1.0   # fraction of the query heads of every KV group kept (heads.py)
+    heads_keep: float = HEADS_KEEP.default   # fraction of the query heads of every KV group kept (heads.py)
     recover_steps: int = 160   # the measured setting (docs/pruning.md); the A3BLoader's default too
     calib_windows: int = 64
     seq_len: int = 256
@@ -98,22 +112,14 @@ class PruneConfig:
     recover_corpus: str = "calib"  # recovery text: the calibration corpus, or the wide corpus (corpus.py)
     # mixture-of-experts models (experts.py): the share of routed experts kept in every layer, and how
     # they are ranked; `keep` then narrows every kept expert's FFN
-    experts_keep: float = 1.0
+    experts_keep: float = EXPERTS_KEEP.default
     expert_method: str = "reap"
 
     def validate(self) -> None:
         for name in ("lr", "gate_sparsity", "recover_code_share"):  # keep ratios: range checks below
             check_finite(name.replace("_", " "), getattr(self, name))
-        if not isinstance(self.keep, (int, float)) or not 0.0 < float(self.keep) <= 1.0:
-            raise InvalidRequest(f"keep ratio must be in (0, 1], got {self.keep!r}: it is the fraction of FFN "
-                                 "neurons kept in every layer (e.g. 0.63).")
-        if not isinstance(self.heads_keep, (int, float)) or not 0.0 < float(self.heads_keep) <= 1.0:
-            raise InvalidRequest(f"heads keep ratio must be in (0, 1], got {self.heads_keep!r}: it is the fraction "
-                                 "of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
-        if (isinstance(self.experts_keep, bool) or not isinstance(self.experts_keep, (int, float))
-                or not 0.0 < float(self.experts_keep) <= 1.0):
-            raise InvalidRequest(f"experts keep ratio must be in (0, 1], got {self.experts_keep!r}: it is the fraction "
-                                 "of routed experts kept in every layer of a mixture-of-experts model (e.g. 0.5).")
+        for option in (KEEP, HEADS_KEEP, EXPERTS_KEEP):
+            check(option, getattr(self, option.name))
         if self.expert_method not in EXPERT_METHODS:
             raise InvalidRequest(f"unknown expert ranking {self.expert_method!r}; choose one of "
                                  f"{', '.join(EXPERT_METHODS)}")

@@ -26,31 +26,37 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
-    # first: the engine loads llama.cpp's libraries before the C++ runtime where nothing loaded it yet
+    # first: llama.cpp's libraries, loaded before the C++ runtime where nothing loaded it yet
     # (see llama/cxxruntime.py)
     from . import llama  # noqa: F401
 
-    from . import (chat, engine, errors, generation, gguf_info, locate, options,  # noqa: F401  (eager: see above)
-                   remote, scheduler, store, vet, worker)
+    from . import (chat, engine, errors, fim, generation, gguf_info, locate, options,  # noqa: F401  (eager: see above)
+                   remote, requests, scheduler, store, vet, worker)
+
+    from .llama import local_engine
+
+    engine.set_default_engine(local_engine.ENGINE)   # model files run in this process; URLs: see remote/
     from .core import Runtime, get_runtime
-    from .engine import ModelInfo, register_engine, unregister_engine
+    from .engine import Engine, Model, ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
                          InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
                          NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError, RemoteProtocolError,
                          RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture)
-    from .generation import (PRESETS, ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
-                             LowConfidenceSpan, SamplingParams, TokenEvent, preset)
+    from .generation import (PRESETS, ConfidenceConfig, GenerationResult, GenerationStream, LowConfidenceSpan,
+                             SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
     from .locate import add_model_dir, default_model_path, list_models, resolve_model
     from .options import LoadSpec
+    from .requests import ChatPrompt, ContextChunk, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
     from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
     from .worker import LoadedModel
 
     __all__ = [
-        "A3BError", "Cancelled", "ChecksumMismatch", "ConfidenceConfig", "ContextTooLarge", "CorruptGGUF",
-        "EmbeddingsUnsupported", "GGUFInfo", "GenerationRequest", "GenerationResult", "GenerationStream",
-        "InvalidRequest", "LlamaCppUnavailable", "LoadSpec", "LoadedModel", "LowConfidenceSpan",
-        "ModelInfo", "ModelLoadFailed", "ModelNotFound", "ModelUnloaded", "NotGGUF", "PRESETS",
+        "A3BError", "Cancelled", "ChatPrompt", "ChecksumMismatch", "ConfidenceConfig", "ContextChunk",
+        "ContextTooLarge", "CorruptGGUF", "EmbeddingsUnsupported", "Engine", "GGUFInfo", "GenerationRequest",
+        "GenerationResult", "GenerationStream", "InfillPrompt", "InvalidRequest", "LlamaCppUnavailable", "LoadSpec",
+        "LoadedModel", "LowConfidenceSpan", "Model", "ModelInfo", "ModelLoadFailed", "ModelNotFound",
+        "ModelUnloaded", "NotGGUF", "PRESETS", "Prompt", "TextPrompt", "TokenPrompt",
         "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "RemoteAuthFailed",
         "RemoteError", "RemoteProtocolError", "RemoteUnreachable", "Runtime",
         "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "add_model_dir",

@@ -1,8 +1,9 @@
 """The Runtime: the one object nodes, the language server and the CLI talk to.
 
-It resolves model references, owns the model store, renders chat prompts, and hands requests to
-the loaded model's worker. Callers see the Runtime, requests and streams, and of a loaded model only
-its engine-neutral `info` (ModelInfo) and `vocab` (tokenizer): never llama.cpp.
+It resolves model references, owns the model store, turns a caller's arguments into a
+`GenerationRequest` (requests.py) and hands it to the loaded model (engine.py's `Model`), whatever
+engine runs it. Callers see the Runtime, requests and streams, and of a loaded model only the
+request-level Model interface and its engine-neutral `info` (ModelInfo): never llama.cpp.
 """
 from __future__ import annotations
 
@@ -10,24 +11,26 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from . import chat as chatmod
-from .errors import InvalidRequest
-from .generation import (ConfidenceConfig, GenerationRequest, GenerationResult, GenerationStream,
-                         PRIORITY_BATCH, SamplingParams, TokenEvent)
-from .engine import engine_for, scheme_of
-from .errors import ModelUnloaded
-from .worker import LoadedModel
+from .engine import Model, engine_for, scheme_of
+from .errors import InvalidRequest, ModelUnloaded
+from .generation import ConfidenceConfig, GenerationResult, GenerationStream, PRIORITY_BATCH, SamplingParams, TokenEvent
 from .locate import resolve_model
-from .options import LoadSpec
+from .options import NORMALIZE, POOLING, LoadSpec
+from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,
+                       TokenPrompt, check_text)
 from .store import ModelStore
 
 log = logging.getLogger("a3b")
+
+#: GenerationRequest fields `Runtime.request` passes on by name
+THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar"})
 
 
 class Runtime:
@@ -50,36 +53,33 @@ class Runtime:
             return spec
         if model is not None and scheme_of(str(model)) is not None:
             path = str(model)   # a registered engine's URL (engine.py): not a file
-            check = getattr(engine_for(path), "check_reference", None)
-            if check is not None:
-                check(path, restrict)
+            engine_for(path).check_reference(path, restrict)
         else:
             path = str(resolve_model(model, restrict=restrict))
         spec = LoadSpec(path=path, **options)
         spec.validate()
         return spec
 
-    def load(self, model: str | os.PathLike | LoadSpec | None = None, **options: Any) -> LoadedModel:
+    def load(self, model: str | os.PathLike | LoadSpec | None = None, **options: Any) -> Model:
         return self.store.get(self.spec(model, **options))
 
     def gpu_available(self, model: str | LoadSpec | None = None) -> bool:
         """Whether the engine of `model` (default: the local llama.cpp one) can use a GPU here."""
         engine = engine_for(model.path if isinstance(model, LoadSpec) else str(model or ""))
-        return bool(getattr(engine, "gpus", lambda: [])())
+        return bool(engine.gpus())
 
     def estimate_gpu_bytes(self, model: LoadSpec) -> int:
         """GPU memory `model` would take fully offloaded (0 for engines that do not say)."""
-        fn = getattr(engine_for(model.path), "gpu_bytes", None)
-        return int(fn(model)) if fn else 0
+        return int(engine_for(model.path).gpu_bytes(model))
 
-    def loaded(self, model: LoadSpec) -> LoadedModel | None:
+    def loaded(self, model: LoadSpec) -> Model | None:
         """The model loaded for `model` if it is loaded now (never loads)."""
         return self.store.peek(model)
 
     def unload(self, model: LoadSpec | None = None) -> int:
         return self.store.unload(model)
 
-    def _with_model(self, model, fn: Callable[[LoadedModel], Any]) -> Any:
+    def _with_model(self, model, fn: Callable[[Model], Any]) -> Any:
         """fn(loaded model), loading it first; once more if an unload races the call (the weights
         refuse use once they are being freed, so the second attempt reloads them)."""
         try:
@@ -87,73 +87,75 @@ class Runtime:
         except ModelUnloaded:
             return fn(self.load(model))
 
-    def chat_tokens(self, messages: list[dict[str, str]], *, model: str | LoadSpec | None = None,
-                    template: str | None = None) -> list[int]:
-        """The prompt tokens of chat `messages` as `submit` would feed them (for budgets)."""
-        def run(m: LoadedModel) -> list[int]:
-            return m.vocab.tokenize(self.render_chat(m, messages, template), add_bos=m.vocab.add_bos, special=True)
-        return self._with_model(model, run)
+    def count_tokens(self, prompt: Prompt, *, model: str | LoadSpec | None = None, exact: bool = True) -> int:
+        """The prompt tokens `prompt` takes on `model` (for budgets; see Model.count_tokens)."""
+        return self._with_model(model, lambda m: m.count_tokens(prompt, exact=exact))
 
     def tokenize(self, text: str, *, model: str | LoadSpec | None = None, add_bos: bool = False,
                  special: bool = False) -> list[int]:
-        return self._with_model(model, lambda m: m.vocab.tokenize(text, add_bos=add_bos, special=special))
+        return self._with_model(model, lambda m: m.tokenize(text, add_bos=add_bos, special=special))
 
     # -- generation ----------------------------------------------------------------------------
-    def render_chat(self, model: LoadedModel, msgs: list[dict[str, str]], template: str | None = None) -> str:
-        """Chat messages as the prompt text the model expects (its own template, or a named one)."""
-        own = getattr(model, "render_chat", None)   # an engine that applies chat templates itself
-        if own is not None:
-            return own(msgs, template)
-        v = model.vocab
-        return chatmod.render(msgs, gguf_template=model.info.chat_template, template=template,
-                              bos=v.token_text(v.bos) if v.bos >= 0 else "",
-                              eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos)
-
-    def submit(self, prompt: str = "", *, model: str | LoadSpec | None = None, system: str | None = None,
-               messages: list[dict[str, str]] | None = None, chat: bool = True, template: str | None = None,
-               max_tokens: int = 512, sampling: SamplingParams | None = None, stop: Sequence[str] = (),
-               priority: int = PRIORITY_BATCH, confidence: ConfidenceConfig | None = None,
-               prompt_tokens: list[int] | None = None, logprobs: int | None = None,
-               on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
-        """Start a generation and return its stream (iterate it, or call .result())."""
-        return self._with_model(model, lambda m: self._submit(
-            m, prompt, system=system, messages=messages, chat=chat, template=template, max_tokens=max_tokens,
-            sampling=sampling, stop=stop, priority=priority, confidence=confidence, prompt_tokens=prompt_tokens,
-            logprobs=logprobs, on_token=on_token))
-
-    def _submit(self, m: LoadedModel, prompt: str, *, system, messages, chat, template, max_tokens, sampling,
-                stop, priority, confidence, prompt_tokens, logprobs, on_token) -> GenerationStream:
-        for what, text in (("The prompt", prompt), ("The system prompt", system),
-                           *((f"Message #{i}", msg.get("content")) for i, msg in enumerate(messages or [])
-                             if isinstance(msg, dict))):
-            if isinstance(text, str):
-                check_text(what, text)
-        if prompt_tokens is None:
-            if chat:
-                if messages is None:
-                    if not prompt or not prompt.strip():
-                        raise InvalidRequest("The prompt is empty; give some text to answer.")
-                    messages = chatmod.messages(prompt, system)
-                text = self.render_chat(m, messages, template)
-            else:
-                if system:
-                    raise InvalidRequest("A system prompt needs chat mode (chat=True).")
-                text = prompt
+    @staticmethod
+    def request(prompt: str | Prompt = "", *, system: str | None = None,
+                messages: Sequence[Mapping[str, str]] | None = None, chat: bool = True, template: str | None = None,
+                variables: Mapping[str, Any] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+                sampling: SamplingParams | None = None, stop: Sequence[str] = (), priority: int = PRIORITY_BATCH,
+                confidence: ConfidenceConfig | None = None, prompt_tokens: Sequence[int] | None = None,
+                logprobs: int | None = None, tools: Sequence[dict] = (), **thinking: Any) -> GenerationRequest:
+        """A GenerationRequest from the conveniences callers use: a typed prompt as it is; else token
+        ids (`prompt_tokens`), chat `messages`, or `prompt` text, which `chat` (the default) sends as
+        one user message after `system`, and chat=False as plain text to continue. `thinking` holds
+        the request's other fields by name (thinking, reasoning_budget, max_total_tokens,
+        json_schema, grammar)."""
+        unknown = set(thinking) - THINKING_FIELDS
+        if unknown:
+            raise InvalidRequest(f"Unknown request setting(s): {', '.join(sorted(unknown))}.")
+        if isinstance(prompt, PROMPT_TYPES):
+            if system or messages is not None or prompt_tokens is not None or template or variables or tools:
+                raise InvalidRequest("A typed prompt carries its own messages, template and variables: give them "
+                                     "there, not beside it.")
+            p = prompt
+        elif prompt_tokens is not None:
+            p = TokenPrompt(tuple(prompt_tokens))
+        elif chat:
+            for what, text in (("The prompt", prompt), ("The system prompt", system)):
+                if isinstance(text, str):
+                    check_text(what, text)
+            if messages is None:
+                if not isinstance(prompt, str) or not prompt.strip():
+                    raise InvalidRequest("The prompt is empty; give some text to answer.")
+                messages = chatmod.messages(prompt, system)
+            p = ChatPrompt(tuple(dict(m) if isinstance(m, Mapping) else m for m in messages), template=template or None,
+                           variables=variables or {}, tools=tuple(tools))
         else:
-            text = ""
-        req = GenerationRequest(prompt=text, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
-                                stop=tuple(stop), priority=priority,
-                                confidence=confidence or ConfidenceConfig(), prompt_tokens=prompt_tokens,
-                                logprobs=logprobs)
-        return m.submit(req, on_token=on_token)
+            if system or variables or tools:
+                raise InvalidRequest("A system prompt, template variables and tools need chat mode (chat=True).")
+            p = TextPrompt(prompt)
+        return GenerationRequest(prompt=p, max_tokens=max_tokens, sampling=sampling or SamplingParams(),
+                                 stop=tuple(stop), priority=priority, confidence=confidence or ConfidenceConfig(),
+                                 logprobs=logprobs, **{k: v for k, v in thinking.items() if v is not None})
 
-    def generate(self, prompt: str = "", **kwargs: Any) -> GenerationResult:
+    def submit(self, prompt: str | Prompt | GenerationRequest = "", *, model: str | LoadSpec | None = None,
+               on_token: Callable[[TokenEvent], None] | None = None, **kwargs: Any) -> GenerationStream:
+        """Start a generation and return its stream (iterate it, or call .result()). `prompt` is a
+        GenerationRequest, or a prompt (typed, or text) with the keyword arguments of `request`."""
+        if isinstance(prompt, GenerationRequest):
+            if kwargs:
+                raise InvalidRequest("A GenerationRequest carries its own settings; got "
+                                     f"{', '.join(kwargs)} beside it.")
+            req = prompt
+        else:
+            req = self.request(prompt, **kwargs)
+        return self._with_model(model, lambda m: m.submit(req, on_token=on_token))
+
+    def generate(self, prompt: str | Prompt | GenerationRequest = "", **kwargs: Any) -> GenerationResult:
         """Blocking generation; see `submit` for the arguments."""
         return self.submit(prompt, **kwargs).result()
 
     # -- embeddings ----------------------------------------------------------------------------
-    def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = "mean",
-              normalize: bool = True, priority: int = PRIORITY_BATCH,
+    def embed(self, texts: Iterable[str], *, model: str | LoadSpec | None = None, pooling: str = POOLING.default,
+              normalize: bool = NORMALIZE.default, priority: int = PRIORITY_BATCH,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of `texts`, one row each. `cancelled` is polled between small packs of
         texts; once true, the call raises Cancelled."""
@@ -165,11 +167,8 @@ class Runtime:
         if not texts:
             raise InvalidRequest("Nothing to embed: give at least one text.")
 
-        def run(m: LoadedModel) -> np.ndarray:
-            toks = [m.vocab.tokenize(t, add_bos=m.vocab.add_bos, special=False) for t in texts]
-            return m.embed_tokens(toks, pooling=pooling, normalize=normalize, priority=priority,
-                                  cancelled=cancelled)
-        return self._with_model(model, run)
+        return self._with_model(model, lambda m: m.embed(texts, pooling=pooling, normalize=normalize,
+                                                         priority=priority, cancelled=cancelled))
 
     # -- status --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -190,7 +189,7 @@ class Runtime:
                 "n_gpu_layers": m.info.n_gpu_layers, "offload": m.info.offload,
                 "spec": e.spec.as_dict(), "weights_bytes": m.info.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
-                "loaded_at": e.loaded_at, **({"features": m.features} if hasattr(m, "features") else {}),
+                "loaded_at": e.loaded_at, **({"features": m.features} if m.features else {}),
             })
         out = {
             "pid": self.pid, "llama_cpp_python": llama_cpp_version(), "rss_bytes": rss,
@@ -204,17 +203,6 @@ class Runtime:
             except Exception as e:  # noqa: BLE001 - a broken status provider must not fail the status report
                 out[name] = {"error": str(e)}
         return out
-
-
-def check_text(what: str, text: str) -> None:
-    """InvalidRequest for text that is not valid Unicode (a lone surrogate, as a UTF-16 client or a
-    careless decoder can produce), instead of a UnicodeEncodeError from deep inside tokenization."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequest(f"{what} is not valid Unicode: {e.reason} at character {e.start} "
-                             f"({text[max(0, e.start - 20):e.start]!r} ...). "
-                             "Remove or replace that character.") from None
 
 
 _runtime: Runtime | None = None

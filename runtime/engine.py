@@ -1,30 +1,41 @@
-"""The engine seam: what the runtime needs from whatever runs a model, and how an engine is chosen.
+"""The engine seam: the request-level `Model` every caller talks to, the `Engine` that opens one, and
+how an engine is chosen for a model reference.
 
-The runtime's own code (store, worker, scheduler, generation) never calls llama.cpp; it talks to an
-`Engine` through these interfaces:
+* `Model` is a loaded model as the runtime's callers see it: it takes a `GenerationRequest`
+  (requests.py: a typed prompt, sampling, stop strings, priority, confidence, logprobs) and returns
+  a `GenerationStream`; it embeds texts and counts tokens for budgets. Both engines implement it:
+  worker.LoadedModel for models run in this process (token by token, over a `Backend`), and
+  remote.RemoteModel for a model behind an OpenAI-compatible server (requests sent as they are).
+* `Engine` checks and loads **weights** for a `LoadSpec` (once per file and weight options; the
+  store shares them between specs) and opens a `Model` over them (`open_model`, the one way to get
+  one). `prepare` (slow work before the store takes its lock) and `check_reference` (which model
+  references network callers may use) have defaults that do nothing.
+* `Backend` and `Vocab` are the in-process engines' inner interface, below `Model`: contexts that
+  trim, decode, sample and embed, driven by LoadedModel's one worker thread; and a tokenizer.
 
-* `Engine` loads **weights** for a `LoadSpec` (once per file and weight options; the store shares
-  them between specs) and opens a `Backend` over them (contexts for one spec).
-* `Weights` carries the model's `ModelInfo` and its `Vocab`, both safe to use from any thread.
-* `Backend` executes what the scheduling policy decided, on the model's worker thread only: trim a
-  sequence's KV cache, decode a batch, sample a row of the last decode, embed a pack of texts.
-
-The in-process llama.cpp engine (runtime/llama/) is the default. Other engines register a URL
-scheme (`register_engine("fake", engine)`, then `rt.spec("fake://tiny")`), which is also how the
-fast test tier runs the real runtime over a small fake engine, as simonw/llm's tests register a
-mock model.
+The engine for file paths (in-process llama.cpp, runtime/llama/) is set by the runtime package
+(`set_default_engine`), so this module imports no engine. Other engines register a URL scheme
+(`register_engine("fake", engine)`, then `rt.spec("fake://tiny")`): the remote engine takes
+http(s), and the fast test tier runs the real runtime over a small fake engine this way, as
+simonw/llm's tests register a mock model.
 """
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .errors import InvalidRequest
 
 if TYPE_CHECKING:  # pragma: no cover
+    import collections
+
     import numpy as np
 
-    from .generation import SamplingParams
+    from .generation import GenerationStream, SamplingParams, TokenEvent
     from .options import LoadSpec
+    from .requests import GenerationRequest, Prompt
     from .scheduler import DecodeStep
 
 
@@ -50,6 +61,117 @@ class ModelInfo:
     offload: str = ""             # how that was chosen, in words
 
 
+class Weights(Protocol):
+    """What an engine loaded for a file (or found out about a server), shared between specs."""
+
+    info: ModelInfo
+    size_bytes: int
+
+    def free(self) -> None: ...
+
+
+class Model(Protocol):
+    """A loaded model, whatever runs it: what the store hands out and every caller uses.
+
+    Any thread may call it. `submit` checks the request and returns at once; the answer streams.
+    """
+
+    info: ModelInfo
+    spec: LoadSpec
+    name: str
+    #: tokens one request holds (prompt + answer)
+    n_ctx_seq: int
+    stats: collections.Counter
+    #: set once the model has stopped (after close)
+    closed: threading.Event
+    #: time.monotonic() of the last request's end
+    last_used: float
+    #: what the engine found it can do beyond the basics, for the status (empty where nothing to say)
+    features: dict[str, Any]
+
+    @property
+    def alive(self) -> bool:
+        """Not closed nor closing: requests are taken."""
+
+    @property
+    def supports_fim(self) -> bool:
+        """An InfillPrompt reaches the model as fill-in-the-middle (else it completes the prefix)."""
+
+    def submit(self, request: GenerationRequest,
+               on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
+        """Start a generation; InvalidRequest or PromptTooLong now when it cannot run."""
+
+    def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
+              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """Pooled embeddings, one row per text. `cancelled` is polled between small packs of texts:
+        once it turns true the call raises Cancelled without embedding the rest."""
+
+    def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
+        """The prompt tokens `prompt` takes, for budgets. With exact=False an engine may estimate
+        instead of asking someone (a remote server): for callers on an event loop."""
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """`text` as token ids of the model's own vocabulary."""
+
+    def busy(self) -> bool:
+        """Requests are running or waiting."""
+
+    def wake(self) -> None:
+        """Re-check cancellations now (a caller cancelled a request that is still waiting)."""
+
+    def close(self, reason: str = "unloaded", wait: bool = True) -> None:
+        """Stop taking requests; running ones end with ModelUnloaded (and the text so far)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What runs models: engines subclass this. The last four steps are optional (their defaults do
+    nothing); the others each engine gives."""
+
+    name: str
+
+    def check(self, spec: LoadSpec) -> None:
+        """Raise a typed error now if `spec` cannot be loaded (missing file, not a GGUF, ...)."""
+        raise NotImplementedError
+
+    def weights_key(self, spec: LoadSpec) -> tuple:
+        """Specs with the same key share one loaded copy of the weights."""
+        raise NotImplementedError
+
+    def load_weights(self, spec: LoadSpec) -> Weights:
+        """Load (or find out about) what `spec` names; the store shares it between specs of one key."""
+        raise NotImplementedError
+
+    def open_model(self, weights: Weights, spec: LoadSpec) -> Model:
+        """The model for `spec` over loaded `weights` (the one way to get a Model)."""
+        raise NotImplementedError
+
+    def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
+        """Memory the model's caches take for this spec (for the store's budget)."""
+        raise NotImplementedError
+
+    def file_bytes(self, spec: LoadSpec) -> int:
+        """Estimated memory of the weights before loading them (for the store's budget)."""
+        raise NotImplementedError
+
+    def prepare(self, spec: LoadSpec) -> None:
+        """Slow work before a load (a remote server's answers), which the store runs without holding
+        its lock: network I/O there would stall every other load in the process."""
+
+    def check_reference(self, ref: str, restrict: bool) -> None:
+        """Raise a typed error if model reference `ref` (of this engine's scheme) may not be used;
+        `restrict`: it arrived over a network API (a workflow, an editor's settings)."""
+
+    def gpus(self) -> list:
+        """The GPUs this engine can use here (none by default)."""
+        return []
+
+    def gpu_bytes(self, spec: LoadSpec) -> int:
+        """GPU memory `spec` would take fully offloaded (0: the engine does not say)."""
+        return 0
+
+
+# -- the in-process engines' inner interface (worker.LoadedModel drives it) ---------------------------
 class Vocab(Protocol):
     """A model's tokenizer. Any thread may call it."""
 
@@ -66,12 +188,10 @@ class Vocab(Protocol):
     def special_tokens(self) -> dict[str, int]: ...
 
 
-class Weights(Protocol):
-    info: ModelInfo
-    vocab: Vocab
-    size_bytes: int
+class LocalWeights(Weights, Protocol):
+    """Weights of a model run in this process: with its vocabulary."""
 
-    def free(self) -> None: ...
+    vocab: Vocab
 
 
 class Backend(Protocol):
@@ -89,8 +209,15 @@ class Backend(Protocol):
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""
 
-    def new_sampler(self, sampling: SamplingParams, seed: int) -> Any: ...
+    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: str | None = None) -> Any:
+        """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it."""
+
     def free_sampler(self, sampler: Any) -> None: ...
+
+    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
+        """The grammar for a JSON schema (or GBNF text), checked against the vocabulary; InvalidRequest
+        when it does not compile. The one step any thread may call: it only reads the vocabulary."""
+        raise InvalidRequest("This engine has no grammar sampler: json_schema and grammar are not supported.")
 
     def sample_rows(self, rows: list[tuple[Any, int, bool]]) -> list[tuple[int, float | None]]:
         """For each (sampler, row of the last decode's outputs, want entropy): the next token, and
@@ -106,33 +233,6 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class Engine(Protocol):
-    name: str
-
-    def check(self, spec: LoadSpec) -> None:
-        """Raise a typed error now if `spec` cannot be loaded (missing file, not a GGUF, ...)."""
-
-    def weights_key(self, spec: LoadSpec) -> tuple:
-        """Specs with the same key share one loaded copy of the weights."""
-
-    def load_weights(self, spec: LoadSpec) -> Weights: ...
-    def open(self, weights: Weights, spec: LoadSpec) -> Backend: ...
-
-    # An engine whose model is not driven token by token from here (a remote server) may instead
-    # define `open_model(weights, spec)`, returning an object with worker.LoadedModel's public
-    # surface (info, vocab, spec, name, n_ctx_seq, stats, alive, closed, last_used, submit,
-    # embed_tokens, busy, wake, close); the store then uses it in place of a LoadedModel. It may
-    # also define `check_reference(ref, restrict)`, which Runtime.spec calls for its URLs, and
-    # `prepare(spec)`, which the store calls before a load without holding its lock (network I/O
-    # there would stall every other load in the process).
-
-    def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
-        """Memory the backend's caches take for this spec (for the store's budget)."""
-
-    def file_bytes(self, spec: LoadSpec) -> int:
-        """Estimated memory of the weights before loading them (for the store's budget)."""
-
-
 class DecodeFailed(RuntimeError):
     """The engine could not decode a batch: the jobs in it fail. With `fatal`, the engine's state is
     not to be trusted any more (a device error): the model is closed and loads again on next use."""
@@ -143,18 +243,31 @@ class DecodeFailed(RuntimeError):
 
 
 _engines: dict[str, Engine] = {}
+_default: list[Engine] = []
 _lock = threading.Lock()
+
+
+def _checked(engine: Engine) -> Engine:
+    if not isinstance(engine, Engine):
+        raise TypeError(f"{engine!r} is not an Engine: subclass runtime.engine.Engine (it has the optional steps).")
+    return engine
 
 
 def register_engine(scheme: str, engine: Engine) -> None:
     """Route model references `SCHEME://...` to `engine`."""
     with _lock:
-        _engines[scheme.lower()] = engine
+        _engines[scheme.lower()] = _checked(engine)
 
 
 def unregister_engine(scheme: str) -> None:
     with _lock:
         _engines.pop(scheme.lower(), None)
+
+
+def set_default_engine(engine: Engine) -> None:
+    """The engine for model references that are file paths (the runtime package sets llama.cpp's)."""
+    with _lock:
+        _default[:] = [_checked(engine)]
 
 
 def scheme_of(ref: str) -> str | None:
@@ -166,10 +279,10 @@ def scheme_of(ref: str) -> str | None:
 
 
 def engine_for(ref: str) -> Engine:
-    """The engine that serves model reference `ref` (a path: the in-process llama.cpp engine)."""
+    """The engine that serves model reference `ref` (a path: the default engine)."""
     scheme = scheme_of(ref)
     if scheme is not None:
         return _engines[scheme]
-    from .llama import ENGINE
-
-    return ENGINE
+    if not _default:
+        raise RuntimeError("No engine for model files: import the runtime package (it sets llama.cpp's).")
+    return _default[0]

@@ -1,7 +1,9 @@
-"""What a caller asks for and what it gets back: sampling settings, presets, requests, streams, results.
+"""What a caller gets back, and how it samples: sampling settings, presets, streams, token events,
+results, and the text assembly (UTF-8, stop strings, confidence spans) both engines share.
 
-These types carry no llama.cpp state, so the engine behind them can be swapped (in-process llama.cpp
-today, an OpenAI-compatible server later) without touching nodes or the language server.
+These types carry no engine state, so the engine behind them (in-process llama.cpp, an
+OpenAI-compatible server) can be swapped without touching nodes or the language server. The
+requests themselves (typed prompts, GenerationRequest) are in requests.py.
 """
 from __future__ import annotations
 
@@ -12,47 +14,54 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import A3BError, Cancelled, InvalidRequest
-from .options import check_finite
+from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
+from .options import CONFIDENCE_OPTIONS, SAMPLING_OPTIONS, check_fields
 from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
+from .pieces import PieceText
+from .stops import StopMatcher
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .requests import GenerationRequest
 
 DEFAULT_MARKER = "# Note: This part requires verification."
+
+#: Bounds on a request's stop strings: how many, and how many characters in all. Matching costs time
+#: in proportion to the generated text whatever their length (stops.py); the bounds keep what one
+#: request makes the process hold small. One string of 1 MiB characters is within them.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1 << 20
+
+
+def check_stops(stop) -> tuple[str, ...]:
+    """`stop` as a tuple of stop strings, or InvalidRequest when it breaks the bounds above."""
+    stop = tuple(stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are taken, got {len(stop)}.")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise InvalidRequest("Stop strings must be non-empty strings.")
+    total = sum(map(len, stop))
+    if total > MAX_STOP_CHARS:
+        raise InvalidRequest(f"The stop strings have {total} characters; at most {MAX_STOP_CHARS} in all are taken.")
+    return stop
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.4
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    repeat_last_n: int = 64
+    """How the next token is drawn. Each field's meaning, default and bounds: its Option in options.py."""
+
+    temperature: float = SAMPLING_OPTIONS["temperature"].default
+    top_p: float = SAMPLING_OPTIONS["top_p"].default
+    top_k: int = SAMPLING_OPTIONS["top_k"].default
+    min_p: float = SAMPLING_OPTIONS["min_p"].default
+    repeat_penalty: float = SAMPLING_OPTIONS["repeat_penalty"].default
+    repeat_last_n: int = SAMPLING_OPTIONS["repeat_last_n"].default
     #: None draws a fresh seed per request (recorded in the result); an int is passed to the sampler.
-    seed: int | None = None
+    seed: int | None = SAMPLING_OPTIONS["seed"].default
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
-            check_finite(name, getattr(self, name))
-        for name in ("top_k", "repeat_last_n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise InvalidRequest(f"{name} must be an integer, got {v!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequest(f"seed must be an integer or None, got {self.seed!r}")
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise InvalidRequest(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise InvalidRequest(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise InvalidRequest(f"seed must be in [0, 2**32), got {self.seed}")
+        check_fields(self, SAMPLING_OPTIONS)
 
 
 #: Sampling presets. "code" follows the usual advice for code models: low temperature (0.2-0.35)
@@ -83,10 +92,13 @@ class ConfidenceConfig:
     """
 
     enabled: bool = True
-    threshold: float = 2.1
-    min_run: int = 5
+    threshold: float = CONFIDENCE_OPTIONS["threshold"].default
+    min_run: int = CONFIDENCE_OPTIONS["min_run"].default
     insert_marker: bool = False
     marker: str = DEFAULT_MARKER
+
+    def validate(self) -> None:
+        check_fields(self, CONFIDENCE_OPTIONS)
 
 
 @dataclass
@@ -102,59 +114,37 @@ class LowConfidenceSpan:
         return dict(self.__dict__)
 
 
-@dataclass
-class GenerationRequest:
-    """A raw-prompt request. Chat messages are rendered to `prompt` by the runtime first."""
-
-    prompt: str
-    max_tokens: int = 512
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    priority: int = PRIORITY_BATCH
-    confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
-    #: Tokenize with special tokens parsed (chat templates need it) and add BOS if the model wants.
-    parse_special: bool = True
-    add_bos: bool = True
-    #: Alternatively, pre-tokenized input (FIM prompts built from special token ids).
-    prompt_tokens: list[int] | None = None
-    #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
-    #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
-    logprobs: int | None = None
-
-    def validate(self) -> None:
-        if self.prompt_tokens is None and not self.prompt:
-            raise InvalidRequest("The prompt is empty; give some text to continue.")
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest("Stop strings must be non-empty strings.")
-        check_finite("confidence threshold", self.confidence.threshold)
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidRequest(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= 20):
-            raise InvalidRequest(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
-        if self.confidence.min_run < 1 or self.confidence.threshold <= 0:
-            raise InvalidRequest("Confidence monitoring needs min_run >= 1 and threshold > 0.")
-        self.sampling.validate()
+#: TokenEvent.token of an event that is not a new token: the text held back for a possible stop
+#: string, released when the generation ends.
+NOT_A_TOKEN = -1
 
 
 @dataclass
 class TokenEvent:
     text: str          # the new text released by this token (may be "" while a stop string is pending)
-    token: int
+    #: the sampled token's id; None where the engine does not know it (a remote server sends text),
+    #: NOT_A_TOKEN for the held-back text released at the end
+    token: int | None
     entropy: float | None
     #: with GenerationRequest.logprobs: the sampled token's text and log-probability, and the most
     #: likely alternatives as (text, log-probability), best first
     piece: str | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[str, float]] | None = None
+    #: reasoning text released by this token (thinking models): a channel apart from `text`
+    reasoning: str = ""
+
+    @property
+    def is_token(self) -> bool:
+        """This event stands for one generated token (not the tail released at the end)."""
+        return self.token != NOT_A_TOKEN
 
 
 @dataclass
 class GenerationResult:
     text: str
-    tokens: list[int]
+    #: the generated token ids; None where the engine does not know them (a remote server)
+    tokens: list[int] | None
     finish_reason: str            # "stop" (EOS or stop string), "length", "cancelled", "error"
     n_prompt_tokens: int
     n_cached_prompt_tokens: int   # prompt tokens whose KV cache was reused
@@ -164,19 +154,30 @@ class GenerationResult:
     time_to_first_token: float    # seconds from submit to first sampled token
     total_time: float
     decode_time: float            # seconds from first to last token
+    #: tokens generated (the length of `tokens` where the engine knows them)
+    n_tokens: int = -1
+    #: the reasoning before the answer (thinking models), its low-confidence spans (offsets into it)
+    #: and its tokens; `reasoning_closed_by`: "model", "budget" (the runtime closed it) or None
+    reasoning: str = ""
+    reasoning_spans: list[LowConfidenceSpan] = field(default_factory=list)
+    n_reasoning_tokens: int = 0
+    reasoning_closed_by: str | None = None
+    #: what the runtime noticed about the request without refusing it (a thinking switch the
+    #: template lacks, say)
+    warnings: list[str] = field(default_factory=list)
 
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
+    def __post_init__(self):
+        if self.n_tokens < 0:
+            self.n_tokens = len(self.tokens or ())
 
     @property
     def tokens_per_second(self) -> float:
-        return (len(self.tokens) - 1) / self.decode_time if len(self.tokens) > 1 and self.decode_time > 0 else 0.0
+        return (self.n_tokens - 1) / self.decode_time if self.n_tokens > 1 and self.decode_time > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("entropies", "tokens")}
         d["spans"] = [s.as_dict() for s in self.spans]
-        d["n_tokens"] = self.n_tokens
+        d["reasoning_spans"] = [s.as_dict() for s in self.reasoning_spans]
         d["tokens_per_second"] = self.tokens_per_second
         return d
 
@@ -201,6 +202,8 @@ class GenerationStream:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancel_reason = "cancelled"
+        #: warnings the engine found at submit; the result carries them
+        self.warnings: list[str] = []
         self._done_callbacks: list[Callable[[GenerationStream], None]] = []
         self._cb_lock = threading.Lock()
 
@@ -278,6 +281,36 @@ class GenerationStream:
 
                 logging.getLogger("a3b").exception("done callback failed")
 
+    def _conclude(self, asm: Any, reason: str, error: BaseException | None, *, model: str,
+                  tokens: list[int] | None, n_tokens: int, n_prompt: int, n_cached: int, seed: int,
+                  t_first: float | None, t_last: float | None) -> GenerationResult:
+        """End the stream, for either engine: release the held-back text of both channels (`asm` is
+        a reasoning.ChannelAssembler), build the result, and finish with it, or with the error. A
+        cancelled request ends with Cancelled (ModelUnloaded when an unload cancelled it), and the
+        text so far travels with every error as `.partial`."""
+        tail_r, tail = asm.flush()
+        if tail or tail_r:
+            self._emit(TokenEvent(tail, NOT_A_TOKEN, None, reasoning=tail_r))
+        text, spans, reasoning, rspans = asm.final()
+        result = GenerationResult(
+            text=text, tokens=tokens, finish_reason=reason, n_prompt_tokens=n_prompt, n_cached_prompt_tokens=n_cached,
+            seed=seed, spans=spans, entropies=list(asm.entropies),
+            time_to_first_token=(t_first - self.submitted_at) if t_first else 0.0,
+            total_time=time.perf_counter() - self.submitted_at,
+            decode_time=(t_last - t_first) if t_first and t_last else 0.0, n_tokens=n_tokens,
+            reasoning=reasoning, reasoning_spans=rspans, n_reasoning_tokens=asm.n_reasoning,
+            reasoning_closed_by=asm.closed_by, warnings=list(self.warnings))
+        if reason == "cancelled" and error is None:
+            if self.cancel_reason.startswith("unloaded"):
+                error = ModelUnloaded(f"{model} was unloaded while this request ran; "
+                                      f"{n_tokens} tokens were generated before it stopped.")
+            else:
+                error = Cancelled(f"Generation cancelled after {n_tokens} tokens.")
+        if error is not None:
+            error.partial = result   # nothing is lost: the text so far travels with the error
+        self._finish(result if error is None else None, error)
+        return result
+
 
 class TextAssembler:
     """Turns sampled tokens into released text: UTF-8 safe, stop-string aware, entropy spans.
@@ -290,43 +323,56 @@ class TextAssembler:
 
     def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig):
         self.stop = stop
+        self._stops = StopMatcher(stop) if stop else None
         self.conf = confidence
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""              # all decoded text (without stop string)
-        self.released = 0           # chars of self.text already handed out
+        self._text = PieceText()    # all decoded text (without stop string)
+        self.released = 0           # chars of the text already handed out
         self.stopped = False
         self.entropies: list[float] = []
-        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in self.text
+        self._tok_offsets: list[tuple[int, int]] = []  # char span of each token in the text
         self.spans: list[LowConfidenceSpan] = []
         self._run_start: int | None = None
 
+    @property
+    def text(self) -> str:
+        return str(self._text)
+
     def add(self, piece: bytes, entropy: float | None) -> str:
-        start = len(self.text)
-        self.text += self._decoder.decode(piece)
-        self._tok_offsets.append((start, len(self.text)))
-        if entropy is not None:
+        return self.add_text(self._decoder.decode(piece), entropy)
+
+    def add_text(self, text: str, entropy: float | None) -> str:
+        """Decoded text of one token (with its entropy), or text of no token (entropy None): the text
+        it releases. Nothing is added after a stop string."""
+        if self.stopped:
+            return ""
+        start = len(self._text)
+        self._text.append(text)
+        if entropy is not None:   # offsets stay aligned with entropies: one each per measured token
+            self._tok_offsets.append((start, len(self._text)))
             self.entropies.append(entropy)
             self._track(entropy)
-        if self.stop:
-            hit = min((i for i in (self.text.find(s, max(0, self.released - len(s))) for s in self.stop) if i >= 0),
-                      default=-1)
+        elif not text:
+            return ""
+        if self._stops is not None:
+            # A stop string is searched for only where it can end: in the new text (stops.py).
+            hit = self._stops.feed(text, start)
             if hit >= 0:
-                self.text = self.text[:hit]
+                self._text.cut(hit)
                 self.stopped = True
-                return self._release(len(self.text))
-            hold = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-            return self._release(len(self.text) - hold)
-        return self._release(len(self.text))
+                return self._release(hit)
+            return self._release(len(self._text) - self._stops.hold)
+        return self._release(len(self._text))
 
     def flush(self) -> str:
-        self.text += self._decoder.decode(b"", final=True)
+        out = self.add_text(self._decoder.decode(b"", final=True), None)
         self._close_run()
-        return self._release(len(self.text))
+        return out + ("" if self.stopped else self._release(len(self._text)))
 
     def _release(self, upto: int) -> str:
         if upto <= self.released:
             return ""
-        out = self.text[self.released:upto]
+        out = self._text.slice(self.released, upto)
         self.released = upto
         return out
 
@@ -348,10 +394,11 @@ class TextAssembler:
         b = min(b, len(self._tok_offsets))  # the end-of-generation token has an entropy but no text
         if b - a >= self.conf.min_run:
             s, e = self._tok_offsets[a][0], self._tok_offsets[b - 1][1]
-            s, e = min(s, len(self.text)), min(e, len(self.text))
+            s, e = min(s, len(self._text)), min(e, len(self._text))
             ents = self.entropies[a:b]
             if e > s:
-                self.spans.append(LowConfidenceSpan(s, e, self.text[s:e], sum(ents) / len(ents), max(ents), b - a))
+                self.spans.append(LowConfidenceSpan(s, e, self._text.slice(s, e), sum(ents) / len(ents), max(ents),
+                                                    b - a))
 
     def final_text(self) -> tuple[str, list[LowConfidenceSpan]]:
         """The full text and spans; with insert_marker, markers inserted and span offsets shifted."""
@@ -372,7 +419,7 @@ class TextAssembler:
 
 
 __all__ = [
-    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationRequest", "GenerationResult",
-    "GenerationStream", "LowConfidenceSpan", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
-    "SamplingParams", "TextAssembler", "TokenEvent", "preset",
+    "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "GenerationStream", "LowConfidenceSpan",
+    "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "NOT_A_TOKEN", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
+    "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "preset",
 ]

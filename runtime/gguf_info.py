@@ -7,6 +7,10 @@ Two readers, for two jobs:
   vocabulary arrays) and is cheap even for multi-GB files and 262k-token vocabularies. A crafted
   file (a string type changed to an array whose "length" is eight random bytes, say) gets a
   `CorruptGGUF` error here instead of sending a reader after gigabytes that are not there.
+  Every tensor's data must lie inside the file, so sizes computed from the shapes are bounded too.
+* `Dims` are the hyperparameters the runtime reads from the scan before llama.cpp has accepted the
+  file (the layer planner, the main-memory check): each is checked against a bound, so a crafted
+  `block_count` of 2**32 - 1 is a `CorruptGGUF` naming the key, not a list of four billion layers.
 * `inspect_gguf` runs the scan, then the `gguf` package's full reader for the complete picture
   (`a3b inspect`). The model store does not use it before loading: the full reader takes seconds on a
   large vocabulary, and llama.cpp reads the same metadata in milliseconds (see runtime/vet.py for how
@@ -15,6 +19,7 @@ Two readers, for two jobs:
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,18 +125,84 @@ MAX_DIMS = 4            # GGML_MAX_DIMS
 PLAUSIBLE_BYTES = 1 << 40
 #: metadata keys whose value must be a string for llama.cpp (and for us)
 _STRING_KEYS = ("general.architecture",)
-#: arrays kept by scan_header (small ones); larger arrays are checked and skipped
+#: llama.cpp's LLAMA_MAX_LAYERS (llama-hparams.h): its loader aborts on more layers
+MAX_LAYERS = 512
+#: arrays kept by scan_header (small ones: strings up to 64, numbers up to one per layer); larger
+#: arrays are checked and skipped
 _KEEP_ARRAY_LEN = 64
+_KEEP_NUMBERS_LEN = MAX_LAYERS
+#: Bounds of the hyperparameters read before llama.cpp has accepted a file (`dims`). llama.cpp
+#: checks these values itself, or aborts on them (runtime/vet.py); the bounds only keep what the
+#: runtime computes from them (a list per layer, KV cache and compute estimates) small, and lie far
+#: above every published model: 16384 heads, keys of 65536 values, a hidden size of 2**20, a
+#: vocabulary of 2**24 tokens. 0 heads is allowed: hybrid models store 0 for their recurrent layers.
+DIM_BOUNDS = {"block_count": (1, MAX_LAYERS), "embedding_length": (1, 1 << 20),
+              "attention.head_count": (0, 1 << 14), "attention.head_count_kv": (0, 1 << 14),
+              "attention.key_length": (0, 1 << 16), "attention.value_length": (0, 1 << 16),
+              "vocab_size": (1, 1 << 24)}
 
 
 @dataclass
 class HeaderScan:
     version: int
     n_tensors: int
-    metadata: dict[str, Any]            # scalars, strings, and arrays of at most 64 items
+    metadata: dict[str, Any]            # scalars, strings, and small arrays (_KEEP_ARRAY_LEN)
     array_lengths: dict[str, int]       # every array's length (vocabularies included)
     tensors: list[tuple[str, tuple[int, ...], int, int]]   # (name, shape, ggml type, offset)
     data_start: int
+
+
+def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int | None:
+    """Bytes of a tensor's data as stored; None for a type the installed `gguf` package does not know."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        return None
+    return math.prod(shape) // block_size * block_bytes
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The hyperparameters read from a header before llama.cpp has accepted the file, each bounded
+    (DIM_BOUNDS); 0 where the file does not say. Per-layer arrays give their first value."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    n_vocab: int
+
+    @classmethod
+    def of(cls, scan: HeaderScan, path: str | os.PathLike) -> Dims:
+        meta = scan.metadata
+        arch = meta.get("general.architecture", "")
+        arch = arch if isinstance(arch, str) else ""
+
+        def value(key: str) -> int:
+            full = f"{arch}.{key}"
+            v = meta.get(full)
+            items = v if isinstance(v, list) else [] if v is None else [v]
+            lo, hi = DIM_BOUNDS[key]
+            for x in items:
+                if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+                    raise CorruptGGUF(f"{path} is not a valid GGUF: {full} is {x!r} (an integer from {lo} to "
+                                      f"{hi} in any model llama.cpp runs). The file is damaged or crafted; "
+                                      "download or convert it again.")
+            if scan.array_lengths.get(full, 0) > MAX_LAYERS:
+                raise CorruptGGUF(f"{path} is not a valid GGUF: {full} is an array of "
+                                  f"{scan.array_lengths[full]} values (one per layer at most, {MAX_LAYERS} layers).")
+            return items[0] if items else 0
+
+        n_embd, n_head = value("embedding_length"), value("attention.head_count")
+        key_length = value("attention.key_length") or (n_embd // n_head if n_head else 0)
+        n_vocab = value("vocab_size") or scan.array_lengths.get("tokenizer.ggml.tokens", 0)
+        return cls(arch, value("block_count"), n_embd, n_head, value("attention.head_count_kv") or n_head,
+                   key_length, value("attention.value_length") or key_length, n_vocab)
 
 
 def scan_header(path: str | os.PathLike) -> HeaderScan:
@@ -224,7 +295,7 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
                     nbytes = count * _SCALAR[etype]
                     if nbytes > size - pos:
                         raise overrun(nbytes, repr(key), f"{count} items")
-                    if count <= _KEEP_ARRAY_LEN:
+                    if count <= _KEEP_NUMBERS_LEN:
                         meta[key] = [v[0] for v in struct.iter_unpack(_FMT[etype], mm[pos:pos + nbytes])]
                     pos += nbytes
                 else:
@@ -251,11 +322,19 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
             offset = take("<Q", f"the offset of {name!r}")
             tensors.append((name, shape, ttype, offset))
         align = meta.get("general.alignment", 32)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise bad(f"general.alignment is {align!r} (a power of two)")
         data_start = (pos + align - 1) // align * align
         if n_tensors and data_start > size:
             raise cut("the tensor data")
+        data_bytes = size - data_start
+        for name, shape, ttype, offset in tensors:
+            n = math.prod(shape)
+            nbytes = tensor_bytes(shape, ttype)
+            # no type takes less than a bit per value: this bounds a tensor of a type unknown here too
+            if n > 8 * data_bytes or (nbytes is not None and offset + nbytes > data_bytes):
+                raise overrun(offset + (nbytes or n // 8), f"the data of tensor {name!r}",
+                              f"{n} values at offset {offset}")
         return HeaderScan(version, n_tensors, meta, lengths, tensors, data_start)
     finally:
         mm.close()

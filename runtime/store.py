@@ -4,41 +4,79 @@ A `LoadSpec` is everything a caller can choose when loading (options.py). Specs 
 context options (n_ctx, threads, KV cache type, LoRA, ...) share one weights object: the file is
 loaded once. A file replaced on disk (size or mtime changed) is noticed on the next `get` and loaded
 anew. The store talks to engines through engine.py, never to llama.cpp itself.
+
+Placement. `n_gpu_layers="auto"` (the default: what the language server and `a3b serve` ask for)
+leaves the placement to the runtime, so such a spec attaches to the placement already loaded for its
+file: the weights, and the whole loaded model when the other options match too. Resolving "auto"
+again instead would give another answer once the first copy holds VRAM, and load the file twice. A
+concrete placement attaches to a copy whose placement puts the same layers on the GPU (an "auto" load
+that resolved to it included). Two placements of one file are loaded only when both were asked for
+explicitly; the second copy's status warnings say so.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine import Engine, Weights, engine_for
+from .engine import Engine, Model, Weights, engine_for
+from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
 from .options import LoadSpec
-from .worker import LoadedModel
 
 log = logging.getLogger("a3b.store")
+#: the n_gpu_layers that leaves the placement to the runtime
+AUTO = "auto"
 
 
 @dataclass
 class _Entry:
     spec: LoadSpec
-    model: LoadedModel
+    model: Model
     weights_key: tuple
     est_bytes: int
     warnings: list[str] = field(default_factory=list)
     loaded_at: float = field(default_factory=time.time)
 
+    @property
+    def placed(self) -> LoadSpec:
+        """The spec with the placement as loaded ("auto" resolved)."""
+        if self.spec.n_gpu_layers != AUTO:
+            return self.spec
+        return replace(self.spec, n_gpu_layers=self.model.info.n_gpu_layers)
+
+    def same_layers(self, n_gpu_layers: int | str) -> bool:
+        """Whether `n_gpu_layers` asks for this entry's placement ("auto": any placement)."""
+        if n_gpu_layers == AUTO:
+            return True
+        n_layer, mine = self.model.info.n_layer, self.placed.n_gpu_layers
+
+        def on_gpu(n: int) -> int:   # -1, and any count above the layers + output, mean everything
+            return n_layer + 1 if n < 0 or n > n_layer else n
+        return on_gpu(n_gpu_layers) == on_gpu(mine) if n_layer > 0 else n_gpu_layers == mine
+
+
+@dataclass
+class _Todo:
+    """Models to wait for and weights to free after an unload (outside the store's lock)."""
+
+    models: list[Model] = field(default_factory=list)
+    weights: list[Weights] = field(default_factory=list)
+
+    def add(self, other: _Todo) -> None:
+        self.models += other.models
+        self.weights += other.weights
+
 
 class ModelStore:
     def __init__(self, budget_bytes: int | None = None):
-        env = os.environ.get("A3B_MEMORY_BUDGET_MB")
-        self.budget_bytes = budget_bytes if budget_bytes is not None else (int(env) << 20 if env else None)
+        mib = env_number("A3B_MEMORY_BUDGET_MB", int) if budget_bytes is None else None
+        self.budget_bytes = budget_bytes if budget_bytes is not None else (mib << 20 if mib is not None else None)
         self._lock = threading.RLock()
         self._entries: OrderedDict[LoadSpec, _Entry] = OrderedDict()
         self._weights: dict[tuple, Weights] = {}
@@ -55,54 +93,110 @@ class ModelStore:
         engine = engine_for(spec.path)
         return (engine.name, *engine.weights_key(spec))
 
-    def get(self, spec: LoadSpec) -> LoadedModel:
+    def _find(self, spec: LoadSpec) -> _Entry | None:
+        """The entry that serves `spec`: its own, or one that differs only in a placement `spec`
+        leaves to the runtime or that puts the same layers on the GPU (module docstring)."""
+        e = self._entries.get(spec)
+        if e is not None:
+            return e
+        for e in reversed(self._entries.values()):   # the most recently used first
+            if (e.spec.path == spec.path and e.same_layers(spec.n_gpu_layers)
+                    and replace(spec, n_gpu_layers=e.spec.n_gpu_layers) == e.spec):
+                return e
+        return None
+
+    def get(self, spec: LoadSpec) -> Model:
         """The loaded model for `spec`, loading it (and evicting LRU models over budget) if needed."""
-        prepare = getattr(engine_for(spec.path), "prepare", None)
-        if prepare is not None and self.peek(spec) is None:
-            prepare(spec)   # an engine's slow part (a remote server's answers) outside the store's lock
+        if self.peek(spec) is None:
+            engine_for(spec.path).prepare(spec)   # an engine's slow part (a server's answers) outside the lock
         with self._lock:
-            e = self._entries.get(spec)
+            e = self._find(spec)
             if e is not None:
                 try:
-                    key = self._weights_key(spec)
+                    key = self._weights_key(e.placed)
                 except OSError:
                     key = None
                 if key == e.weights_key and e.model.alive:
-                    self._entries.move_to_end(spec)
+                    self._entries.move_to_end(e.spec)
                     self.hits += 1
                     e.model.last_used = time.monotonic()
                     return e.model
                 why = "file changed on disk" if key != e.weights_key else "closed"
                 log.info("reloading %s: %s", spec.path, why)
-                self._drop(spec, why)
+                self._drop(e.spec, why)
             return self._load(spec)
 
     def entry(self, spec: LoadSpec) -> _Entry | None:
         with self._lock:
-            return self._entries.get(spec)
+            return self._find(spec)
 
-    def peek(self, spec: LoadSpec) -> LoadedModel | None:
+    def peek(self, spec: LoadSpec) -> Model | None:
         """The model loaded for `spec` if it is loaded and alive; never loads."""
         with self._lock:
-            e = self._entries.get(spec)
+            e = self._find(spec)
             return e.model if e is not None and e.model.alive else None
 
-    def _load(self, spec: LoadSpec) -> LoadedModel:
+    def _loaded_weights(self, spec: LoadSpec) -> tuple | None:
+        """The key of weights already loaded that `spec` may use (module docstring), or None."""
+        for e in reversed(self._entries.values()):
+            if e.spec.path == spec.path and e.same_layers(spec.n_gpu_layers) and e.weights_key in self._weights:
+                try:
+                    key = self._weights_key(replace(spec, n_gpu_layers=e.placed.n_gpu_layers))
+                except OSError:
+                    return None
+                if key == e.weights_key:
+                    return key
+        return None
+
+    def _current(self, e: _Entry) -> bool:
+        """Whether `e` holds the file as it is on disk now (a replaced file is reloaded at its next use)."""
+        try:
+            return self._weights_key(e.placed) == e.weights_key
+        except OSError:
+            return False
+
+    def _second_copy(self, spec: LoadSpec, w: Weights) -> list[str]:
+        """Why the file of `spec` is now loaded twice, when it is: for its status warnings."""
+        others = [e for e in self._entries.values()
+                  if e.spec.path == spec.path and e.weights_key in self._weights and self._current(e)]
+        if not others:
+            return []
+        other = others[-1].placed
+        differ = [f"n_gpu_layers {spec.n_gpu_layers} (placed {w.info.n_gpu_layers}) and {other.n_gpu_layers}"
+                  if other.n_gpu_layers != w.info.n_gpu_layers else ""]
+        differ += [f"{name} {getattr(spec, name)} and {getattr(other, name)}" for name in ("use_mmap", "serve_as")
+                   if getattr(spec, name) != getattr(other, name)]
+        msg = (f"{Path(spec.path).name} is loaded twice, as asked: two copies of its weights ("
+               f"{'; '.join(d for d in differ if d)}). Ask for one placement (or n_gpu_layers 'auto') and the "
+               "same use_mmap and serve_as to share one copy.")
+        log.warning(msg)
+        return [msg]
+
+    def _load(self, spec: LoadSpec) -> Model:
         spec.validate()
         memory.tune_allocator()
         engine: Engine = engine_for(spec.path)
         engine.check(spec)
-        key = self._weights_key(spec)
+        key = self._loaded_weights(spec)
+        if key is None:
+            key = self._weights_key(spec)
         if key not in self._weights:
             self._make_room(engine.file_bytes(spec))
         w = self._weights.get(key)
+        warnings: list[str] = []
         if w is None:
             w = engine.load_weights(spec)
-            self._weights[key] = w
-            self._refs[key] = 0
-            self.weight_loads += 1
+            if spec.n_gpu_layers == AUTO:   # keyed by the placement it resolved to
+                key = self._weights_key(replace(spec, n_gpu_layers=w.info.n_gpu_layers))
+                if key in self._weights:   # a copy so placed is loaded already (its spec was no match)
+                    w.free()
+                    w = self._weights[key]
+            if key not in self._weights:
+                warnings = self._second_copy(spec, w)
+                self._weights[key] = w
+                self._refs[key] = 0
+                self.weight_loads += 1
         try:
-            warnings = []
             n_train = w.info.n_ctx_train
             if n_train and spec.n_ctx > n_train:
                 msg = (f"n_ctx={spec.n_ctx} is beyond {Path(spec.path).name}'s trained context of "
@@ -113,8 +207,7 @@ class ModelStore:
                 warnings.append(msg)
             kv = engine.kv_bytes(w, spec)
             self._make_room(kv, keep=key)
-            opener = getattr(engine, "open_model", None)   # engines not driven token by token here
-            model = opener(w, spec) if opener is not None else LoadedModel(w, engine.open(w, spec), spec)
+            model = engine.open_model(w, spec)
         except BaseException:
             if self._refs.get(key, 0) == 0:
                 self._weights.pop(key, None)
@@ -149,33 +242,32 @@ class ModelStore:
             log.warning("memory budget of %d MB exceeded: every loaded model is busy", self.budget_bytes >> 20)
 
     # -- unloading ------------------------------------------------------------------------------
-    def _detach(self, spec: LoadSpec, reason: str) -> list:
+    def _detach(self, spec: LoadSpec, reason: str) -> _Todo:
         """Remove `spec` from the store and stop its model (with the lock held); return what is left
         to wait for and free. Waiting happens outside the lock: a request's callback that reads the
         store while its model shuts down must not deadlock."""
+        todo = _Todo()
         e = self._entries.pop(spec, None)
         if e is None:
-            return []
+            return todo
         e.model.close(reason, wait=False)
-        todo: list = [e.model]
+        todo.models.append(e.model)
         key = e.weights_key
         if key in self._weights:
             self._refs[key] -= 1
             if self._refs[key] <= 0:
-                todo.append(self._weights.pop(key))
+                todo.weights.append(self._weights.pop(key))
                 del self._refs[key]
         self._notify("unloaded", spec)
         return todo
 
     @staticmethod
-    def _finalize(todo: list) -> None:
-        models = [obj for obj in todo if hasattr(obj, "submit")]   # a LoadedModel, or an engine's own model
-        for obj in models:  # models first (their contexts), then the weights they used
-            obj.closed.wait()
-        for obj in todo:
-            if obj not in models:
-                obj.free()  # waits for threads still inside a vocabulary call
-        if todo:
+    def _finalize(todo: _Todo) -> None:
+        for m in todo.models:  # models first (their contexts), then the weights they used
+            m.closed.wait()
+        for w in todo.weights:
+            w.free()  # waits for threads still inside a vocabulary call
+        if todo.models or todo.weights:
             memory.release(force=True)
 
     def _drop(self, spec: LoadSpec, reason: str) -> None:
@@ -183,13 +275,14 @@ class ModelStore:
 
     def unload(self, spec: LoadSpec | None = None, reason: str = "unloaded") -> int:
         """Unload one spec (or all). Running requests end with ModelUnloaded; memory is freed after."""
-        todo: list = []
+        todo = _Todo()
         with self._lock:
             specs = [spec] if spec is not None else list(self._entries)
             n = 0
             for s in specs:
-                if s in self._entries:
-                    todo += self._detach(s, reason)
+                e = self._find(s)
+                if e is not None:
+                    todo.add(self._detach(e.spec, reason))
                     n += 1
         self._finalize(todo)
         return n

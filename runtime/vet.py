@@ -42,29 +42,35 @@ from pathlib import Path
 
 from .errors import CorruptGGUF
 from .gguf_info import scan_header
+from .environment import env_number, env_on
 from .llama.binding import library_dir
-from .options import cache_root, switched_off
+from .options import cache_root
 
 log = logging.getLogger("a3b.vet")
 
-#: Files larger than this are loaded but not decoded by the vetting child (a decode reads every
-#: weight, which for a large model costs seconds of disk reads); override with A3B_VET_DECODE_MAX_GB.
-DECODE_MAX_BYTES = int(float(os.environ.get("A3B_VET_DECODE_MAX_GB", "4")) * (1 << 30))
+
+def decode_max_bytes() -> int:
+    """Files larger than this are loaded but not decoded by the vetting child (a decode reads every
+    weight, which for a large model costs seconds of disk reads): A3B_VET_DECODE_MAX_GB."""
+    return int(env_number("A3B_VET_DECODE_MAX_GB") * (1 << 30))
+
 
 _lock = threading.Lock()
-_verdicts: dict[tuple, dict] = {}
 _server: subprocess.Popen | None = None
-_disk_loaded = False
 #: what vetting cost, for status and the benchmark: [(path, seconds, verdict)]
 history: list[tuple[str, float, str]] = []
 #: how a CPU kernel dies: an instruction the system does not allow, a bad address
 KERNEL_SIGNALS = ("SIGSEGV", "SIGILL", "SIGBUS")
+#: The folders before a source file named in llama.cpp's log ("/build/ggml/src/ggml.c:12" -> "ggml.c:12").
+#: Tried only where a run of non-blanks starts: from every position of a long run, `\S*` would scan
+#: to its end again (quadratic in the run, which a file's own metadata can make as long as it likes).
+_SOURCE_DIR = re.compile(r"(?<!\S)\S*/(?=[\w.-]+\.(?:cpp|c|h):\d+)")
 REBUILD_HINT = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install '
                 '--force-reinstall --no-cache-dir llama-cpp-python')
 
 
 def enabled() -> bool:
-    return not switched_off(os.environ.get("A3B_VET", "on"))
+    return env_on("A3B_VET")
 
 
 def _key(path: Path) -> tuple:
@@ -96,44 +102,59 @@ def repack_allowed() -> bool:
     """False where llama.cpp's CPU repacking crashed with this build on this processor (see the
     module docstring) or `A3B_CPU_REPACK=off`; loads then keep the weights in the file's layout.
     Not known yet for this build: learnt once from the embedded model in the vetting server."""
-    if switched_off(os.environ.get("A3B_CPU_REPACK", "on")):
+    if not env_on("A3B_CPU_REPACK"):
         return False
     # also with A3B_VET=off: that trusts the files, and a broken build crashes on every trusted file
     with _lock:
-        _load_disk()
+        VERDICTS.load_disk()
         build = _build_key()
-        if build not in _verdicts:  # verdicts of files vetted before this was known say nothing about it
+        if build not in VERDICTS:  # verdicts of files vetted before this was known say nothing about it
             _learn_repack(None)
-        v = _verdicts.get(build)
+        v = VERDICTS.get(build)
     return not (v is not None and v.get("repack") is False)
 
 
-def _disk_file() -> Path:
-    return cache_root() / "vetted.json"
+class Verdicts(dict):
+    """This process's vetting verdicts by key (a file's or a build's), backed by
+    `cache_root()/vetted.json`, which is read at the first need (`load_disk`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.disk_loaded = False
+
+    @staticmethod
+    def disk_file() -> Path:
+        return cache_root() / "vetted.json"
+
+    def load_disk(self) -> None:
+        if self.disk_loaded:
+            return
+        self.disk_loaded = True
+        try:
+            for item in json.loads(self.disk_file().read_text()):
+                self[tuple(item["key"])] = item["verdict"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+    def save_disk(self) -> None:
+        try:
+            f = self.disk_file()
+            f.parent.mkdir(parents=True, exist_ok=True)
+            items = [{"key": list(k), "verdict": v} for k, v in list(self.items())[-2000:]]
+            tmp = f.with_name(f"{f.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps(items))
+            os.replace(tmp, f)
+        except OSError as e:
+            log.debug("could not save vetting verdicts: %s", e)
+
+    def reset(self) -> None:
+        """Forget what is in memory: the verdicts as a new process starts with them (from disk at first need)."""
+        self.clear()
+        self.disk_loaded = False
 
 
-def _load_disk() -> None:
-    global _disk_loaded
-    if _disk_loaded:
-        return
-    _disk_loaded = True
-    try:
-        for item in json.loads(_disk_file().read_text()):
-            _verdicts[tuple(item["key"])] = item["verdict"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-
-
-def _save_disk() -> None:
-    try:
-        f = _disk_file()
-        f.parent.mkdir(parents=True, exist_ok=True)
-        items = [{"key": list(k), "verdict": v} for k, v in list(_verdicts.items())[-2000:]]
-        tmp = f.with_name(f"{f.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(items))
-        os.replace(tmp, f)
-    except OSError as e:
-        log.debug("could not save vetting verdicts: %s", e)
+#: the process's verdicts
+VERDICTS = Verdicts()
 
 
 def _start_server() -> subprocess.Popen:
@@ -154,7 +175,7 @@ def _ask(path: Path, size: int, repack: bool = True) -> dict:
     for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
-        req = {"path": str(path), "decode": size <= DECODE_MAX_BYTES, "repack": repack,
+        req = {"path": str(path), "decode": size <= decode_max_bytes(), "repack": repack,
                "timeout": 120 + 10 * size / (1 << 30), "mem_limit": size + (4 << 30) + size // 4}
         try:
             _server.stdin.write(json.dumps(req) + "\n")
@@ -172,11 +193,11 @@ def _ask_repack_aware(p: Path, size: int) -> dict:
     """Vet `p` as the host will load it; a decode that dies of a signal with repacking is tried
     again without it, and if that works, repacking is marked broken for this build (module docstring)."""
     build = _build_key()
-    known = _verdicts.get(build, {}).get("repack")
-    decode = size <= DECODE_MAX_BYTES
+    known = VERDICTS.get(build, {}).get("repack")
+    decode = size <= decode_max_bytes()
     if known is None and not decode:
         _learn_repack(p)   # the decode that would show it is skipped for this file: learn it elsewhere
-        known = _verdicts.get(build, {}).get("repack")
+        known = VERDICTS.get(build, {}).get("repack")
     if known is False:
         return _ask(p, size, repack=False)
     v = _ask(p, size, repack=True)
@@ -215,7 +236,7 @@ def _learn_repack(p: Path | None) -> None:
         if canary is None or (p is not None and Path(p).resolve() == canary):
             return
         size = canary.stat().st_size
-        if size <= DECODE_MAX_BYTES:
+        if size <= decode_max_bytes():
             _ask_repack_aware(canary, size)
     except (OSError, ValueError) as e:  # no child process here: the file is vetted as before
         log.debug("could not learn whether CPU repacking works: %s", e)
@@ -223,16 +244,16 @@ def _learn_repack(p: Path | None) -> None:
 
 def _record_repack(works: bool, why: str = "") -> None:
     build = _build_key()
-    if _verdicts.get(build, {}).get("repack") is works:
+    if VERDICTS.get(build, {}).get("repack") is works:
         return
-    _verdicts[build] = {"ok": True, "repack": works, "log": why}
+    VERDICTS[build] = {"ok": True, "repack": works, "log": why}
     if not works:
         log.warning("llama.cpp crashed in its CPU weight repacking on this processor (%s): the installed "
                     "llama-cpp-python was probably built for CPU features this system does not allow (AMX in a "
                     "virtual machine, for one). Models load without repacking from now on: the same results, "
                     "through llama.cpp's plain CPU kernels. A build without those features repacks again: %s",
                     why or "a CPU kernel died", REBUILD_HINT)
-    _save_disk()
+    VERDICTS.save_disk()
 
 
 def check_file(path: str | os.PathLike) -> None:
@@ -241,11 +262,11 @@ def check_file(path: str | os.PathLike) -> None:
         return
     p = Path(path)
     key = _key(p)
-    v = _verdicts.get(key)
+    v = VERDICTS.get(key)
     if v is None:
         with _lock:
-            _load_disk()
-            v = _verdicts.get(key)
+            VERDICTS.load_disk()
+            v = VERDICTS.get(key)
             if v is None:
                 v = _vet(p, key)
     if not v.get("ok"):
@@ -268,8 +289,8 @@ def _vet(p: Path, key: tuple) -> dict:
     seconds = time.perf_counter() - t0
     history.append((p.name, seconds, "ok" if v.get("ok") else v.get("status", "?")))
     if v.get("status") != "timeout":   # a timeout may be a busy machine: try again next time
-        _verdicts[key] = {k: v[k] for k in ("ok", "status", "signal", "log", "loads") if k in v}
-        _save_disk()
+        VERDICTS[key] = {k: v[k] for k in ("ok", "status", "signal", "log", "loads") if k in v}
+        VERDICTS.save_disk()
     return v
 
 
@@ -279,7 +300,7 @@ def _message(p: Path, v: dict) -> str:
     lines = [ln.strip() for ln in (v.get("log") or "").splitlines() if ln.strip()]
     said = [ln for ln in lines if "assert" in ln.lower() or "error" in ln.lower() or "fail" in ln.lower()]
     detail = " | ".join((said or lines)[-2:]) or "no message"
-    detail = re.sub(r"\S*/(?=[\w.-]+\.(?:cpp|c|h):\d+)", "", detail)   # the build folder says nothing
+    detail = _SOURCE_DIR.sub("", detail)   # the build folder says nothing
     if v.get("status") == "timeout":
         return (f"llama.cpp did not finish loading {p.name} within the time limit ({detail}). The file may be "
                 "damaged; if it is a very large model on a busy machine, set A3B_VET=off to skip this check.")

@@ -1,4 +1,8 @@
-"""A loaded model: its weights, its engine backend, and the one worker thread that drives both.
+"""A model run in this process: its weights, its engine backend, and the one worker thread that drives both.
+
+`LoadedModel` is the in-process engines' `Model` (engine.py): it turns a request's typed prompt into
+token ids on the caller's thread (a chat rendered with the model's template, an infill prompt
+built by fim.py, text tokenized) and schedules them token by token over a `Backend`.
 
 Engine contexts are not thread-safe, so each `LoadedModel` has one worker thread, the only caller of
 its backend. Callers on any thread submit generations (and get a `GenerationStream` back) or
@@ -15,17 +19,20 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import memory
-from .engine import Backend, DecodeFailed, Weights
+from . import chat as chatmod
+from . import fim, memory, reasoning, thinking
+from .engine import Backend, DecodeFailed, LocalWeights, Model
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from .generation import GenerationRequest, GenerationResult, GenerationStream, TextAssembler, TokenEvent
+from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
+from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
+from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
 
 log = logging.getLogger("a3b.worker")
@@ -34,14 +41,20 @@ log = logging.getLogger("a3b.worker")
 class GenJob(Job):
     """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
 
-    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int):
+    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int, asm: ChannelAssembler,
+                 budget: int | None = None, grammar: str | None = None):
         super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled)
         self.stream = stream
         self.req: GenerationRequest = stream.request
         self.seed = seed
         self.sampler: Any = None   # made on the worker thread at the first sample
         self.n_gen = 0
-        self.asm = TextAssembler(self.req.stop, self.req.confidence)
+        self.asm = asm
+        #: reasoning tokens after which the block is closed (None: no limit)
+        self.budget = budget
+        #: the answer's grammar (GBNF), in the sampler chain once the answer channel has begun
+        self.grammar = grammar
+        self.grammar_live = False
         self.t_first: float | None = None
         self.t_last: float | None = None
 
@@ -54,14 +67,13 @@ class EmbedRequest(EmbedJob):
     finished: threading.Event = field(default_factory=threading.Event)
 
 
-class LoadedModel:
-    """Weights + backend (contexts for one LoadSpec) + the worker thread. What the store hands out.
+class LoadedModel(Model):
+    """Weights + backend (contexts for one LoadSpec) + the worker thread: the Model of an in-process
+    engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
+    show what a prompt becomes for this model."""
 
-    Public, engine-neutral surface: `info` (ModelInfo), `vocab` (tokenizer), `submit`,
-    `embed_tokens`, `tokenize`, `busy`, `stats`, `close`.
-    """
-
-    def __init__(self, weights: Weights, backend: Backend, spec: LoadSpec):
+    def __init__(self, weights: LocalWeights, backend: Backend, spec: LoadSpec):
+        self.features: dict[str, Any] = {}
         self.weights = weights
         self.info = weights.info
         self.vocab = weights.vocab
@@ -84,17 +96,55 @@ class LoadedModel:
     def alive(self) -> bool:
         return not self._closing and not self.closed.is_set()
 
-    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+    @property
+    def supports_fim(self) -> bool:
+        return fim.fim_ids(self.vocab) is not None
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_bos=add_bos, special=special)
+
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        """The chat as the prompt text the model reads (its own template, or the named one)."""
+        v = self.vocab
+        return chatmod.render(list(prompt.messages), gguf_template=self.info.chat_template, template=prompt.template,
+                              bos=v.token_text(v.bos) if v.bos >= 0 else "",
+                              eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
+                              variables=prompt.variables, tools=prompt.tools)
+
+    def prompt_tokens(self, prompt: Prompt, max_tokens: int = 0) -> list[int]:
+        """The token ids `prompt` becomes for this model (an infill prompt fitted beside
+        `max_tokens`), as submit feeds them."""
+        return self._prompt(prompt, max_tokens)[0]
+
+    def _prompt(self, prompt: Prompt, max_tokens: int = 0) -> tuple[list[int], str]:
+        """(token ids, the rendered chat text or "") of `prompt`."""
+        v = self.vocab
+        if isinstance(prompt, TokenPrompt):
+            return list(prompt.tokens), ""
+        if isinstance(prompt, TextPrompt):
+            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special), ""
+        if isinstance(prompt, ChatPrompt):
+            text = self.render_chat(prompt)
+            return v.tokenize(text, add_bos=v.add_bos, special=True), text
+        if isinstance(prompt, InfillPrompt):
+            return fim.build(prompt, v, self.n_ctx_seq, max_tokens), ""
+        raise InvalidRequest(f"Not a prompt: {type(prompt).__name__}")
+
+    def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
+        return len(self.prompt_tokens(prompt))
 
     def submit(self, request: GenerationRequest,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
-        if request.prompt_tokens is not None:
-            tokens = list(request.prompt_tokens)
-        else:
-            tokens = self.vocab.tokenize(request.prompt, add_bos=request.add_bos and self.vocab.add_bos,
-                                         special=request.parse_special)
+        how = thinking.plan(self.info.chat_template, request)
+        grammar = self.backend.compile_grammar(request.json_schema, request.grammar) \
+            if request.json_schema is not None or request.grammar is not None else None
+        tokens, text = self._prompt(how.prompt, request.max_tokens)
+        asm = ChannelAssembler(how.format, request.stop, request.confidence,
+                               reasoning.start_state(how.format, text))
+        if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
+            tokens = tokens + self._end_tokens(asm)
+            asm.close()
         if not tokens:
             raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
         if len(tokens) >= self.n_ctx_seq:
@@ -105,8 +155,12 @@ class LoadedModel:
         if bad:
             raise InvalidRequest(f"Token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
         stream = GenerationStream(request, on_token)
+        for w in how.warnings:
+            log.warning("%s: %s", self.name, w)
+        stream.warnings = how.warnings
         sp = request.sampling
-        job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32))
+        job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32), asm, how.budget,
+                     grammar)
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -115,11 +169,16 @@ class LoadedModel:
             self._lock.notify()
         return stream
 
+    def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
+              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        v = self.vocab
+        return self.embed_tokens([v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts], pooling=pooling,
+                                 normalize=normalize, priority=priority, cancelled=cancelled)
+
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        """Pooled embeddings, one row per text. `cancelled` is polled between packs: once it turns
-        true the call raises Cancelled without embedding the rest."""
+        """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
         if pooling not in POOLINGS:
             raise InvalidRequest(f"Unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         for i, toks in enumerate(token_lists):
@@ -223,13 +282,13 @@ class LoadedModel:
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
-            err = ModelLoadFailed(f"{e}" + ("; the model is reloaded for the next request" if e.fatal else ""))
+            msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
             for entry in step.entries:
                 with self._lock:
                     trim = self.policy.release(entry.job, keep_cache=False)
                 if not e.fatal:
                     self._trim(trim)
-                self._finish(entry.job, "error", err)
+                self._finish(entry.job, "error", ModelLoadFailed(msg))   # one each: it carries the job's partial
             if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
                 log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
                 with self._lock:
@@ -243,7 +302,9 @@ class LoadedModel:
         outs = [e for e in step.entries if e.output is not None]
         for e in outs:
             if e.job.sampler is None:
-                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed)
+                e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
+                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
+                                                         e.job.grammar if e.job.grammar_live else None)
         sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
         for e, (tok, ent) in zip(outs, sampled):
             lp = None
@@ -265,16 +326,38 @@ class LoadedModel:
             return self._finish_slot(job, "stop")
         job.seq.append(tok)
         piece = self.vocab.piece(tok)
-        text = job.asm.add(piece, ent)
+        # a control token renders as nothing; harmony's channel markers are such tokens
+        markup = self.vocab.token_text(tok) if not piece and job.asm.format.name == reasoning.GPT_OSS else ""
+        r, text = job.asm.add(piece, ent, markup)
         if lp is None:
-            job.stream._emit(TokenEvent(text, tok, ent))
+            job.stream._emit(TokenEvent(text, tok, ent, reasoning=r))
         else:
             top = [(self.vocab.piece(t).decode("utf-8", "replace"), v) for t, v in lp[1]]
-            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top))
+            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top, reasoning=r))
         if job.asm.stopped:
             return self._finish_slot(job, "stop")
-        if job.n_gen >= job.req.max_tokens or len(job.seq) >= self.n_ctx_seq:
+        if job.asm.in_reasoning and job.budget is not None and job.asm.n_reasoning >= job.budget:
+            self._close_reasoning(job)
+        if job.grammar is not None and not job.grammar_live and job.asm.split.answering and job.sampler is not None:
+            self.backend.free_sampler(job.sampler)   # the next sample makes the chain with the grammar
+            job.sampler = None
+        total = job.req.max_total_tokens
+        if job.asm.n_answer >= job.req.max_tokens or (total is not None and job.n_gen >= total) \
+                or len(job.seq) >= self.n_ctx_seq:
             return self._finish_slot(job, "length")
+
+    def _end_tokens(self, asm: ChannelAssembler) -> list[int]:
+        return self.vocab.tokenize(asm.format.end_text, add_bos=False, special=True)
+
+    def _close_reasoning(self, job: GenJob) -> None:
+        """The budget is spent: the template's end-of-thinking text goes into the sequence as prompt
+        tokens (the next batched decode reads them with every other request's token; nothing else
+        waits), and the model goes on with the answer."""
+        job.seq.extend(self._end_tokens(job.asm))
+        r, text = job.asm.close()
+        self.stats["reasoning_budget_closed"] += 1
+        if r or text:
+            job.stream._emit(TokenEvent(text, NOT_A_TOKEN, None, reasoning=r))
 
     def _finish_slot(self, job: GenJob, reason: str) -> None:
         with self._lock:
@@ -282,32 +365,15 @@ class LoadedModel:
         self._finish(job, reason)
 
     def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
-        tail = job.asm.flush()
-        if tail:
-            job.stream._emit(TokenEvent(tail, -1, None))
-        text, spans = job.asm.final_text()
-        end = time.perf_counter()
-        gen = job.seq[len(job.prompt_tokens):]
-        result = GenerationResult(
-            text=text, tokens=gen, finish_reason=reason, n_prompt_tokens=len(job.prompt_tokens),
-            n_cached_prompt_tokens=job.n_cached or 0, seed=job.seed, spans=spans,
-            entropies=list(job.asm.entropies),
-            time_to_first_token=(job.t_first - job.stream.submitted_at) if job.t_first else 0.0,
-            total_time=end - job.stream.submitted_at,
-            decode_time=(job.t_last - job.t_first) if job.t_first and job.t_last else 0.0)
         if job.sampler is not None:
             self.backend.free_sampler(job.sampler)
             job.sampler = None
         self.last_used = time.monotonic()
         self.stats[f"finished_{reason}"] += 1
-        if reason == "cancelled" and error is None:
-            if job.stream.cancel_reason.startswith("unloaded"):
-                error = ModelUnloaded(f"{self.name} was unloaded while this request ran; "
-                                      f"{len(gen)} tokens were generated before it stopped.")
-            else:
-                error = Cancelled(f"Generation cancelled after {len(gen)} tokens.")
-            error.partial = result  # nothing is lost: the text so far travels with the error
-        job.stream._finish(result if error is None else None, error)
+        gen = job.seq[len(job.prompt_tokens):]
+        job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
+                             n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
+                             t_first=job.t_first, t_last=job.t_last)
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:

@@ -6,23 +6,26 @@ Starlette routes the requests and uvicorn serves them, on a thread with its own 
 runs the same inside ComfyUI (whose aiohttp loop it never touches) as on its own.
 
 Loopback only unless told otherwise; a bearer token, when set, is required by every endpoint; any
-browser Origin is refused unless allowed; a non-loopback address needs a token.
+browser Origin is refused unless allowed; a non-loopback address needs a token. Connections are
+bounded in number and in the time they may send nothing (connections.py); each request answered
+is one line on the logger `a3b.serve.access` (accesslog.py) unless `access_log` is off.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
+import socket
 import threading
 import time
 from typing import Any
 
+from ..runtime.environment import env
 from ..runtime.errors import InvalidRequest
-from ..runtime.options import LoadSpec
+from ..runtime.netguard import check_token, is_loopback
+from ..runtime.options import SERVE_TOKEN, LoadSpec
 
 log = logging.getLogger("a3b.serve")
 
-TOKEN_ENV = "A3B_SERVE_TOKEN"
+TOKEN_ENV = SERVE_TOKEN.env
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -32,43 +35,53 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class Server:
     """One HTTP server over the runtime: `start()` on a thread, or `run()` in the foreground."""
 
     def __init__(self, spec: LoadSpec, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
-                 origins: tuple[str, ...] = (), name: str | None = None):
+                 origins: tuple[str, ...] = (), name: str | None = None, *, access_log: bool = True,
+                 max_connections: int | None = None, header_timeout: float | None = None):
         import uvicorn
 
+        from . import connections
+        from .accesslog import AccessLog
         from .app import ServeConfig, create_app, model_id
 
-        token = token or os.environ.get(TOKEN_ENV) or None
+        token = check_token(token or env(TOKEN_ENV), f"--token or {TOKEN_ENV}")
         if not is_loopback(host) and not token:
             raise InvalidRequest(f"Listening on {host} (not the loopback) needs a token: give --token or set "
                                  f"{TOKEN_ENV}, so that only your clients can use the model.")
         self.cfg = ServeConfig(spec=spec, model_id=name or model_id(spec), token=token, origins=tuple(origins),
                                loopback=is_loopback(host))
-        self.host = host
-        config = uvicorn.Config(create_app(self.cfg), host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=3, access_log=False)
-        self.server = uvicorn.Server(config)
+        self.host, self._port = host, port
+        self.overload = connections.Overload(max_connections or connections.MAX_CONNECTIONS)
+        app = create_app(self.cfg)
+        config = uvicorn.Config(AccessLog(app) if access_log else app, host=host, port=port, log_level="warning",
+                                lifespan="off", timeout_graceful_shutdown=3, access_log=False,
+                                timeout_keep_alive=connections.KEEP_ALIVE_S,
+                                http=connections.protocol_class(self.overload,
+                                                                header_timeout or connections.HEADER_TIMEOUT_S))
+        self.server = connections.UvicornServer(config, self.overload)
+        self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
+    def bind(self) -> Server:
+        """Take the address now (port 0: a free port), so that `url` is the real one before serving;
+        InvalidRequest saying what to change when the address is in use or not this machine's."""
+        if self.sock is None:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            try:
+                self.sock = socket.create_server((self.host, self._port), family=family,
+                                                 backlog=self.server.config.backlog)
+            except OSError as e:
+                raise InvalidRequest(f"Cannot listen on {self.host}:{self._port}: {e.strerror or e}; choose "
+                                     "another address or port.") from e
+        return self
+
     @property
     def port(self) -> int:
-        for s in getattr(self.server, "servers", []) or []:
-            for sock in s.sockets:
-                return sock.getsockname()[1]
-        return self.server.config.port
+        return self.sock.getsockname()[1] if self.sock is not None else self._port
 
     @property
     def url(self) -> str:
@@ -77,13 +90,15 @@ class Server:
 
     def run(self) -> None:
         """Serve in this thread until interrupted (Ctrl-C) or stop()."""
-        self.server.run()
+        self.server.run(sockets=[self.bind().sock])
 
     def start(self, timeout: float = 15.0) -> Server:
         """Serve on a daemon thread; returns once listening (or raises why not)."""
+        sockets = [self.bind().sock]
+
         def run():
             try:
-                self.server.run()
+                self.server.run(sockets=sockets)
             except BaseException as e:  # noqa: BLE001 - reported to the starting thread
                 self.error = e
 
@@ -92,7 +107,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if self.error is not None or not self.thread.is_alive():
-                raise OSError(f"a3b serve could not listen on {self.host}:{self.server.config.port}: "
+                raise OSError(f"a3b serve could not listen on {self.host}:{self.port}: "
                               f"{self.error or 'the address is in use or not available'}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -104,7 +119,9 @@ class Server:
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout)
+        elif self.sock is not None:   # bound, never served
+            self.sock.close()
 
     def status(self) -> dict[str, Any]:
         return {"url": self.url, "model": self.cfg.model_id, "token": bool(self.cfg.token),
-                "origins": list(self.cfg.origins), **self.cfg.stats}
+                "origins": list(self.cfg.origins), **self.cfg.stats, "refused": self.overload.refused}

@@ -14,14 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
-import hmac
-import json
 import logging
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,22 +24,23 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import ConfidenceConfig, GenerationResult, GenerationStream, SamplingParams, TokenEvent
+from ..runtime.generation import ConfidenceConfig, TokenEvent
+from ..runtime.netguard import host_header_ok, origin_ok, token_ok
+from ..runtime import options as opt
 from ..runtime.options import LoadSpec
+from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
+from . import answers, bridge
+from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
+from .disconnect import on_disconnect
+from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, stops_of
 
 log = logging.getLogger("a3b.serve")
-
-#: Largest request body read (a chat with a long context is well below it).
-MAX_BODY = 16 << 20
-DEFAULT_MAX_TOKENS = 512
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
 
 @dataclass
 class ServeConfig:
@@ -69,8 +65,20 @@ def model_id(spec: LoadSpec) -> str:
 
 
 # -- errors ------------------------------------------------------------------------------------------
+#: Longest error message sent back: messages quote what the client sent, which may be megabytes.
+MAX_MESSAGE = 2000
+
+
+def shown(value: Any, limit: int = 100) -> str:
+    """A value the client sent, quoted for a message and cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def error(status: int, message: str, code: str = "invalid_request_error", kind: str = "invalid_request_error",
           headers: dict[str, str] | None = None) -> JSONResponse:
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + "..."
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status,
                         headers=headers)
 
@@ -105,144 +113,25 @@ class Guard:
         cfg = self.cfg
         if cfg.loopback:
             host = headers.get("host", "")
-            name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-            if name.lower() not in LOOPBACK_HOSTS:
-                return error(403, f"Host {host!r} refused: this server listens on the loopback only.",
+            if not host_header_ok(host):
+                return error(403, f"Host {host[:100]!r} refused: this server listens on the loopback only.",
                              "host_not_allowed")
         origin = headers.get("origin")
-        if origin is not None and origin not in cfg.origins:
-            return error(403, f"Origin {origin!r} refused: browser pages may call this server only when it is "
+        if not origin_ok(origin, cfg.origins):
+            return error(403, f"Origin {origin[:100]!r} refused: browser pages may call this server only when it is "
                               "started with --allow-origin for them.", "origin_not_allowed")
         if scope["method"] == "OPTIONS" and origin is not None:
             return None   # a CORS preflight of an allowed Origin: it carries no credentials
         if cfg.token:
             auth = headers.get("authorization", "")
             scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), cfg.token.encode()):
+            if scheme.lower() != "bearer" or not token_ok(cfg.token, given.strip()):
                 return error(401, "A valid bearer token is required (Authorization: Bearer TOKEN).",
                              "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
         return None
 
 
-# -- request parsing --------------------------------------------------------------------------------
-async def read_json(request: Request) -> dict:
-    size = int(request.headers.get("content-length") or 0)
-    if size > MAX_BODY:
-        raise InvalidRequest(f"The request body is {size} bytes; at most {MAX_BODY} are read.")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise InvalidRequest(f"The request body is larger than {MAX_BODY} bytes.")
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"The request body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
-
-
-def _int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InvalidRequest(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
-    return v
-
-
-def sampling_of(body: dict) -> SamplingParams:
-    """SamplingParams from an OpenAI (or llama-server) body; fields left out keep the runtime's defaults."""
-    d = SamplingParams()
-    fields: dict[str, Any] = {}
-    for name, alias in (("temperature", None), ("top_p", None), ("min_p", None),
-                        ("repeat_penalty", "repetition_penalty")):
-        v = body.get(name, body.get(alias) if alias else None)
-        if v is not None:
-            fields[name] = v
-    if body.get("top_k") is not None:
-        fields["top_k"] = _int(body, "top_k", d.top_k, 0, 1 << 20)
-    if body.get("seed") is not None:
-        v = body["seed"]
-        fields["seed"] = v % (2**32) if isinstance(v, int) and not isinstance(v, bool) else v
-    sp = SamplingParams(**{**d.__dict__, **fields})
-    sp.validate()
-    return sp
-
-
-def stops_of(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest("stop must be a string or a list of at most 16 strings.")
-    return tuple(s for s in stop if s)
-
-
-def messages_of(body: dict) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
-        content = m.get("content")
-        if isinstance(content, list):   # content parts: only text is understood
-            parts = []
-            for p in content:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported.")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts.")
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def logprobs_of(body: dict, chat: bool) -> int | None:
-    if chat:
-        if not body.get("logprobs"):
-            return None
-        return _int(body, "top_logprobs", 0, 0, 20)
-    if body.get("logprobs") is None or body.get("logprobs") is False:
-        return None
-    return _int(body, "logprobs", 0, 0, 20)
-
-
 # -- the application --------------------------------------------------------------------------------
-class Inbox:
-    """Items handed over from the worker thread (with loop.call_soon_threadsafe) to the event loop:
-    a deque and an event, so that a streaming answer sends every ready token in one write and waits
-    only when there is nothing to send."""
-
-    def __init__(self):
-        self.items: collections.deque = collections.deque()
-        self._ready = asyncio.Event()
-
-    def put(self, item) -> None:
-        self.items.append(item)
-        self._ready.set()
-
-    async def wait(self, timeout: float) -> None:
-        """Until an item is there; asyncio.TimeoutError after `timeout` seconds without one."""
-        while not self.items:
-            self._ready.clear()
-            await asyncio.wait_for(self._ready.wait(), timeout)
-
-    async def get(self, timeout: float):
-        await self.wait(timeout)
-        return self.items.popleft()
-
-
 class Api:
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
@@ -252,7 +141,8 @@ class Api:
         name = body.get("model")
         if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
             return self.cfg.spec
-        raise ModelNotFound(f"This server does not serve {name!r}; it serves {self.cfg.model_id!r} (GET /v1/models).")
+        raise ModelNotFound(f"This server does not serve {shown(name)}; it serves {self.cfg.model_id!r} "
+                            "(GET /v1/models).")
 
     # -- plain endpoints --------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -298,50 +188,32 @@ class Api:
         gone = threading.Event()
 
         def run():
-            return self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            vecs = self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            try:
+                n_tok = sum(len(self.rt.tokenize(t, model=spec)) for t in texts)
+            except A3BError:   # an engine that cannot tokenize (a remote server without /tokenize)
+                n_tok = sum(-(-len(t) // 4) for t in texts)
+            return vecs, n_tok
+
+        def left() -> None:   # the work ends between two packs, with Cancelled
+            self.cfg.stats["disconnects"] += 1
+            gone.set()
 
         task = asyncio.get_running_loop().run_in_executor(None, run)
-        vecs = await self._until_done(request, task, gone.set)
-        n_tok = sum(len(t) for t in texts) // 4
+        async with on_disconnect(request, left):
+            vecs, n_tok = await task
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
                  else [float(x) for x in v]} for i, v in enumerate(vecs)]
         return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
                              "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
 
-    async def _until_done(self, request: Request, fut, on_disconnect: Callable[[], None]):
-        """Await `fut`, calling on_disconnect (and going on waiting for the cancelled work to end)
-        if the client goes away meanwhile."""
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=0.25)
-            if done:
-                return fut.result()
-            if await request.is_disconnected():
-                self.cfg.stats["disconnects"] += 1
-                on_disconnect()
-
-    # -- generation -------------------------------------------------------------------------------
-    async def _start(self, submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
-        """Submit on an executor thread (it may load the model); token events and the end arrive in
-        an inbox on this loop (None marks the end)."""
-        loop = asyncio.get_running_loop()
-        q = Inbox()
-
-        def put(item):
-            try:
-                loop.call_soon_threadsafe(q.put, item)
-            except RuntimeError:   # the server's loop has stopped: the request is cancelled
-                raise Cancelled("server stopped") from None
-
-        stream = await loop.run_in_executor(None, lambda: submit(put))
-        stream.add_done_callback(lambda s: put(None))
-        return stream, q
-
     async def chat(self, request: Request) -> Response:
         body = await read_json(request)
-        msgs = messages_of(body)
+        variables, opts, tools = chat_options(body)
+        prompt = ChatPrompt(messages_with_tools(body, messages_of(body)), variables=variables, tools=tools)
         return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            model=spec, messages=msgs, on_token=on_token, **common))
+            prompt, model=spec, on_token=on_token, **common, **opts), out=ChatOutput(bool(tools)))
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -349,183 +221,46 @@ class Api:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            tokens: list[int] | None = prompt
-            prompt = ""
+            typed: TextPrompt | TokenPrompt = TokenPrompt(tuple(prompt))
         elif isinstance(prompt, str) and prompt:
-            tokens = None
+            typed = TextPrompt(prompt)
         else:
             raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
+        opts = text_options(body)
         return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common))
+            typed, model=spec, on_token=on_token, **common, **opts))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
         n = body.get("n", 1)
         if n != 1:
             raise InvalidRequest("n must be 1: one choice per request.")
-        max_tokens = _int(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-                          None, 1, 1 << 20)
+        max_tokens = int_field(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+                          opt.MAX_TOKENS)
         if body.get("n_predict") is not None and max_tokens is None:
-            max_tokens = _int(body, "n_predict", None, -1, 1 << 20)
+            max_tokens = int_field(body, "n_predict", opt.N_PREDICT)
             max_tokens = None if max_tokens in (-1, 0) else max_tokens
-        return dict(max_tokens=min(max_tokens or DEFAULT_MAX_TOKENS, spec.n_ctx), sampling=sampling_of(body),
+        return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
                     confidence=ConfidenceConfig(enabled=True))
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
-                        deadline_s: float | None = None) -> Response:
+                        deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
         spec = self.spec_for(body)
         common = self._common(body, kind == "chat", spec, priority)
-        stream, q = await self._start(lambda on_token: submit(spec, common, on_token))
+        stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token))
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            return StreamingResponse(self._sse(request, stream, q, kind, rid, bool(include_usage), deadline_s),
-                                     media_type="text/event-stream",
+            sse = bridge.sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out,
+                             self.cfg.model_id, self.cfg.stats)
+            return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
-        t_end = time.monotonic() + deadline_s if deadline_s else None
-        while True:
-            try:
-                ev = q.items.popleft() if q.items else await q.get(0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    self.cfg.stats["disconnects"] += 1
-                    stream.cancel("client disconnected")
-                if t_end is not None and time.monotonic() > t_end:
-                    stream.cancel("time limit")
-                continue
-            if ev is None:
-                break
-            events.append(ev)
-        res = self._result(stream)
-        return JSONResponse(self._final(kind, rid, res, events))
-
-    def _result(self, stream: GenerationStream) -> GenerationResult:
-        try:
-            return stream.result(0)
-        except Cancelled as e:
-            part = getattr(e, "partial", None)
-            if part is not None and stream.cancel_reason == "time limit":
-                part.finish_reason = "length"
-                return part
-            raise
-
-    async def _sse(self, request: Request, stream: GenerationStream, q: Inbox, kind: str, rid: str,
-                   include_usage: bool, deadline_s: float | None) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        t_end = time.monotonic() + deadline_s if deadline_s else None
-        offset = 0
-        try:
-            if kind == "chat":
-                yield self._event(self._chunk(kind, rid, created, {"role": "assistant", "content": ""}))
-            ended = False
-            while not ended:
-                if not q.items:   # wait_for costs a task per call: only when there is nothing to send
-                    try:
-                        await q.wait(0.25)
-                    except asyncio.TimeoutError:
-                        if await request.is_disconnected():
-                            raise ConnectionError("client disconnected") from None
-                        if t_end is not None and time.monotonic() > t_end:
-                            stream.cancel("time limit")
-                        continue
-                out = b""
-                while q.items:   # everything that is ready goes out in one write
-                    ev = q.items.popleft()
-                    if ev is None:
-                        ended = True
-                        break
-                    if ev.text or ev.piece is not None:
-                        out += self._event(self._chunk(kind, rid, created, ev.text, ev, offset))
-                        offset += len(ev.text)
-                if out:
-                    yield out
-            try:
-                res = self._result(stream)
-            except A3BError as e:
-                self.cfg.stats["errors"] += 1
-                yield self._event({"error": {"message": str(e), "type": "server_error", "code": e.code}})
-                return
-            final = self._chunk(kind, rid, created, "" if kind != "chat" else {}, None, offset, res.finish_reason)
-            if kind == "infill":
-                final.update(self._infill_tail(res))
-            yield self._event(final)
-            if include_usage:
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                yield self._event({"id": rid, "object": obj,
-                                   "created": created, "model": self.cfg.model_id, "choices": [],
-                                   "usage": self._usage(res)})
-            if kind != "infill":
-                yield b"data: [DONE]\n\n"
-        finally:
-            if not stream.done:   # the client went away (or the server stops): stop between two tokens
-                self.cfg.stats["disconnects"] += 1
-                stream.cancel("client disconnected")
-
-    @staticmethod
-    def _event(obj: dict) -> bytes:
-        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-    def _chunk(self, kind: str, rid: str, created: int, text, ev: TokenEvent | None = None, offset: int = 0,
-               finish: str | None = None) -> dict:
-        if kind == "infill":
-            out: dict[str, Any] = {"content": text, "stop": finish is not None}
-            if ev is not None and ev.logprob is not None:
-                out["completion_probabilities"] = [{"token": ev.piece, "logprob": ev.logprob,
-                                                    "top_logprobs": [{"token": t, "logprob": v}
-                                                                     for t, v in ev.top_logprobs or []]}]
-            return out
-        finish = {"cancelled": "stop", "error": "stop"}.get(finish, finish) if finish else None
-        if kind == "chat":
-            delta = text if isinstance(text, dict) else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
-                                      "logprobs": self._chat_logprobs([ev]) if ev is not None and ev.logprob is not None
-                                      else None}
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.cfg.model_id,
-                    "choices": [choice]}
-        choice = {"index": 0, "text": text, "finish_reason": finish,
-                  "logprobs": self._text_logprobs([ev], offset) if ev is not None and ev.logprob is not None else None}
-        return {"id": rid, "object": "text_completion", "created": created, "model": self.cfg.model_id,
-                "choices": [choice]}
-
-    @staticmethod
-    def _chat_logprobs(events: list[TokenEvent]) -> dict:
-        return {"content": [{"token": e.piece, "logprob": e.logprob, "bytes": list((e.piece or "").encode()),
-                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
-                                              for t, v in e.top_logprobs or []]}
-                            for e in events if e.logprob is not None]}
-
-    @staticmethod
-    def _text_logprobs(events: list[TokenEvent], offset: int = 0) -> dict:
-        evs = [e for e in events if e.logprob is not None]
-        offs, o = [], offset
-        for e in evs:
-            offs.append(o)
-            o += len(e.piece or "")
-        return {"tokens": [e.piece for e in evs], "token_logprobs": [e.logprob for e in evs],
-                "top_logprobs": [dict(e.top_logprobs or []) for e in evs], "text_offset": offs}
-
-    @staticmethod
-    def _usage(res: GenerationResult) -> dict:
-        return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
-                "total_tokens": res.n_prompt_tokens + res.n_tokens}
-
-    def _final(self, kind: str, rid: str, res: GenerationResult, events: list[TokenEvent]) -> dict:
-        extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
-                         "time_to_first_token": res.time_to_first_token}}
-        finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
-        if kind == "infill":
-            return {"content": res.text, "stop": True, "model": self.cfg.model_id, **self._infill_tail(res), **extra}
-        if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "finish_reason": finish,
-                      "logprobs": self._chat_logprobs(events) if any(e.logprob is not None for e in events) else None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": res.text, "finish_reason": finish,
-                      "logprobs": self._text_logprobs(events) if any(e.logprob is not None for e in events) else None}
-            obj = "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.cfg.model_id,
-                "choices": [choice], "usage": self._usage(res), **extra}
+        async with bridge.watched(request, stream, deadline_s, self.cfg.stats):
+            while (ev := q.items.popleft() if q.items else await q.get()) is not None:
+                events.append(ev)
+        res = bridge.result(stream)
+        return JSONResponse(answers.final(kind, self.cfg.model_id, rid, res, events, out))
 
     # -- llama-server's /infill -------------------------------------------------------------------
     async def infill(self, request: Request) -> Response:
@@ -543,46 +278,22 @@ class Api:
         deadline = body.get("t_max_predict_ms")
         deadline_s = None
         if deadline is not None:
-            deadline_s = _int(body, "t_max_predict_ms", 0, 0, 10**7) / 1000.0 or None
+            deadline_s = int_field(body, "t_max_predict_ms", opt.T_MAX_PREDICT_MS) / 1000.0 or None
         if body.get("n_predict") is None and body.get("max_tokens") is None:
-            body = {**body, "n_predict": 128}
+            body = {**body, "n_predict": opt.INFILL_N_PREDICT.default}
+
+        prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
+                              tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
 
         def submit(spec, common, on_token):
-            tokens = infill_tokens(self.rt.load(spec), parts["input_prefix"], parts["input_suffix"], parts["prompt"],
-                                   extra, common["max_tokens"])
-            return self.rt.submit(model=spec, chat=False, prompt_tokens=tokens, on_token=on_token, **common)
+            return self.rt.submit(prompt, model=spec, on_token=on_token, **common)
 
         return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
 
-    @staticmethod
-    def _infill_tail(res: GenerationResult) -> dict:
-        return {"tokens_predicted": res.n_tokens, "tokens_evaluated": res.n_prompt_tokens,
-                "tokens_cached": res.n_cached_prompt_tokens, "truncated": False,
-                "stop_type": {"length": "limit", "stop": "eos"}.get(res.finish_reason, res.finish_reason),
-                "timings": {"prompt_n": res.n_prompt_tokens - res.n_cached_prompt_tokens,
-                            "prompt_ms": res.time_to_first_token * 1000, "predicted_n": res.n_tokens,
-                            "predicted_ms": res.decode_time * 1000, "predicted_per_second": res.tokens_per_second}}
 
-
-def infill_tokens(m, prefix: str, suffix: str, prompt: str, extra: list[dict], n_predict: int) -> list[int]:
-    """A fill-in-the-middle prompt as llama-server builds one: the extra chunks before the prefix,
-    the suffix after the FIM suffix token, the text typed on the cursor's line after the FIM middle
-    token; cut to the context (the suffix to a quarter of the room, the prefix from the start)."""
-    v, st = m.vocab, m.info.special_tokens
-    tok = lambda text: v.tokenize(text, add_bos=False, special=False) if text else []   # noqa: E731
-    room = max(16, m.n_ctx_seq - n_predict - 4)
-    extra_text = "".join(c.get("text", "") + ("" if c.get("text", "").endswith("\n") else "\n") for c in extra)
-    head = tok(prompt)
-    pre = tok(extra_text + prefix)
-    bos = [v.bos] if v.add_bos and v.bos >= 0 else []
-    if min(st.get("fim_pre", -1), st.get("fim_suf", -1), st.get("fim_mid", -1)) < 0:
-        # no FIM tokens in this model: complete the prefix
-        body = (pre + head)[-(room - len(bos)):]
-        return bos + body
-    suf = tok(suffix)[:room // 4]
-    keep = max(0, room - len(bos) - len(suf) - len(head) - 3)
-    pre = pre[-keep:] if keep else []
-    return bos + [st["fim_pre"]] + pre + [st["fim_suf"]] + suf + [st["fim_mid"]] + head
+def _client(request: Request) -> str:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else "a client"
 
 
 def create_app(cfg: ServeConfig) -> Any:
@@ -597,6 +308,10 @@ def create_app(cfg: ServeConfig) -> Any:
             except A3BError as e:
                 cfg.stats["errors"] += 1
                 return a3b_error(e)
+            except ClientDisconnect:   # it left while sending its body: nobody reads an answer
+                cfg.stats["disconnects"] += 1
+                log.info("%s left while sending its request to %s", _client(request), request.url.path)
+                return Response(status_code=499)
             except (ValueError, TypeError, KeyError) as e:
                 cfg.stats["errors"] += 1
                 log.warning("bad request to %s: %s", request.url.path, e)

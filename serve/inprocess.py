@@ -12,11 +12,11 @@ Its address and request counts appear in `get_runtime().status()["serve"]`, whic
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
-from ..runtime.options import switched_off
+from ..runtime.environment import env, env_list, switched_off
+from ..runtime.options import SERVE_TOKEN
 
 log = logging.getLogger("a3b.serve")
 
@@ -25,11 +25,10 @@ _state: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def maybe_start(env: dict[str, str] | None = None) -> dict | None:
+def maybe_start(environ: dict[str, str] | None = None) -> dict | None:
     """Start the server if $A3B_SERVE asks for it; its status, or None when off. Raises ValueError,
     OSError or an A3BError with what to change (a bad address, a port in use, a missing token)."""
-    env = os.environ if env is None else env
-    value = (env.get(ENV) or "").strip()
+    value = (env(ENV, environ) or "").strip()
     if not value or switched_off(value):
         return None
     with _lock:
@@ -41,9 +40,9 @@ def maybe_start(env: dict[str, str] | None = None) -> dict | None:
         rt = get_runtime()
         try:
             host, port = parse_address(value)
-            spec = rt.spec(env.get("A3B_SERVE_MODEL") or None)
-            origins = tuple(o.strip() for o in (env.get("A3B_SERVE_ORIGINS") or "").split(",") if o.strip())
-            srv = Server(spec, host, port, token=env.get("A3B_SERVE_TOKEN") or None, origins=origins).start()
+            spec = rt.spec(env("A3B_SERVE_MODEL", environ))
+            origins = tuple(env_list("A3B_SERVE_ORIGINS", environ))
+            srv = Server(spec, host, port, token=env(SERVE_TOKEN.env, environ), origins=origins).start()
         except Exception as e:
             message = f"{ENV}={value}: {type(e).__name__}: {e}"
             rt.status_providers["serve"] = lambda: {"error": message}

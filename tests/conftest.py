@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tinygguf helpers
 
+from serve_helpers import client, server  # noqa: E402, F401  (the fake-model server of the serve tests)
 from tinygguf import write_tiny_gguf  # noqa: E402
 
 
@@ -43,6 +44,15 @@ def rt():
     from comfyui_a3b.runtime import get_runtime
 
     return get_runtime()
+
+
+@pytest.fixture()
+def remote_models_unloaded(rt):
+    """Models on remote servers that a test loaded are unloaded after it."""
+    yield
+    for e in rt.store.loaded():
+        if e.spec.path.startswith("http"):
+            rt.unload(e.spec)
 
 
 @pytest.fixture(scope="session")

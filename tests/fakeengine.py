@@ -1,9 +1,11 @@
 """A small fake engine at the runtime's engine seam (runtime/engine.py), for the fast test tier.
 
-Everything above the seam is real: the Runtime, the model store, the worker thread, the scheduling
-policy, streams, stop strings, confidence spans, the nodes and the language server. Only the model is
-fake: a byte-level vocabulary and a deterministic "language model" whose next token is a function of
-the sequence so far, so tests know exactly what a request must produce.
+Its `open_model` returns the real in-process Model, worker.LoadedModel, over a fake Backend, so
+everything above the backend is real: the Runtime, the model store, the worker thread, the
+scheduling policy, prompt rendering (chat templates, fill-in-the-middle), streams, stop strings,
+confidence spans, the nodes and the language server. Only the model is fake: a byte-level
+vocabulary and a deterministic "language model" whose next token is a function of the sequence so
+far, so tests know exactly what a request must produce.
 
 The fake also checks the worker's bookkeeping: every decode must continue each sequence's KV cache
 exactly where it stands (no gap, no overlap), and sampling reads the logits of the rows the step
@@ -19,6 +21,11 @@ Model references: `fake://NAME[?key=value&...]` with keys
     fail_decode=N     the N-th decode call (1-based, counted across reloads) fails
     fatal=1           ... as a device error would (the model is closed and reloaded)
     gpu_layers=N      report N layers on a GPU (for the VRAM-sharing tests; nothing moves)
+    template=NAME     the chat template: chatml (default), qwen3, r1, harmony (tests/templates.py)
+    think=...         a thinking model: it writes this reasoning in a block, then `text` as its answer
+                      (the block's tags byte by byte, so they split across tokens everywhere); what
+                      it writes follows the sequence, so a block the runtime closes is answered too
+    think_loop=1      ... and reasons forever (only a budget ends the block)
 """
 from __future__ import annotations
 
@@ -31,8 +38,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from comfyui_a3b.runtime.engine import DecodeFailed, ModelInfo, register_engine
+from comfyui_a3b.runtime.engine import DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
+from comfyui_a3b.runtime.llama.grammar import schema_to_gbnf
+from comfyui_a3b.runtime.worker import LoadedModel
+
+import templates
 
 BOS, EOS, EOT, FIM_PRE, FIM_SUF, FIM_MID = 0, 1, 2, 3, 4, 5
 OFFSET = 8                         # byte b is token OFFSET + b
@@ -41,7 +52,7 @@ N_EMBD = 32
 SPECIALS = {"<s>": BOS, "</s>": EOS, "<|eot|>": EOT}
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. "
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{{ '<|im_start|>assistant\\n' }}")
+          "{{ '<|im_start|>assistant\\n' }}{% if note is defined %}{{ note }}{% endif %}")
 
 
 @dataclass
@@ -56,6 +67,9 @@ class FakeSettings:
     fail_decode: int | None = None
     fatal: bool = False
     gpu_layers: int = 0
+    template: str = "chatml"
+    think: str | None = None
+    think_loop: bool = False
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -69,7 +83,8 @@ class FakeSettings:
                    embed_delay_ms=float(q["embed_delay_ms"]) if "embed_delay_ms" in q else None,
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
-                   gpu_layers=int(q.get("gpu_layers", 0)))
+                   gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
+                   think=q.get("think"), think_loop=q.get("think_loop") == "1")
 
 
 class FakeVocab:
@@ -129,9 +144,10 @@ class FakeWeights:
         self.size_bytes = 1 << 20
         self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
                               n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
-                              size_bytes=self.size_bytes, chat_template=CHATML,
+                              size_bytes=self.size_bytes,
+                              chat_template=templates.BY_NAME.get(settings.template, CHATML),
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
-                              n_gpu_layers=settings.gpu_layers)
+                              n_gpu_layers=settings.gpu_layers if spec.n_gpu_layers == "auto" else spec.n_gpu_layers)
         self.freed = False
 
     def free(self) -> None:
@@ -155,6 +171,8 @@ class FakeBackend:
         self.decodes = 0
         self.batch_sizes: list[int] = []
         self.embedded: list[list[int]] = []
+        #: the text each request had generated when its grammar came into the sampler chain
+        self.grammar_starts: list[str] = []
         self.closed = False
         self.thread: threading.Thread | None = None
 
@@ -192,8 +210,12 @@ class FakeBackend:
     def _history(self, row: int) -> list[int]:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
 
-    def new_sampler(self, sampling, seed: int):
-        return {"sampling": sampling, "rng": random.Random(seed)}
+    def new_sampler(self, sampling, seed: int, grammar: str | None = None):
+        return {"sampling": sampling, "rng": random.Random(seed), "grammar": grammar}
+
+    def compile_grammar(self, json_schema, gbnf):
+        # the real converter (pure Python); the fake model does not follow grammars
+        return schema_to_gbnf(json_schema) if json_schema is not None else gbnf
 
     def free_sampler(self, sampler) -> None:
         sampler.clear()
@@ -203,13 +225,48 @@ class FakeBackend:
         if s.eos_after is not None and n_gen >= s.eos_after:
             return EOS
         data = s.text.encode("utf-8")
-        return OFFSET + data[n_gen % len(data)]
+        if s.think is None:
+            return OFFSET + data[n_gen % len(data)]
+        return OFFSET + self._thinking(self._generated(history), data)
+
+    def _generated(self, history: list[int]) -> bytes:
+        """What follows the last generation prompt in `history` (as bytes)."""
+        raw = bytes(t - OFFSET for t in history if t >= OFFSET)
+        mark = templates.GEN_MARK[self.settings.template]
+        at = raw.find(mark, max(raw.rfind(b"user"), 0))   # the first after the last user turn
+        return raw[at + len(mark):] if at >= 0 else b""
+
+    def _thinking(self, out: bytes, answer: bytes) -> int:
+        """The next byte of a thinking model that has written `out` so far."""
+        s = self.settings
+        reasoning = s.think.encode("utf-8")
+        if s.template == "harmony":
+            head, close = b"<|channel|>analysis<|message|>", b"<|end|><|start|>assistant<|channel|>final<|message|>"
+        else:
+            head, close = b"<think>", b"\n</think>"
+        final = b"<|channel|>final<|message|>" if s.template == "harmony" else b"</think>"
+        if final in out:   # answering: after the block (and the blank line a <think> model writes)
+            tail = out[out.rfind(final) + len(final):]
+            lead = b"" if s.template == "harmony" else b"\n\n"
+            return lead[len(tail)] if len(tail) < len(lead) else answer[(len(tail) - len(lead)) % len(answer)]
+        opened = out.find(head) if s.template == "harmony" else out.find(b"<think>")
+        if opened < 0:
+            return head[len(out)] if len(out) < len(head) else answer[0]
+        tail = out[opened + len(head):]
+        body = (b"\n" if s.template != "harmony" else b"") + reasoning
+        if s.think_loop:
+            return body[len(tail) % len(body)]
+        script = body + close
+        return script[len(tail)] if len(tail) < len(script) else answer[0]
 
     def sample_rows(self, rows):
         return [(self._sample(s, row), self._entropy(row) if want else None) for s, row, want in rows]
 
     def _sample(self, sampler, row: int) -> int:
         history = self._history(row)
+        if sampler.get("grammar") and not sampler.get("logged"):
+            sampler["logged"] = True
+            self.grammar_starts.append(self._generated(history).decode("utf-8", "replace"))
         n_gen = sampler.setdefault("n_gen", 0)
         sampler["n_gen"] = n_gen + 1
         tok = self._next(history, n_gen)
@@ -249,7 +306,7 @@ class FakeBackend:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(Engine):
     name: str = "fake"
     loads: int = 0
     backends: list = field(default_factory=list)
@@ -259,7 +316,7 @@ class FakeEngine:
         FakeSettings.parse(spec.path)
 
     def weights_key(self, spec) -> tuple:
-        return (spec.path,)
+        return (spec.path, spec.n_gpu_layers)   # a copy per placement, as the llama.cpp engine keys them
 
     def file_bytes(self, spec) -> int:
         return 1 << 20
@@ -268,10 +325,10 @@ class FakeEngine:
         self.loads += 1
         return FakeWeights(spec, FakeSettings.parse(spec.path))
 
-    def open(self, weights: FakeWeights, spec) -> FakeBackend:
+    def open_model(self, weights: FakeWeights, spec) -> LoadedModel:
         b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
-        return b
+        return LoadedModel(weights, b, spec)
 
     def kv_bytes(self, weights, spec) -> int:
         return spec.n_ctx * spec.n_parallel * 64

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,24 @@ SINGLE = T.Position(line=12, character=14)
 MULTI = T.Position(line=6, character=25)
 
 
+@contextlib.asynccontextmanager
+async def remote_model_client(url: str, api_key: str):
+    """A pytest-lsp client of the language server over the remote model at `url`, initialised (no
+    debounce) and shut down after use."""
+    from pytest_lsp import ClientServerConfig, client_capabilities
+
+    env = {**os.environ, "A3B_REMOTE_API_KEY": api_key}
+    c = await ClientServerConfig(server_command=SERVER + ["--stdio", "--model", url],
+                                 server_env=env).start(devtools=None)
+    try:
+        await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
+                                                      initialization_options={"a3b": {"debounceMs": 0}}))
+        yield c
+        await c.shutdown_session()
+    finally:
+        await c.stop()
+
+
 def open_doc(client, uri: str, text: str, language: str = "python", version: int = 1) -> None:
     client.text_document_did_open(T.DidOpenTextDocumentParams(
         T.TextDocumentItem(uri=uri, language_id=language, version=version, text=text)))
@@ -89,6 +109,12 @@ async def inline(client, uri: str, pos: T.Position) -> list[str]:
     r = await client.text_document_inline_completion_async(inline_params(uri, pos))
     items = r.items if isinstance(r, T.InlineCompletionList) else (r or [])
     return [i.insert_text if isinstance(i.insert_text, str) else i.insert_text.value for i in items]
+
+
+async def inline_on_sample(client, uri: str) -> list[str]:
+    """Open SAMPLE as `uri` and ask for inline completions at SINGLE (one line expected)."""
+    open_doc(client, uri, SAMPLE)
+    return await inline(client, uri, SINGLE)
 
 
 async def status(client, uri: str | None = None) -> dict:

@@ -291,6 +291,75 @@ def test_lsp_port_in_use(capsys):
     assert "already in use" in one_error_line(capsys)
 
 
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("a3b (comfyui-a3b) ") and version("comfyui-a3b") in out
+    assert f"llama-cpp-python {version('llama-cpp-python')}" in out
+
+
+def test_runtime_errors_name_the_flags_not_the_fields(fake_engine, capsys):
+    for argv, flag, field in ((["--max-tokens", "0"], "--max-tokens must be in 1..", "max_tokens"),
+                              (["--threads", "-1"], "--threads must be in 0..512", "n_threads"),
+                              (["--temperature", "-1"], "--temperature must be in [0, 2]", None),
+                              (["--entropy-run", "0"], "--entropy-run must be in 1..", "min_run")):
+        assert cli.main(["generate", "hi", "--model", "fake://t", *argv]) == 2
+        line = one_error_line(capsys)
+        assert flag in line and (field is None or field not in line), line
+    assert cli.main(["embed", "a", "--model", "fake://t", "--n-ctx", "8"]) == 2
+    assert "--n-ctx must be in 16..1048576, got 8" in one_error_line(capsys)
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_a_dash_reads_the_prompt_and_embed_texts_from_stdin(fake_engine, monkeypatch, capsys):
+    text = "a prompt that came through a pipe"
+    _stdin(monkeypatch, text.encode())
+    assert cli.main(["generate", "-", "--model", "fake://t", "--raw", "--max-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_prompt_tokens"] == len(text) + 1   # + BOS: one per byte
+    _stdin(monkeypatch, b"first\n\nsecond\n")
+    assert cli.main(["embed", "--file", "-", "--model", "fake://t"]) == 0
+    assert [e["text"] for e in json.loads(capsys.readouterr().out)["embeddings"]] == ["first", "second"]
+    _stdin(monkeypatch, b"\xff\xfe not text")
+    assert cli.main(["generate", "-", "--model", "fake://t"]) == 2
+    assert "Standard input (the prompt '-') is not UTF-8" in one_error_line(capsys)
+
+
+def test_a_full_context_is_said_apart_from_max_tokens(fake_engine, capsys):
+    args = ["generate", "0123456789", "--model", "fake://t", "--raw", "--n-ctx", "24"]
+    assert cli.main([*args, "--max-tokens", "100"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "length, 0 low-confidence spans" in err[0]
+    assert err[1].startswith("a3b: note: the answer stopped because the context is full (11 prompt + 13 answer "
+                             "tokens of --n-ctx 24), before --max-tokens"), err
+    assert cli.main([*args, "--max-tokens", "5"]) == 0
+    assert "note" not in capsys.readouterr().err                      # stopped at --max-tokens: nothing to say
+    assert cli.main([*args, "--max-tokens", "100", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["finish_reason"] == "length" and res["context_full"] is True
+
+
+def test_one_span_is_a_span():
+    from comfyui_a3b.cliwords import spans
+
+    assert (spans(0), spans(1), spans(2)) == ("0 low-confidence spans", "1 low-confidence span",
+                                              "2 low-confidence spans")
+
+
+def test_a_model_file_is_named_as_model_names_it(default_path, tmp_path):
+    from comfyui_a3b.cliwords import model_file
+
+    assert model_file("default") == model_file("(default)") == str(default_path)
+    assert model_file(str(tmp_path / "missing.gguf")) == str(tmp_path / "missing.gguf")  # the reader says why
+
+
 # -- the command as a user runs it (real model) ------------------------------------------------
 
 @pytest.mark.slow
@@ -331,6 +400,7 @@ def test_embed_json_and_npy(tmp_path):
 def test_inspect_default_and_unknown_arch(default_path, tmp_path):
     p = a3b("inspect", str(default_path), "--json")
     assert p.returncode == 0, p.stderr
+    assert json.loads(a3b("inspect", "default", "--json").stdout) == json.loads(p.stdout)  # as --model default
     info = json.loads(p.stdout)
     assert info["architecture"] == "llama" and info["file_type"] == "Q4_1"
     assert info["context_length"] == 8192 and info["rope_freq_base"] == 100000.0
@@ -360,7 +430,7 @@ def test_verify(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["generate", "hi", "--model", "/nonexistent/model.gguf"], "not found"),
     (["generate", "", "--max-tokens", "4"], "empty"),
-    (["generate", "hi", "--top-p", "2"], "top_p"),
+    (["generate", "hi", "--top-p", "2"], "--top-p must be"),
     (["inspect", "/etc/hostname"], "not a GGUF"),
     (["embed", "a", "--npy", "/nonexistent/folder/e.npy"], "Cannot write --npy"),
 ])

@@ -171,7 +171,7 @@ def test_pack_imports_and_lists_nodes(server):
     gen = info["A3BGenerate"]
     assert gen["input"]["required"]["max_new_tokens"][1]["default"] == 512
     assert gen["input"]["required"]["seed"][1]["control_after_generate"] is True
-    assert gen["output_node"] is True and gen["output"] == ["STRING", "STRING"]
+    assert gen["output_node"] is True and gen["output"] == ["STRING", "STRING", "STRING"]
     assert info["A3BEmbed"]["output_is_list"] == [False, True]
     assert combo_options(info["A3BLoader"]["input"]["required"]["model"])[0] == "(default)"
     # the V1 rendering used outside ComfyUI says the same as ComfyUI's rendering of the V3 nodes
@@ -318,3 +318,51 @@ def test_model_folder_file_replaced_on_disk_is_reloaded(server, default_path, ti
     assert st["weight_loads"] == loads + 1
     swap = [m for m in st["models"] if m["name"] == "swap.gguf"]
     assert swap and swap[0]["weights_bytes"] < 10_000_000  # the tiny model now, not the 98 MB one
+
+
+async def _editor_completion(port: int) -> list:
+    """One inline completion from the in-process language server, as an editor asks (no model setting)."""
+    from lsp_helpers import SAMPLE, SINGLE, RawClient
+
+    raw = await RawClient.tcp("127.0.0.1", port)
+    try:
+        assert "result" in await raw.initialize(options={"debounceMs": 0})
+        raw.notify("textDocument/didOpen", {"textDocument": {"uri": "file:///w/a.py", "languageId": "python",
+                                                             "version": 1, "text": SAMPLE}})
+        raw.request(1, "textDocument/inlineCompletion", {
+            "textDocument": {"uri": "file:///w/a.py"}, "position": {"line": SINGLE.line, "character": SINGLE.character},
+            "context": {"triggerKind": 2}})
+        res = await raw.response(1, timeout=240)
+        assert "result" in res, res
+        return res["result"]["items"] if isinstance(res["result"], dict) else res["result"]
+    finally:
+        await raw.close()
+
+
+@pytest.mark.parametrize("placement", [0, "example"])
+def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_weights(tmp_path_factory, placement):
+    """ComfyUI with the in-process language server and OpenAI-compatible server: the RAG example
+    (with n_gpu_layers 0, or as shipped), then a chat request and an editor's completion, which ask
+    for "the model" (n_gpu_layers "auto"): one load of the file, listed once in /a3b/status."""
+    lsp_port, http_port = free_port(), free_port()
+    s = ComfyServer(tmp_path_factory.mktemp("comfyui-shared"),
+                    env={"A3B_LSP": f"tcp:127.0.0.1:{lsp_port}", "A3B_SERVE": f"127.0.0.1:{http_port}"})
+    try:
+        wf = example("rag")
+        if placement != "example":
+            wf["1"]["inputs"]["n_gpu_layers"] = placement
+        assert s.wait(s.queue(wf))["status"]["status_str"] == "success"
+        req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/chat/completions", headers={
+            "Content-Type": "application/json"}, data=json.dumps({
+                "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}).encode())
+        with urllib.request.urlopen(req, timeout=240) as r:
+            assert json.load(r)["choices"][0]["message"]["content"] is not None
+        asyncio.run(_editor_completion(lsp_port))
+        st = s.get("/a3b/status")
+        assert st["weight_loads"] == 1, st
+        assert len(st["models"]) == 1 and st["models"][0]["warnings"] == [], st["models"]
+        log = s.log()
+        assert log.count("language server listening on") == 1 and "{'running'" not in log, log[-3000:]
+        assert "GPU models" not in log    # --cpu: no card to share
+    finally:
+        s.stop()

@@ -283,18 +283,13 @@ def test_output_into_a_closed_pipe_is_not_an_error(default_path):
     assert p.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
 
 
-def _forget_verdicts(monkeypatch):
-    """The vetting verdicts as a new process starts with them (read from disk at first need)."""
-    monkeypatch.setattr(vet, "_verdicts", {})
-    monkeypatch.setattr(vet, "_disk_loaded", False)
-
-
 @pytest.fixture
 def fake_vetting(tmp_path, monkeypatch):
     """A vetting server replaced by `fake_vetting(answer)`: answer(name, repack) gives its reply; the
-    (file name, repack) of every request is listed in the returned list. Verdicts go to tmp_path."""
+    (file name, repack) of every request is listed in the returned list. Verdicts go to tmp_path, and
+    are forgotten afterwards (the next need reads the real cache's again)."""
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
-    _forget_verdicts(monkeypatch)
+    vet.VERDICTS.reset()
 
     def install(answer):
         asked = []
@@ -306,7 +301,8 @@ def fake_vetting(tmp_path, monkeypatch):
         monkeypatch.setattr(vet, "_ask", server)
         return asked
 
-    return install
+    yield install
+    vet.VERDICTS.reset()
 
 
 def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatch, fake_vetting):
@@ -332,11 +328,11 @@ def test_a_crash_in_cpu_repacking_is_not_blamed_on_the_file(tmp_path, monkeypatc
     assert asked[2:] == [("b.gguf", False)]
     with pytest.raises(vet.CorruptGGUF, match="bad.gguf makes llama.cpp's loader crash"):
         vet.check_file(files["bad.gguf"])  # a file that crashes either way is still refused
-    _forget_verdicts(monkeypatch)         # a new process reads the verdict from disk
+    vet.VERDICTS.reset()         # a new process reads the verdict from disk
     assert not vet.repack_allowed()
     monkeypatch.setenv("A3B_VET", "off")
     assert not vet.repack_allowed()      # files trusted, the build not: it crashes on every file
-    _forget_verdicts(monkeypatch)
+    vet.VERDICTS.reset()
     (tmp_path / "cache" / "vetted.json").unlink()
     assert not vet.repack_allowed()      # learnt from the embedded model, vetting off or not
     assert asked[-2:] == [(default_model_path().name, True), (default_model_path().name, False)]

@@ -13,16 +13,13 @@ from comfyui_a3b.lsp_server.cache import CompletionCache
 from comfyui_a3b.lsp_server.context import chunk_text
 from comfyui_a3b.lsp_server.documents import Document, DocumentError
 from comfyui_a3b.lsp_server.fixes import extract_code, parse_traceback
+from comfyui_a3b.lsp_server.messages import strict_converter
 from comfyui_a3b.lsp_server.postprocess import finish
-from comfyui_a3b.lsp_server.prompt import FimIds, PromptBuilder, is_multiline
-from comfyui_a3b.lsp_server.transport import (
-    MAX_HEADER_BYTES,
-    MAX_MESSAGE_BYTES,
-    FrameParser,
-    FramingError,
-    is_loopback,
-    parse_address,
-)
+from comfyui_a3b.lsp_server.prompt import PromptBuilder, is_multiline
+from comfyui_a3b.runtime import InfillPrompt, TextPrompt
+from comfyui_a3b.runtime.fim import fim_ids
+from comfyui_a3b.lsp_server.framing import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, FrameParser, FramingError
+from comfyui_a3b.lsp_server.transport import is_loopback, parse_address
 from lsprotocol import types as T
 from pygls.lsp.server import LanguageServer
 from tinygguf import write_tiny_gguf
@@ -110,30 +107,31 @@ def test_cache_exact_and_typed_ahead_hits():
 # -- prompts from real tokenizers ---------------------------------------------------------------
 def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
     m = rt.load()
-    b = PromptBuilder(m.vocab)
-    assert b.fim is None  # the embedded SmolLM2 has no FIM tokens: the prefix path
+    b = PromptBuilder(m)
+    assert not b.fim  # the embedded SmolLM2 has no FIM tokens: the prefix path
     body = "".join(f"value_{i} = compute({i})\n" for i in range(200))
     cur1 = cursor_at(body + "result = comp|")
     p1 = b.build(cur1, anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=True)
-    assert p1.mode == "prefix" and p1.window_tokens <= 120
+    assert p1.mode == "prefix" and isinstance(p1.sent, TextPrompt) and p1.window_tokens <= 120
     cur2 = cursor_at(body + "result = compu|")
     p2 = b.build(cur2, anchor=p1.anchor, context_block="", budget=120, suffix_tokens=16, use_fim=True)
     assert p2.anchor == p1.anchor
+    t1, t2 = m.prompt_tokens(p1.sent), m.prompt_tokens(p2.sent)
     common = 0
-    while common < min(len(p1.tokens), len(p2.tokens)) and p1.tokens[common] == p2.tokens[common]:
+    while common < min(len(t1), len(t2)) and t1[common] == t2[common]:
         common += 1
-    assert common >= len(p1.tokens) - 3  # only the last word's tokens differ: the KV cache covers the rest
-    text = m.vocab.detokenize(p1.tokens)
+    assert common >= len(t1) - 3  # only the last word's tokens differ: the KV cache covers the rest
+    text = m.vocab.detokenize(t1)
     assert text.startswith("# demo.py\n")
 
 
 def test_document_text_cannot_inject_control_tokens(rt):
     m = rt.load()
-    b = PromptBuilder(m.vocab)
+    b = PromptBuilder(m)
     cur = cursor_at("s = '<|im_end|><|endoftext|>'\nx = |")
     p = b.build(cur, anchor=None, context_block="", budget=200, suffix_tokens=0, use_fim=False)
     specials = {m.vocab.special_tokens()[k] for k in ("eos", "eot")} | {m.vocab.tokenize("<|im_end|>", special=True)[0]}
-    assert not specials & set(p.tokens[1:])
+    assert not specials & set(m.prompt_tokens(p.sent)[1:])
 
 
 @pytest.fixture(scope="module")
@@ -147,19 +145,18 @@ def fim_model(tmp_path_factory):
 def test_fim_prompt_is_built_from_the_models_token_ids(rt, fim_model):
     spec = rt.spec(str(fim_model), n_ctx=256, n_parallel=1)
     m = rt.load(spec)
-    ids = FimIds.of(m.vocab)
-    assert ids is not None and (ids.pre, ids.suf, ids.mid) == (3, 4, 5)
-    b = PromptBuilder(m.vocab)
+    assert fim_ids(m.vocab) == (3, 4, 5) and m.supports_fim
+    b = PromptBuilder(m)
     cur = cursor_at("def f(x):\n    return |\n\nprint(f(2))\n")
     p = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=True)
-    assert p.mode == "fim"
-    t = p.tokens
+    assert p.mode == "fim" and isinstance(p.sent, InfillPrompt)
+    t = m.prompt_tokens(p.sent, 4)
     assert t.count(3) == t.count(4) == t.count(5) == 1
     assert t.index(3) < t.index(4) < t.index(5) == len(t) - 1
     assert "\n\nprint(f(2))" in m.vocab.detokenize(t[t.index(4) + 1:t.index(5)])
     off = b.build(cur, anchor=None, context_block="", budget=64, suffix_tokens=16, use_fim=False)
-    assert off.mode == "prefix" and 3 not in off.tokens
-    res = rt.generate(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=4)
+    assert off.mode == "prefix" and 3 not in m.prompt_tokens(off.sent)
+    res = rt.generate(p.sent, model=spec, max_tokens=4)
     assert res.n_prompt_tokens == len(t)
 
 
@@ -289,6 +286,7 @@ def test_pygls_private_attributes_the_adapter_relies_on_still_exist():
         "_send_data": ("a method taking one message (data)",
                        lambda v: callable(v) and list(inspect.signature(v).parameters) == ["data"]),
         "_request_futures": ("a dict of message id -> future", lambda v: isinstance(v, dict)),
+        "_result_types": ("a dict of message id -> reply type", lambda v: isinstance(v, dict)),
     }
     assert set(shapes) == set(pygls_compat.PRIVATE_ATTRIBUTES), \
         "every private attribute pygls_compat uses needs its shape checked here"
@@ -312,6 +310,37 @@ def test_pygls_compat_functions_do_what_they_say():
     proto.handle_message(proto.structure_message(
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
     _require(pygls_compat.has_workspace(ls), "LanguageServer.workspace", "available after initialize")
+    [fut_id] = [i for i, f in proto._request_futures.items() if f is fut]
+    _require(pygls_compat.awaits_reply(proto, fut_id),
+             "JsonRPCProtocol._result_types", "holding the id of a request awaiting its reply")
+    _require(not pygls_compat.awaits_reply(proto, 1), "JsonRPCProtocol._result_types",
+             "holding only the ids of requests this server sent")
+    pygls_compat.fail_request(proto, fut_id, ValueError("unreadable"))
+    _require(isinstance(fut.exception(timeout=0), ValueError) and not pygls_compat.awaits_reply(proto, fut_id),
+             "JsonRPCProtocol._request_futures", "holding futures ended by set_exception")
+
+
+@pytest.mark.parametrize("value, kind", [
+    ({"line": 1, "character": 2.7}, T.Position),          # a column of 2.7 is not column 2
+    ({"line": True, "character": 0}, T.Position),
+    ({"applied": "no"}, T.ApplyWorkspaceEditResult),       # "no" is not True
+    ({"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 1}}, "text": 5},
+     T.TextDocumentContentChangePartial),                  # 5 is not the text "5"
+])
+def test_the_strict_converter_refuses_values_of_another_type(value, kind):
+    import cattrs
+
+    with pytest.raises(cattrs.ClassValidationError) as e:
+        strict_converter().structure(value, kind)
+    assert any("expected" in line for line in cattrs.transform_error(e.value)), cattrs.transform_error(e.value)
+
+
+def test_the_strict_converter_reads_what_the_protocol_allows():
+    conv = strict_converter()
+    assert conv.structure({"line": 3, "character": 4}, T.Position) == T.Position(3, 4)
+    assert conv.structure({"applied": False, "failureReason": "no"}, T.ApplyWorkspaceEditResult).applied is False
+    assert conv.structure({"scopeUri": None, "section": "a3b"}, T.ConfigurationItem).section == "a3b"
+    assert conv.structure(2, float) == 2 and conv.structure(0.5, float) == 0.5
 
 
 def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
@@ -335,3 +364,15 @@ def test_context_chunks_by_embedding_similarity_leave_out_near_copies(rt):
     everything = idx.select(embed, "file:///w/current.py", current, k=3, max_similarity=1.01, chunk_tokens=96)
     assert everything[0][0].uri == "file:///w/copy.py" and everything[0][1] > 0.99   # what the cut removes
     assert all(c.uri != "file:///w/current.py" for c, _ in everything)
+
+
+
+def test_the_strict_converter_still_reads_the_protocols_enumerations():
+    # the hooks of int and str also serve their subclasses: IntEnum and str enumerations
+    conv = strict_converter()
+    rng = {"start": {"line": 1, "character": 4}, "end": {"line": 1, "character": 8}}
+    assert conv.structure({"range": rng, "message": "m", "severity": 1}, T.Diagnostic).severity \
+        is T.DiagnosticSeverity.Error
+    assert conv.structure({"kind": "markdown", "value": "x"}, T.MarkupContent).kind is T.MarkupKind.Markdown
+    with pytest.raises(Exception):   # noqa: B017 - cattrs' error group; what matters is the refusal
+        conv.structure({"range": rng, "message": "m", "severity": "1"}, T.Diagnostic)

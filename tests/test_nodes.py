@@ -80,7 +80,12 @@ def test_generate_schema_matches_the_issue():
     assert it["optional"]["context"][1]["forceInput"] is True
     assert it["hidden"] == {"unique_id": "UNIQUE_ID"}
     cls = NODE_CLASS_MAPPINGS["A3BGenerate"]
-    assert cls.RETURN_TYPES == ("STRING", "STRING") and cls.OUTPUT_NODE is True
+    # the reasoning output comes last: saved workflows keep their links to text and spans
+    assert cls.RETURN_TYPES == ("STRING", "STRING", "STRING") and cls.OUTPUT_NODE is True
+    assert cls.RETURN_NAMES[2] == "reasoning"
+    opt = it["optional"]
+    assert opt["thinking"][0] == ["auto", "on", "off"] and opt["thinking"][1]["default"] == "auto"
+    assert opt["reasoning_budget"][1]["default"] == -1 and opt["json_schema"][1]["multiline"] is True
     assert cls.FUNCTION == "run" and not hasattr(cls, "IS_CHANGED")  # cached on its inputs
 
 
@@ -142,8 +147,9 @@ def test_generate_context_system_stop_and_spans(real_handle):
     cut = generate(handle, "List five fruits.", max_new_tokens=24, temperature=0.0,
                    stop=f"nothing-like-this\n{stop}")["result"][0]
     assert cut == free[:free.index(stop)]
-    text, spans = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
-                           confidence_aware=True, confidence_threshold=0.5)["result"]
+    text, spans, reasoning = generate(handle, "Invent a word and define it.", max_new_tokens=32, temperature=1.3,
+                                      confidence_aware=True, confidence_threshold=0.5)["result"]
+    assert reasoning == ""   # the embedded model does not think
     spans = json.loads(spans)
     assert spans and all({"start", "end", "text", "mean_entropy"} <= set(s) for s in spans)
     assert "requires verification" in text  # marked in the text
@@ -437,10 +443,35 @@ def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(
     assert defs.LOADER.defaults()["recover_steps"] == -1
     seen = []
     monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
-    monkeypatch.setattr(core, "_variants", {})
+    core.VARIANTS.reset()
     src = tmp_path / "m.gguf"
     src.write_bytes(b"GGUF")
     core.pruned_variant(src, 0.5, None, -1)
     core.pruned_variant(src, 0.5, None, 40)
     core.pruned_variant(src, 1.0, None, -1, 1.0, 0.5)   # expert pruning is one-shot
     assert [kw["recover_steps"] for kw in seen] == [None, 40, 0]
+
+
+def test_a_missing_model_names_the_default_as_the_dropdown_shows_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("A3B_MODELS", str(tmp_path))
+    with pytest.raises(ModelNotFound) as e:
+        node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "model": "nope.gguf"})
+    assert f"{core.DEFAULT_CHOICE!r}" in str(e.value) and core.DEFAULT_CHOICE in core.model_choices()
+    assert "'default'" not in str(e.value)
+
+
+def test_the_in_process_language_server_start_is_one_line_with_its_address(monkeypatch, caplog):
+    import logging
+
+    from comfyui_a3b.lsp_server import inprocess
+
+    monkeypatch.setenv("A3B_LSP", "tcp:127.0.0.1:0")
+    try:
+        with caplog.at_level(logging.INFO, logger="a3b"):
+            comfyui_a3b._start_language_server()
+        address = inprocess.status()["address"]
+    finally:
+        inprocess.stop()
+    said = [r.getMessage() for r in caplog.records if "language server" in r.getMessage()]
+    assert said == [f"[comfyui-a3b] language server listening on {address}"], said
+

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ConfidenceConfig, InvalidRequest,
+from comfyui_a3b.runtime import (PRIORITY_INTERACTIVE, Cancelled, ChatPrompt, ConfidenceConfig, InvalidRequest,
                                  ModelLoadFailed, ModelUnloaded, PromptTooLong, Runtime, preset)
 
 GREEDY = preset("greedy")
@@ -51,10 +51,20 @@ def test_eos_ends_with_stop_and_stop_strings_are_never_streamed(rt):
 
 def test_chat_prompt_uses_the_models_template(rt):
     m = rt.load("fake://m")
-    text = rt.render_chat(m, [{"role": "user", "content": "hi"}])
+    prompt = ChatPrompt([{"role": "user", "content": "hi"}])
+    text = m.render_chat(prompt)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    toks = rt.chat_tokens([{"role": "user", "content": "hi"}], model="fake://m")
+    toks = m.prompt_tokens(prompt)
     assert toks[0] == m.vocab.bos and len(toks) == 1 + len(text.encode())
+    assert rt.count_tokens(prompt, model="fake://m") == len(toks)
+    # template variables are rendered into the model's own template; a named template takes none
+    noted = ChatPrompt(prompt.messages, variables={"note": "N1"})
+    assert m.render_chat(noted) == text + "N1"
+    assert rt.generate(noted, model="fake://m", max_tokens=2).n_prompt_tokens == len(toks) + 2
+    with pytest.raises(InvalidRequest, match="named template"):
+        rt.generate(ChatPrompt(prompt.messages, template="chatml", variables={"note": "N1"}), model="fake://m")
+    with pytest.raises(InvalidRequest, match="set by the runtime"):
+        rt.generate(ChatPrompt(prompt.messages, variables={"messages": []}), model="fake://m")
 
 
 def test_same_seed_same_text_and_seeds_differ(rt):
@@ -224,8 +234,9 @@ def test_cancelled_embedding_stops_between_packs(rt):
 
 def test_a_failed_decode_fails_its_requests_and_the_model_survives(rt):
     spec = rt.spec("fake://m?fail_decode=1")
-    with pytest.raises(ModelLoadFailed, match="fake decode failure"):
+    with pytest.raises(ModelLoadFailed, match="fake decode failure") as e:
         rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    assert e.value.partial.finish_reason == "error" and e.value.partial.n_tokens == 0   # as every error carries
     assert rt.generate("x", model=spec, chat=False, max_tokens=3, sampling=GREEDY).text == "The"
 
 
@@ -246,7 +257,7 @@ def test_bad_requests_get_clear_errors(rt):
         rt.generate("x" * 40, model=spec, chat=False)
     with pytest.raises(InvalidRequest, match="prompt is empty"):
         rt.generate("   ", model=spec)
-    with pytest.raises(InvalidRequest, match="temperature must be a finite number"):
+    with pytest.raises(InvalidRequest, match=r"temperature must be in \[0, 2\], got nan"):
         rt.generate("x", model=spec, sampling=preset("default", temperature=float("nan")))
     with pytest.raises(InvalidRequest, match="Token ids outside the vocabulary"):
         rt.generate(model=spec, prompt_tokens=[1, 99999], chat=False)
@@ -254,6 +265,12 @@ def test_bad_requests_get_clear_errors(rt):
         rt.embed(["ok", 3], model=spec)        # type: ignore[list-item]
     with pytest.raises(PromptTooLong, match="embeddings take at most"):
         rt.embed(["y" * 300], model=spec)
+    from comfyui_a3b.runtime.generation import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_STOP_CHARS} in all"):
+        rt.generate("x", model=spec, chat=False, stop=["q" * MAX_STOP_CHARS, "q"])
+    with pytest.raises(InvalidRequest, match=f"At most {MAX_STOP_STRINGS} stop strings"):
+        rt.generate("x", model=spec, chat=False, stop=[str(i) for i in range(MAX_STOP_STRINGS + 1)])
 
 
 def test_memory_budget_evicts_the_least_recently_used_idle_model(fake_engine):
@@ -272,3 +289,117 @@ def test_status_reports_engine_neutral_model_facts(rt):
     st = rt.status()
     [m] = [m for m in st["models"] if m["name"] == "status"]
     assert m["engine"] == "fake" and m["architecture"] == "fake" and m["stats"]["generated_tokens"] == 2
+
+
+def test_the_engine_seam_imports_no_engine_and_takes_only_engines():
+    """engine.py names no engine (the runtime package sets the default one), so no import of it can
+    come back to it; an object that is not an Engine is refused where it is registered."""
+    import ast
+    import inspect
+
+    from comfyui_a3b.runtime import engine
+    from comfyui_a3b.runtime.llama import local_engine
+
+    tree = ast.parse(inspect.getsource(engine))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert not imported & {"llama", "remote", "worker", "store", "core"}, imported
+    assert engine.engine_for("/some/model.gguf") is local_engine.ENGINE
+    with pytest.raises(TypeError, match="subclass runtime.engine.Engine"):
+        engine.register_engine("nope", object())
+
+
+# -- stop strings ----------------------------------------------------------------------------------------
+def _reference_assembler(stops: tuple[str, ...], pieces: list[str]) -> tuple[list[str], str, bool]:
+    """Stop handling as a direct search writes it (quadratic, for short inputs): every stop string
+    searched in the whole text, every prefix of every stop string tried as the held-back tail."""
+    text, released, out = "", 0, []
+    for p in pieces:
+        text += p
+        hits = [i for i in (text.find(s, max(0, released - len(s))) for s in stops) if i >= 0]
+        if hits:
+            text = text[:min(hits)]
+            out.append(text[released:])
+            return out, text, True
+        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        upto = max(released, len(text) - hold)
+        out.append(text[released:upto])
+        released = upto
+    return out, text, False
+
+
+def test_stop_strings_match_a_direct_search_on_random_text():
+    import random
+
+    from comfyui_a3b.runtime.generation import TextAssembler
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        alphabet = "ab" if rng.random() < 0.5 else "abc"
+        stops = tuple("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7)))
+                      for _ in range(rng.randint(1, 4)))
+        pieces = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 12))]
+        want, want_text, want_stopped = _reference_assembler(stops, pieces)
+        asm = TextAssembler(stops, NO_CONF)
+        got = []
+        for p in pieces:
+            got.append(asm.add(p.encode(), None))
+            if asm.stopped:
+                break
+        assert (got, asm.text, asm.stopped) == (want, want_text, want_stopped), (stops, pieces)
+
+
+def test_text_given_after_a_stop_string_is_dropped():
+    """A thinking model's answer assembler gets the splitter's held-back text after a stop string
+    ended the answer: it is dropped, and the matcher is not advanced past its match."""
+    from comfyui_a3b.runtime.generation import TextAssembler
+
+    asm = TextAssembler(("STOP",), NO_CONF)
+    assert asm.add_text("abST", 1.0) == "ab" and asm.add_text("OPcd", 1.0) == "" and asm.stopped
+    assert asm.add_text("more", None) == "" and asm.add_text("", 0.5) == "" and asm.flush() == ""
+    assert asm.text == "ab" and asm.final_text() == ("ab", [])
+
+
+_LINEAR_STOP_SCRIPT = """
+import time
+from comfyui_a3b.runtime.generation import MAX_STOP_CHARS, ConfidenceConfig, TextAssembler
+
+conf = ConfidenceConfig(enabled=False)
+
+def run(stops, piece, n):
+    asm = TextAssembler(stops, conf)
+    t0 = time.perf_counter()
+    released = "".join(asm.add(piece, None) for _ in range(n))
+    return time.perf_counter() - t0, asm, released
+
+n = 20000
+base, _, _ = run(("qx",), b"qqqq", n)
+worst = 0.0
+for stop in ("q" * MAX_STOP_CHARS, "q" * (MAX_STOP_CHARS - 1) + "x", "qx" * (MAX_STOP_CHARS // 2)):
+    dt, asm, released = run((stop,), b"qqqq", n)
+    assert not asm.stopped and released + asm.flush() == "q" * 4 * n, stop[:4]
+    assert len(released) == (4 * n - 1 if stop.startswith("qx") else 0)   # the rest is held back
+    worst = max(worst, dt)
+# a stop string at the bound, matched in full: the whole failure table is built once
+t0 = time.perf_counter()
+dt, asm, released = run(("q" * MAX_STOP_CHARS,), b"qqqq", MAX_STOP_CHARS // 4)
+assert asm.stopped and asm.text == "" and released == ""
+print(f"{base:.3f} {worst:.3f} {dt:.3f}")
+"""
+
+
+def test_a_stop_string_at_the_bound_costs_time_linear_in_the_text():
+    """A 1 MiB stop string (the bound) makes a token cost what a short one does: the text is not
+    searched again per token and no prefix of the stop string is copied (that took minutes per token)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _LINEAR_STOP_SCRIPT], capture_output=True, text=True, timeout=180,
+                       env=os.environ.copy())
+    assert r.returncode == 0, r.stderr[-2000:]
+    base, worst, full = map(float, r.stdout.split())
+    # 20,000 tokens with a 2-character stop string take ~0.05 s; the same with a 1 MiB one must
+    # stay within a small factor (an amortised constant per character); matching all 1 MiB (13 times
+    # as many tokens) too.
+    assert worst < 10 * base + 1.0, (base, worst)
+    assert full < 30 * base + 1.0, (base, full)

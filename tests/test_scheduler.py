@@ -221,7 +221,7 @@ def test_while_editors_are_active_lower_priority_prompts_are_read_in_small_chunk
     assert not p.editors_active() and p.next_step().entries[0].count == 256
 
 
-def test_a_starving_batch_job_is_promoted_and_then_decodes_beside_editors():
+def test_a_starving_batch_job_is_promoted_but_a_new_editor_request_still_goes_first():
     now = [0.0]
     p = Policy(n_slots=1, batch_tokens=64, promote_after_s=10.0, clock=lambda: now[0])
     editor = job([1, 2], PRIORITY_INTERACTIVE)
@@ -236,22 +236,134 @@ def test_a_starving_batch_job_is_promoted_and_then_decodes_beside_editors():
     p.admit()
     assert workflow.priority == PRIORITY_INTERACTIVE and workflow.base_priority == PRIORITY_BATCH
     assert p.promotions == 1
-    p.release(editor)                         # the editor request ends: the workflow is next in line
-    p.submit(job([5, 6], PRIORITY_INTERACTIVE))
-    adm = p.admit()
-    assert adm.first_placed[0] is workflow   # older than the new editor request, same priority now
+    p.release(editor)                         # the editor request ends, another one comes
+    nxt = job([5, 6], PRIORITY_INTERACTIVE)
+    p.submit(nxt)
+    assert p.admit().first_placed == [nxt]    # the editor never waits for the workflow's whole run
+    p.release(nxt)
+    assert p.admit().first_placed == [workflow]
+    # a new editor request takes the slot back at once: a promoted job is preempted like any batch job
+    p.submit(job([7, 8], PRIORITY_INTERACTIVE))
+    assert p.admit().preempted == [workflow]
 
 
-def test_a_paused_batch_job_is_promoted_after_waiting_for_a_step():
+def test_a_paused_batch_job_is_promoted_and_then_decodes_beside_editors():
     now = [0.0]
     p = Policy(n_slots=2, batch_tokens=64, promote_after_s=10.0, clock=lambda: now[0])
     workflow = job([3, 4])
     p.submit(workflow)
     p.admit()
+    decode_all(p, p.next_step())              # the workflow is decoding
     editor = job([1, 2], PRIORITY_INTERACTIVE)
     p.submit(editor)
     p.admit()
     assert [e.job for e in p.next_step().entries] == [editor]   # the workflow pauses
     now[0] += 11
     p.admit()
-    assert {e.job for e in p.next_step().entries} == {editor, workflow}
+    step = p.next_step()
+    assert {(e.job, e.count) for e in step.entries} == {(editor, 2), (workflow, 1)}   # one token beside it
+
+
+def run_steps(p: Policy, n: int) -> list:
+    """Take n steps as the worker does; the kinds and jobs of each."""
+    out = []
+    for _ in range(n):
+        p.admit()
+        step = p.next_step()
+        if step is None:
+            out.append(None)
+        elif isinstance(step, EmbedStep):
+            p.embedded(step)
+            out.append(("embed", step.job))
+        else:
+            decode_all(p, step)
+            out.append(("decode", [(e.job, e.count) for e in step.entries]))
+    return out
+
+
+def batch_units(steps: list, editor_jobs) -> int:
+    """Steps that spent time on batch work: embedding packs, prompt chunks of batch jobs."""
+    n = 0
+    for s in steps:
+        if s is None:
+            continue
+        if s[0] == "embed":
+            n += not any(s[1] is j for j in editor_jobs)
+        else:
+            n += any(j not in editor_jobs and c > 1 for j, c in s[1])
+    return n
+
+
+def test_a_queued_interactive_request_holds_back_batch_embeddings():
+    p = Policy(n_slots=1, batch_tokens=8, embed_pack_tokens=2, embed_pack_texts=1)
+    p.submit_embed(EmbedJob([[1]] * 5, "mean"))
+    editor = job([1, 2, 3], PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    # queued, not placed yet: it counts as much as a running request
+    assert not isinstance(p.next_step(), EmbedStep)
+    p.admit()
+    step = p.next_step()
+    assert isinstance(step, DecodeStep) and step.entries[0].job is editor
+
+
+def test_promoted_embeddings_cost_an_editor_request_one_pack_at_most():
+    now = [0.0]
+    p = Policy(n_slots=2, batch_tokens=64, embed_pack_tokens=2, embed_pack_texts=1, promote_after_s=10.0,
+               clock=lambda: now[0])
+    indexing = [EmbedJob([[1]] * 50, "mean"), EmbedJob([[2]] * 50, "mean")]
+    for e in indexing:
+        p.submit_embed(e)
+    now[0] += 11                               # both waited past promote_after_s
+    editor = job(range(100, 110), PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    p.admit()
+    assert all(e.priority == PRIORITY_INTERACTIVE for e in indexing)   # promoted
+    steps = []
+    for _ in range(30):                        # the editor request's prompt, then 29 tokens
+        steps += run_steps(p, 1)
+        if editor.slot is not None and len(editor.seq) - len(editor.prompt_tokens) >= 20:
+            break
+    assert batch_units(steps, {editor}) <= 1, steps
+    p.release(editor)
+    # with no editor around, the indexing goes on
+    assert all(s[0] == "embed" for s in run_steps(p, 3))
+
+
+def test_a_promoted_prompt_is_read_one_small_chunk_per_editor_request():
+    now = [0.0]
+    p = Policy(n_slots=2, batch_tokens=256, yield_tokens=16, promote_after_s=10.0, clock=lambda: now[0])
+    prewarm = job(range(1000, 1400))           # a long batch prompt, waiting behind the editors
+    editor = job(range(10, 20), PRIORITY_INTERACTIVE)
+    p.submit(editor)
+    p.admit()
+    p.submit(prewarm)
+    p.admit()
+    now[0] += 11
+    steps = run_steps(p, 12)
+    assert prewarm.priority == PRIORITY_INTERACTIVE   # promoted
+    chunks = [c for s in steps for j, c in s[1] if j is prewarm]
+    assert chunks == [16]                      # one small chunk for this editor request, not 256 a step
+    p.release(editor)
+    nxt = job(range(30, 40), PRIORITY_INTERACTIVE)   # the next editor request lets it go on once more
+    p.submit(nxt)
+    steps = run_steps(p, 6)
+    assert [c for s in steps for j, c in s[1] if j is prewarm] == [16]
+
+
+def test_an_editor_request_arriving_during_a_batch_pack_gets_no_second_one():
+    now = [0.0]
+    p = Policy(n_slots=2, batch_tokens=64, embed_pack_tokens=2, embed_pack_texts=1, promote_after_s=10.0,
+               clock=lambda: now[0])
+    indexing = EmbedJob([[1]] * 50, "mean")
+    p.submit_embed(indexing)
+    p.admit()
+    step = p.next_step()                       # a pack is in flight...
+    assert isinstance(step, EmbedStep)
+    editor = job(range(100, 110), PRIORITY_INTERACTIVE)
+    p.submit(editor)                           # ...when the editor request arrives: that is its wait
+    p.embedded(step)
+    now[0] += 11                               # the indexing is promoted meanwhile
+    steps = run_steps(p, 10)
+    assert indexing.priority == PRIORITY_INTERACTIVE and batch_units(steps, {editor}) == 0, steps
+
+

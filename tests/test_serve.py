@@ -15,30 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-TOKEN = "s3cret-token"
-MODEL = "fake://serve?fim=1&delay_ms=3"
-TEXT = "The quick brown fox jumps over the lazy dog. "
-
-
-@pytest.fixture(scope="module")
-def server(fake_engine):
-    from comfyui_a3b.runtime import get_runtime
-    from comfyui_a3b.serve import Server
-
-    rt = get_runtime()
-    srv = Server(rt.spec(MODEL, n_parallel=4, n_ctx=512), "127.0.0.1", 0, token=TOKEN,
-                 origins=("http://allowed.test",), name="fakemodel").start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture()
-def client(server):
-    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", headers={"Authorization": f"Bearer {TOKEN}"},
-                      timeout=20, trust_env=False) as c:
-        yield c
+from serve_helpers import MODEL, TEXT, TOKEN
 
 
 @pytest.fixture()
@@ -90,7 +67,6 @@ def test_non_loopback_needs_token(fake_engine):
     with pytest.raises(InvalidRequest, match="token"):
         Server(get_runtime().spec(MODEL), "0.0.0.0", 0)
 
-
 # -- the OpenAI endpoints ------------------------------------------------------------------------------
 def test_chat_and_completion(client):
     r = client.post("/v1/chat/completions", json={"model": "fakemodel", "messages": [{"role": "user", "content": "hi"}],
@@ -118,10 +94,24 @@ def test_chat_and_completion(client):
     assert chunks[-1]["usage"]["completion_tokens"] == 5
 
 
+def test_chat_template_kwargs_reach_the_template(client, fake_engine):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2,
+                                                  "chat_template_kwargs": {"note": "Z9q"}})
+    assert r.status_code == 200, r.text
+    from fakeengine import OFFSET
+
+    want = bytes(OFFSET + b for b in b"assistant\nZ9q")
+    assert any(want in bytes(t for t in kv if t < 256) for b in fake_engine.backends for kv in b.kv.values())
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "chat_template_kwargs": ["note"]})
+    assert r.status_code == 400 and "chat_template_kwargs" in r.json()["error"]["message"]
+
+
 def test_embeddings(client):
     r = client.post("/v1/embeddings", json={"input": ["alpha", "beta"], "model": "fakemodel"}).json()
     vecs = np.array([d["embedding"] for d in r["data"]])
     assert vecs.shape == (2, 32) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+    assert r["usage"] == {"prompt_tokens": 9, "total_tokens": 9}   # the fake vocabulary: a token per byte
     b = client.post("/v1/embeddings", json={"input": "alpha", "encoding_format": "base64"}).json()
     import base64
 
@@ -157,17 +147,17 @@ def test_infill_like_llama_vim(client, fake_engine):
     ({"messages": [{"role": "user", "content": "x " * 2000}]}, 400, "context_length_exceeded"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "invalid_request"),
     ([1, 2, 3], 400, "invalid_request"),
+    pytest.param("[" * 100_000 + "]" * 100_000, 400, "invalid_request", id="deeply-nested"),
 ])
 def test_bad_requests(client, body, status, code):
     kw = {"content": body} if isinstance(body, str) else {"content": json.dumps(body, allow_nan=True)}
     r = client.post("/v1/chat/completions", headers={"Content-Type": "application/json"}, **kw)
     assert r.status_code == status and r.json()["error"]["code"] == code, r.text
 
-
 def test_disconnect_cancels_between_tokens(server, client):
     from comfyui_a3b.runtime import get_runtime
 
-    model = get_runtime().loaded(server.cfg.spec)
+    model = get_runtime().load(server.cfg.spec)
     with client.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 500, "stream": True}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 4:
@@ -180,10 +170,9 @@ def test_disconnect_cancels_between_tokens(server, client):
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "temperature": 0})
     assert r.json()["choices"][0]["text"] == "The"
 
-
 # -- the remote engine against a3b serve -----------------------------------------------------------------
-def test_remote_round_trip(remote):
-    from comfyui_a3b.runtime import SamplingParams, get_runtime
+def test_remote_round_trip(remote, fake_engine):
+    from comfyui_a3b.runtime import ContextChunk, InfillPrompt, SamplingParams, get_runtime
 
     rt = get_runtime()
     m = rt.load(rt.spec(remote))
@@ -202,12 +191,16 @@ def test_remote_round_trip(remote):
     assert 3 <= len(got) < 50 and stream.cancelled
     vecs = rt.embed(["alpha", "beta"], model=remote)
     assert vecs.shape == (2, 32)
-    # a fill-in-the-middle prompt, built from the vocabulary's FIM ids as the language server builds one
-    st = m.vocab.special_tokens()
-    toks = [st["fim_pre"]] + m.vocab.tokenize("def f():\n") + [st["fim_suf"]] + m.vocab.tokenize("\n") + [st["fim_mid"]]
-    res = rt.submit(model=remote, chat=False, prompt_tokens=toks, max_tokens=4,
-                    sampling=SamplingParams(temperature=0)).result(20)
-    assert res.text == TEXT[:4]
+    # a fill-in-the-middle prompt reaches the server's /infill as its parts, and its model as FIM tokens
+    assert m.supports_fim
+    res = rt.submit(InfillPrompt("def remote_f():\n", "\n", chunks=[ContextChunk("u.py", "import os")]),
+                    model=remote, max_tokens=4, sampling=SamplingParams(temperature=0)).result(20)
+    assert res.text == TEXT[:4] and res.tokens is None and res.n_tokens == 4
+    from fakeengine import FIM_MID, FIM_PRE, FIM_SUF, OFFSET
+
+    want = [OFFSET + b for b in b"import os\ndef remote_f():\n"]
+    kvs = [kv for b in fake_engine.backends for kv in b.kv.values() if FIM_PRE in kv]
+    assert any(kv[kv.index(FIM_PRE) + 1:kv.index(FIM_SUF)] == want and FIM_MID in kv for kv in kvs)
 
 
 def test_remote_confidence_from_top_logprobs(remote):

@@ -11,7 +11,6 @@ Servers bind to 127.0.0.1 on free ports, start within a deadline and are stopped
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
@@ -19,7 +18,6 @@ import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
-from lsprotocol import types as T
 
 from comfyui_a3b.bench.bench_serve import stop, wait_ready
 from comfyui_a3b.bench.common import free_port, llama_cpp_server
@@ -60,12 +58,8 @@ def served(rt):
 
 
 @pytest.fixture()
-def remote_env(monkeypatch, rt):
+def remote_env(monkeypatch, remote_models_unloaded):
     monkeypatch.setenv("A3B_REMOTE_API_KEY", KEY)
-    yield
-    for e in rt.store.loaded():
-        if e.spec.path.startswith("http"):
-            rt.unload(e.spec)
 
 
 # -- a3b serve, driven by the openai client ----------------------------------------------------------------
@@ -207,31 +201,18 @@ def test_node_graph_over_a_remote_url(llama_server, rt, remote_env, monkeypatch)
 # -- the language server over a remote model ----------------------------------------------------------------
 @pytest_asyncio.fixture(loop_scope="function")
 async def lsp_client(llama_server):
-    from pytest_lsp import ClientServerConfig, client_capabilities
+    from lsp_helpers import remote_model_client
 
-    from lsp_helpers import SERVER
-
-    env = {**os.environ, "A3B_REMOTE_API_KEY": KEY}
-    c = await ClientServerConfig(server_command=SERVER + ["--stdio", "--model", llama_server],
-                                 server_env=env).start(devtools=None)
-    try:
-        await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
-                                                      initialization_options={"a3b": {"debounceMs": 0}}))
+    async with remote_model_client(llama_server, KEY) as c:
         yield c
-        await c.shutdown_session()
-    finally:
-        await c.stop()
 
 
 async def test_language_server_over_a_remote_model(lsp_client):
-    from lsp_helpers import SAMPLE, SINGLE, inline, open_doc, status
+    from lsp_helpers import inline_on_sample, status
 
-    uri = "file:///w/remote_demo.py"
-    open_doc(lsp_client, uri, SAMPLE)
-    items = await inline(lsp_client, uri, SINGLE)
+    items = await inline_on_sample(lsp_client, "file:///w/remote_demo.py")
     assert len(items) == 1 and items[0].strip(), items
-    st = await status(lsp_client)
-    assert st["model"] == "smol"
+    assert (await status(lsp_client))["model"] == "smol"
 
 
 def _greedy(seed: int | None = None):

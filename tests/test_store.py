@@ -117,3 +117,95 @@ def test_kv_cache_type_and_flash_attention_options(tiny_models):
                      max_tokens=6, sampling=_preset("greedy"))
     assert res.n_tokens >= 1
     r.unload()
+
+
+def test_the_placement_left_to_the_runtime_attaches_to_the_one_loaded(fake_engine):
+    """A workflow loads with n_gpu_layers 0; the server and an editor ask for "the model" (the default,
+    "auto"): one loaded model, not a second copy. And the other way round."""
+    r = Runtime()
+    try:
+        node = r.load("fake://m", n_gpu_layers=0)
+        assert r.load("fake://m") is node and r.loaded(r.spec("fake://m")) is node
+        assert r.store.weight_loads == 1 and r.store.context_creations == 1 and len(r.status()["models"]) == 1
+        other = r.load("fake://m", n_ctx=512)           # context options differ: one more context, same weights
+        assert other is not node and other.weights is node.weights and r.store.weight_loads == 1
+        r.unload()
+        editor = r.load("fake://m")                      # "auto" first (placed at 0 here), then a node asking for 0
+        assert r.load("fake://m", n_gpu_layers=0) is editor and r.store.weight_loads == 2   # (1 before the unload)
+        assert r.unload(r.spec("fake://m", n_gpu_layers=0)) == 1 and r.store.loaded() == []
+    finally:
+        r.unload()
+
+
+def test_two_placements_asked_for_explicitly_are_two_copies_and_the_status_says_why(fake_engine):
+    r = Runtime()
+    try:
+        cpu = r.load("fake://m", n_gpu_layers=0)
+        gpu = r.load("fake://m", n_gpu_layers=5)
+        assert gpu.weights is not cpu.weights and r.store.weight_loads == 2
+        models = r.status()["models"]
+        assert models[0]["warnings"] == []
+        assert "loaded twice, as asked" in models[1]["warnings"][0] and "n_gpu_layers 5" in models[1]["warnings"][0]
+        assert r.load("fake://m") is gpu                 # "auto": the copy used last
+    finally:
+        r.unload()
+
+
+def test_a_placement_auto_resolved_to_is_shared_with_a_spec_that_names_it(tiny_models):
+    """The llama.cpp engine: "auto" after an explicit 0 attaches to it, with or without a GPU."""
+    r = Runtime()
+    try:
+        a = r.load(tiny_models["llama"], n_ctx=128, n_parallel=1, n_gpu_layers=0)
+        assert r.load(tiny_models["llama"], n_ctx=128, n_parallel=1) is a
+        assert r.load(tiny_models["llama"], n_ctx=64, n_parallel=1).weights is a.weights
+        assert r.store.weight_loads == 1
+    finally:
+        r.unload()
+
+
+def test_a_file_replaced_on_disk_is_not_called_a_second_copy(tmp_path):
+    r = Runtime()
+    p = write_tiny_gguf(tmp_path / "m.gguf", "llama", seed=1)
+    try:
+        r.load(p, n_ctx=128, n_parallel=1)
+        write_tiny_gguf(tmp_path / "new.gguf", "llama", seed=2)
+        os.replace(tmp_path / "new.gguf", p)
+        st = p.stat()
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        r.load(p, n_ctx=64, n_parallel=1)        # the new file, under another spec: the old one is stale
+        assert r.store.weight_loads == 2 and all(e.warnings == [] for e in r.store.loaded())
+    finally:
+        r.unload()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", [0, "example"])
+def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_model(rt, placement):
+    """The shipped RAG workflow's loader (with n_gpu_layers 0, or as shipped: the node's default "auto"),
+    then a request as `a3b serve` and the language server make it (their default spec, "auto"): one
+    copy of the weights."""
+    import json
+    from pathlib import Path
+
+    from comfyui_a3b.lsp_server.config import Settings
+    from comfyui_a3b.nodes import core, defs
+
+    ui = json.loads((Path(__file__).parents[1] / "examples" / "rag.api.json").read_text())
+    w = next(n["inputs"] for n in ui.values() if n["class_type"] == "A3BLoader")
+    layers = w["n_gpu_layers"] if placement == "example" else placement
+    rt.unload()
+    loads = rt.store.weight_loads
+    handle = core.load_model(w["model"], n_ctx=w["n_ctx"], flash_attn=w["flash_attn"],
+                             n_gpu_layers="auto" if layers == defs.AUTO_GPU_LAYERS else layers,
+                             n_threads=w["threads"], kv_cache_type=w["kv_cache_type"], serve_as=w["serve_as"])
+    served = rt.spec(None)                                   # serve/inprocess.py without A3B_SERVE_MODEL
+    editor = rt.spec(None, n_ctx=Settings().n_ctx)           # lsp_server/session.py with no model setting
+    assert served.n_gpu_layers == editor.n_gpu_layers == "auto"
+    try:
+        rt.generate("Hi", model=served, max_tokens=2)
+        rt.generate("Hi", model=editor, max_tokens=2)
+        assert rt.load(served) is rt.load(editor) is rt.load(handle)
+        assert rt.store.weight_loads == loads + 1
+        assert [m["path"] for m in rt.status()["models"]].count(handle.path) == 1
+    finally:
+        rt.unload()

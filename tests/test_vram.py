@@ -42,12 +42,12 @@ def comfy(monkeypatch, fake_engine):
     for name, mod in (("comfy.model_management", mm), ("folder_paths", types.ModuleType("folder_paths")),
                       ("execution", execution)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(vram, "_installed", False)
-    monkeypatch.setattr(vram, "_managed", {})
+    vram.REGISTRY.reset()
     assert vram.install()
     yield mm, execution
     get_runtime().unload()
     get_runtime().store.remove_listener(vram._listener)
+    vram.REGISTRY.reset()
 
 
 def test_a_gpu_model_joins_comfyuis_list_and_leaves_it_when_unloaded(comfy):
@@ -103,8 +103,10 @@ def test_the_planner_offloads_what_fits_from_the_top_layer_down(tmp_path):
     args = dict(n_ctx=256, n_parallel=1, n_batch=64, kv_cache_type="f16")
     full = offload.plan(path, free_bytes=8 << 30, **args)
     assert full.n_gpu_layers == 5 and "whole model" in full.reason         # every layer and the output
-    kv = offload.kv_bytes_per_layer(offload.model_sizes(path)[2], 256, "f16")
-    reserve = offload.FIXED_RESERVE + 2 * 64 * 32000 * 4
+    dims = offload.model_sizes(path)[2]
+    kv = offload.kv_bytes_per_layer(dims, 256, "f16")
+    assert dims.n_vocab == 271                  # the logits reserve follows the file's vocabulary
+    reserve = offload.FIXED_RESERVE + 2 * 64 * dims.n_vocab * 4
     two = offload.plan(path, free_bytes=reserve + 2 * (layers[-1] + kv) + 10, **args)
     assert two.n_gpu_layers == 2 and "2/4 layers" in two.describe()
     none = offload.plan(path, free_bytes=reserve // 2, **args)
@@ -153,7 +155,7 @@ def test_more_gpu_layers_than_the_model_has_are_clamped_and_said():
 
 def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_path, monkeypatch):
     from comfyui_a3b.runtime import ModelLoadFailed, Runtime
-    from comfyui_a3b.runtime import llama as engine
+    from comfyui_a3b.runtime.llama import local_engine as engine
 
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", n_layer=4)
     args = dict(n_ctx=256, n_parallel=1, kv_cache_type="f16")
@@ -170,3 +172,33 @@ def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_p
     monkeypatch.setattr(engine, "total_memory", lambda: cpu + 1)
     rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
     rt.unload()
+
+
+@pytest.mark.parametrize("comfyui_cpu,llama_gpu,said",
+                         [(True, True, False), (False, False, False), (False, True, True)],
+                         ids=["comfyui --cpu", "no GPU for llama.cpp", "a card to share"])
+def test_the_gpu_models_line_only_where_there_is_a_card_to_share(monkeypatch, caplog, fake_engine, comfyui_cpu,
+                                                                 llama_gpu, said):
+    import enum
+    import logging
+
+    from comfyui_a3b.nodes import vram
+    from comfyui_a3b.runtime.core import Runtime
+
+    class CPUState(enum.Enum):   # as comfy.model_management declares it
+        GPU, CPU, MPS = 0, 1, 2
+
+    mm = types.ModuleType("comfy.model_management")
+    mm.current_loaded_models = []
+    mm.CPUState, mm.cpu_state = CPUState, CPUState.CPU if comfyui_cpu else CPUState.GPU
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+    monkeypatch.setitem(sys.modules, "folder_paths", types.ModuleType("folder_paths"))
+    monkeypatch.setattr(Runtime, "gpu_available", lambda self, model=None: llama_gpu)
+    vram.REGISTRY.reset()
+    try:
+        with caplog.at_level(logging.INFO, logger="a3b.vram"):
+            assert vram.install()
+    finally:
+        get_runtime().store.remove_listener(vram._listener)
+        vram.REGISTRY.reset()
+    assert any("GPU models" in r.getMessage() for r in caplog.records) == said, caplog.text

@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from test_comfyui_live import _free_port
+    from comfyui_a3b.bench.common import free_port
 
-    s = ComfyServer(tmp_path_factory.mktemp("comfyui-web"), env={"A3B_LSP": f"tcp:127.0.0.1:{_free_port()}"})
+    s = ComfyServer(tmp_path_factory.mktemp("comfyui-web"), env={"A3B_LSP": f"tcp:127.0.0.1:{free_port()}"})
     # a fresh user folder would greet the browser with the template picker over the canvas
     settings = s.workdir / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
@@ -102,6 +102,32 @@ def test_examples_load_in_the_editor_and_match_their_api_form(browser):
                 assert out[nid]["inputs"] == node["inputs"], (name, nid)
             else:  # core nodes may carry display-only widgets (PreviewAny's "preview")
                 assert {k: out[nid]["inputs"].get(k) for k in node["inputs"]} == node["inputs"], (name, nid)
+
+
+#: each node as the editor has laid it out after loading a workflow: its size, the size its widgets
+#: need (LiteGraph's computeSize), and its box on the canvas with the title bar
+LAYOUT = """
+  await app.loadGraphData(args[0]);
+  const T = LiteGraph.NODE_TITLE_HEIGHT;
+  return app.graph._nodes.map(n => ({id: n.id, type: n.type, size: [n.size[0], n.size[1]],
+    need: Array.from(n.computeSize()), box: [n.pos[0], n.pos[1] - T, n.pos[0] + n.size[0], n.pos[1] + n.size[1]]}));
+"""
+
+
+def test_examples_open_with_every_widget_shown_and_nothing_covered(browser, shots):
+    for name in ("rag", "comic_script"):
+        wf = json.loads((EXAMPLES / f"{name}.json").read_text())
+        nodes = run_async(browser, LAYOUT, wf)
+        assert "error" not in nodes, nodes
+        browser.save_screenshot(str(shots / f"example_{name}.png"))
+        saved = {n["id"]: n["size"] for n in wf["nodes"]}
+        for n in nodes:
+            assert n["size"] == saved[n["id"]], (name, n)          # opened as saved, not enlarged
+            assert n["size"][0] >= n["need"][0] and n["size"][1] >= n["need"][1], (name, n)
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1:]:
+                (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a["box"], b["box"]
+                assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, (name, a, b)
 
 
 def test_tokens_stream_into_the_node_and_status_panel(browser, server, shots):

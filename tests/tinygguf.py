@@ -219,3 +219,45 @@ def write_tiny_lora(path: str | Path, *, n_embd: int = 64, n_head: int = 4, rank
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+#: struct formats of GGUF's integer value types (gguf.GGUFValueType numbering)
+_INT_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+
+
+def numeric_fields(path: str | Path) -> dict[str, tuple[int, str]]:
+    """Where a GGUF keeps its integer header values: {name: (byte offset, struct format)}.
+
+    Names are the metadata keys with an integer scalar value, `tensor_count` and `kv_count`, and
+    `tensor:NAME:dim` for each dimension of each tensor (64-bit). Read with the `gguf` package."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path), "r")
+    out = {"tensor_count": (8, "<Q"), "kv_count": (16, "<Q")}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or len(f.types) != 1 or int(f.types[0]) not in _INT_FORMATS:
+            continue
+        out[name] = (f.offset + 8 + len(name.encode()) + 4, _INT_FORMATS[int(f.types[0])])
+    for t in r.tensors:
+        base = t.field.offset + 8 + len(t.name.encode()) + 4
+        for i in range(len(t.shape)):
+            out[f"tensor:{t.name}:{i}"] = (base + 8 * i, "<Q")
+    return out
+
+
+def patched_copy(src: str | Path, dst: str | Path, values: dict[str, int]) -> Path:
+    """A copy of `src` with integer header values replaced ({name as in numeric_fields: value}); a value
+    is wrapped to the field's width, as a writer with an overflow would store it."""
+    import struct
+
+    fields = numeric_fields(src)
+    data = bytearray(Path(src).read_bytes())
+    for name, value in values.items():
+        offset, fmt = fields[name]
+        bits = struct.calcsize(fmt) * 8
+        v = value % (1 << bits)
+        if fmt[1].islower() and v >= 1 << (bits - 1):   # signed: the same bits
+            v -= 1 << bits
+        struct.pack_into(fmt, data, offset, v)
+    Path(dst).write_bytes(data)
+    return Path(dst)

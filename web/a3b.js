@@ -1,13 +1,15 @@
 // comfyui-a3b frontend extension: streamed tokens in A3BGenerate nodes, and a runtime status panel.
 //
-// The backend sends "a3b.token" ({node, text, n, reset}) for every generated piece of text and
-// "a3b.done" when a generation ends; GET /a3b/status describes the shared runtime (loaded models,
+// The backend sends "a3b.token" ({node, text, n, reset}, or {node, reasoning, n} for a thinking
+// model's reasoning) for every generated piece of text and "a3b.done" when a generation ends; the
+// reasoning streams into a collapsed box of its own above the answer; GET /a3b/status describes the shared runtime (loaded models,
 // memory, the in-process language server).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { ComfyWidgets } from "../../scripts/widgets.js";
 
 const STREAM_WIDGET = "a3b_stream";
+const REASONING_WIDGET = "a3b_reasoning";
 const STATUS_POLL_MS = 3000;
 
 function streamWidget(node) {
@@ -32,6 +34,36 @@ function setStream(node, text) {
     w.inputEl.value = text;
     w.inputEl.scrollTop = w.inputEl.scrollHeight;
   }
+  node.setDirtyCanvas?.(true, false);
+}
+
+// The reasoning box's summary line: collapsed, it still says how much the model reasoned.
+export function reasoningSummary(text, done) {
+  const words = text.trim() ? text.trim().split(/\s+/).length : 0;
+  return `${done ? "Reasoning" : "Reasoning\u2026"} (${words} word${words === 1 ? "" : "s"})`;
+}
+
+function reasoningBox(node) {
+  if (node.__a3bReasoningBox) return node.__a3bReasoningBox;
+  if (typeof node.addDOMWidget !== "function") return null; // older frontends: the output socket only
+  const box = document.createElement("details");
+  box.className = "a3b-reasoning";
+  box.innerHTML = "<summary></summary><pre></pre>";
+  box.hidden = true;
+  const w = node.addDOMWidget(REASONING_WIDGET, "a3b-reasoning", box, { serialize: false, hideOnZoom: false });
+  if (w) w.serialize = false;
+  node.__a3bReasoningBox = box;
+  return box;
+}
+
+function setReasoning(node, text, done = false) {
+  const box = reasoningBox(node);
+  if (!box) return;
+  box.hidden = !text;
+  box.querySelector("summary").textContent = reasoningSummary(text, done);
+  const pre = box.querySelector("pre");
+  pre.textContent = text;
+  pre.scrollTop = pre.scrollHeight;
   node.setDirtyCanvas?.(true, false);
 }
 
@@ -128,6 +160,8 @@ const STYLE = `
   .a3b-status h3 { margin: 0 0 6px 0; }
   .a3b-status button { margin-top: 8px; }
   textarea.a3b-stream { font-family: monospace; }
+  details.a3b-reasoning { font-size: 12px; opacity: 0.75; margin: 2px 0; }
+  details.a3b-reasoning pre { max-height: 160px; overflow: auto; white-space: pre-wrap; margin: 4px 0; }
 `;
 
 app.registerExtension({
@@ -141,13 +175,20 @@ app.registerExtension({
     api.addEventListener("a3b.token", ({ detail }) => {
       const node = nodeById(detail.node);
       if (!node) return;
-      if (detail.reset) node.__a3bText = "";
+      if (detail.reset) { node.__a3bText = ""; node.__a3bReasoning = ""; setReasoning(node, ""); }
+      if (detail.reasoning) {
+        node.__a3bReasoning = (node.__a3bReasoning || "") + detail.reasoning;
+        setReasoning(node, node.__a3bReasoning);
+      }
+      if (detail.text === undefined) return;
       node.__a3bText = (node.__a3bText || "") + (detail.text || "");
       setStream(node, node.__a3bText);
     });
     api.addEventListener("a3b.done", ({ detail }) => {
       const node = nodeById(detail.node);
-      if (node && detail.interrupted) setStream(node, (node.__a3bText || "") + "\n[interrupted]");
+      if (!node) return;
+      if (node.__a3bReasoning) setReasoning(node, node.__a3bReasoning, true);
+      if (detail.interrupted) setStream(node, (node.__a3bText || "") + "\n[interrupted]");
     });
 
     const manager = app.extensionManager;

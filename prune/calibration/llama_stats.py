@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.errors import UnsupportedArchitecture
-from ...runtime.llama import llama_cpp_version, probe_architecture
+from ...runtime.llama import llama_cpp_version
+from ...runtime.llama.weights import probe_architecture
 from ...runtime.llama.ggml import TensorView
 from ...runtime.llama.graph import GraphEvaluator
 from ..config import PruneConfig

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.llama import Weights
+from ...runtime.llama.weights import Weights
 from .. import corpus as corpusmod
 from ..config import DATA_FREE, PruneConfig
 from ..errors import CorpusTooSmall

@@ -13,17 +13,25 @@ from typing import Any
 import numpy as np
 
 from ..engine import DecodeFailed
+from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .grammar import Grammar, check_gbnf, schema_to_gbnf
 from .weights import Weights
 
 #: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
 #: of a small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
 SAMPLE_THREADS_FROM = 4
 SAMPLE_THREADS_MIN_VOCAB = 32000
-SAMPLE_THREADS = int(os.environ.get("A3B_SAMPLE_THREADS", str(min(16, os.cpu_count() or 1))))
+
+
+def sample_threads() -> int:
+    """Threads that sample the rows of one decode step: A3B_SAMPLE_THREADS, else the cores, at most 16."""
+    n = env_number("A3B_SAMPLE_THREADS", int)
+    return min(16, os.cpu_count() or 1) if n is None else n
+
 
 #: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
 #: row for every output token of a pooled batch (n_vocab floats each: 192 KB for the default model),
@@ -44,6 +52,14 @@ def thread_counts(n_threads: int = 0) -> tuple[int, int]:
         return n_threads, n_threads
     cores = os.cpu_count() or 1
     return max(1, cores // 2), cores
+
+
+def batch_threads(step: DecodeStep, decode: int, prompt: int) -> int:
+    """Threads for a batch of several tokens. llama.cpp takes its batch threads for every batch of
+    more than one token, so several requests decoding together (one token each, memory-bound like a
+    single token) would run on all cores: on 2 shared cores that made a 4-token request beside a long
+    one take 6-8 s instead of 0.1 s. Only a batch that reads a prompt chunk gets the prompt threads."""
+    return prompt if any(e.count > 1 for e in step.entries) else decode
 
 
 def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "mean"):
@@ -86,9 +102,11 @@ def entropy(logits: np.ndarray) -> float:
 
 @dataclass
 class Sampler:
-    """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone."""
+    """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone;
+    `grammar` when the answer is constrained (grammar.py)."""
     chain: Any
     greedy: bool = False
+    grammar: Grammar | None = None
 
 
 class LlamaBackend:
@@ -100,6 +118,8 @@ class LlamaBackend:
         mark = log_mark()
         with weights.use():
             self.ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
+        self.threads = thread_counts(spec.n_threads)
+        self._batch_threads = self.threads[1]
         if not self.ctx:
             detail = [ln.strip() for ln in log_since(mark).splitlines()
                       if "error" in ln.lower() or "fail" in ln.lower()]
@@ -119,9 +139,10 @@ class LlamaBackend:
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS
-        self._pool = (ThreadPoolExecutor(max_workers=min(SAMPLE_THREADS, spec.n_parallel),
+        threads = sample_threads()
+        self._pool = (ThreadPoolExecutor(max_workers=min(threads, spec.n_parallel),
                                          thread_name_prefix=f"a3b-sample-{self.name}")
-                      if SAMPLE_THREADS > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
+                      if threads > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
                       and weights.n_vocab >= SAMPLE_THREADS_MIN_VOCAB else None)
 
     # -- generation ---------------------------------------------------------------------------
@@ -132,6 +153,10 @@ class LlamaBackend:
         L = llama()
         fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
                                 for e in step.entries for k, t in enumerate(e.tokens())))
+        want = batch_threads(step, *self.threads)
+        if want != self._batch_threads:
+            L.llama_set_n_threads(self.ctx, self.threads[0], want)
+            self._batch_threads = want
         rc = L.llama_decode(self.ctx, self.batch)
         if rc != 0:
             # 1 = no KV slot (should not happen: each sequence owns n_ctx cells), 2 = aborted,
@@ -139,7 +164,13 @@ class LlamaBackend:
             # the context is not to be trusted
             raise DecodeFailed(f"llama_decode failed with code {rc}", fatal=rc < -1)
 
-    def new_sampler(self, sp, seed: int) -> Sampler:
+    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
+        text = schema_to_gbnf(json_schema) if json_schema is not None else gbnf
+        with self.weights.use():
+            check_gbnf(self.weights.vocab_ptr, text)
+        return text
+
+    def new_sampler(self, sp, seed: int, grammar: str | None = None) -> Sampler:
         L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
 
@@ -160,9 +191,13 @@ class LlamaBackend:
                 add(L.llama_sampler_init_min_p(sp.min_p, 1))
             add(L.llama_sampler_init_temp(sp.temperature))
             add(L.llama_sampler_init_dist(seed))
-        return Sampler(chain, greedy=sp.temperature <= 0 and sp.repeat_penalty == 1.0)
+        g = Grammar(self.weights.vocab_ptr, grammar, self.weights.n_vocab, self.weights.eos) if grammar else None
+        return Sampler(chain, greedy=sp.temperature <= 0 and sp.repeat_penalty == 1.0, grammar=g)
 
     def free_sampler(self, sampler: Sampler) -> None:
+        if sampler and sampler.grammar is not None:
+            sampler.grammar.free()
+            sampler.grammar = None
         if sampler and sampler.chain:
             llama().llama_sampler_free(sampler.chain)
             sampler.chain = None
@@ -171,9 +206,11 @@ class LlamaBackend:
         sampler, row, want_entropy = item
         L = llama()
         logits = None
-        if want_entropy or sampler.greedy:
+        if want_entropy or sampler.greedy or sampler.grammar is not None:
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,))
         ent = entropy(logits) if want_entropy else None
+        if sampler.grammar is not None:
+            return sampler.grammar.pick(sampler.chain, logits, sampler.greedy), ent
         if sampler.greedy:
             # the chain's answer without its candidate array: llama_sampler_sample first copies the
             # whole row into n_vocab (id, logit, p) records (0.16 ms for a 152k vocabulary), ten

@@ -22,6 +22,8 @@ import ctypes
 import os
 import sys
 
+from ..environment import env
+
 #: a symbol every libstdc++ defines and no program code does: where a library defines it too, that
 #: library carries a copy of the C++ runtime
 PROBE = "_ZNSt6locale5facetD1Ev"   # std::locale::facet::~facet()
@@ -53,7 +55,7 @@ def note_order() -> None:
 def preload() -> None:
     """Import llama_cpp now where libstdc++ is not loaded yet (then its libraries come first)."""
     note_order()
-    if _stdcxx_first is False and os.environ.get("A3B_PRELOAD_LLAMA", "on") != "off":
+    if _stdcxx_first is False and env("A3B_PRELOAD_LLAMA") != "off":
         try:
             import llama_cpp  # noqa: F401
         except Exception:  # noqa: BLE001 - reported with its reason when the binding is first used

@@ -1,7 +1,9 @@
 """How many layers to put on the GPU: `n_gpu_layers="auto"`.
 
 The estimate reads the GGUF's tensor index (gguf_info.scan_header: sizes exactly as stored, every
-quantisation type included) and the load options:
+quantisation type included, each tensor inside the file) and the load options. It runs before
+llama.cpp has accepted the file, so it reads the header's numbers through gguf_info.Dims, each
+bounded (a crafted block_count is an error, not four billion layers):
 
 * each layer's weights (the `blk.N.*` tensors) and its share of the KV cache (n_ctx x n_parallel
   cells of K and V for that layer, in the KV cache type);
@@ -15,12 +17,13 @@ down. It is an estimate: llama.cpp's own buffers can differ by some percent, hen
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..gguf_info import scan_header
+from ..gguf_info import Dims, scan_header, tensor_bytes
 
 #: bytes per KV cache element, by KV cache type
 KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
@@ -45,37 +48,26 @@ class OffloadPlan:
                 f"(about {self.gpu_bytes / 2**30:.1f} GiB of {self.free_bytes / 2**30:.1f} GiB free): {self.reason}")
 
 
-def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        block_size, block_bytes = 1, 2
-    n = 1
-    for d in shape:
-        n *= d
-    return int(n // block_size * block_bytes)
-
-
-def model_sizes(path) -> tuple[tuple[int, ...], int, dict]:
-    """(bytes of each layer's weights, bytes of the output layer, metadata); read once per file version."""
+def model_sizes(path) -> tuple[tuple[int, ...], int, Dims]:
+    """(bytes of each layer's weights, bytes of the output layer, the bounded hyperparameters); read
+    once per file version. Raises CorruptGGUF for a header value beyond its bound (gguf_info.Dims):
+    this runs before llama.cpp has accepted the file."""
     st = os.stat(path)
     return _model_sizes(str(path), st.st_size, st.st_mtime_ns)
 
 
 @lru_cache(maxsize=32)
-def _model_sizes(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, ...], int, dict]:
+def _model_sizes(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, ...], int, Dims]:
     scan = scan_header(path)
-    meta = scan.metadata
-    arch = meta.get("general.architecture", "")
-    n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
-    layers = [0] * n_layer
+    dims = Dims.of(scan, path)
+    n_layer = dims.n_layer
+    layers = [0] * n_layer      # at most MAX_LAYERS
     output = embedding = 0
     has_output = False
     for name, shape, ttype, _ in scan.tensors:
         m = _BLK.match(name)
         size = tensor_bytes(shape, ttype)
+        size = 2 * math.prod(shape) if size is None else size   # a type unknown to gguf: 16 bits a value
         if m and int(m.group(1)) < n_layer:
             layers[int(m.group(1))] += size
         elif name.startswith("output"):
@@ -85,32 +77,20 @@ def _model_sizes(path: str, size: int, mtime_ns: int) -> tuple[tuple[int, ...], 
             embedding = size
     if not has_output:
         output += embedding   # tied embeddings: the output layer on the GPU is a copy of token_embd
-    return tuple(layers), output, meta   # shared by the cache: read-only
+    return tuple(layers), output, dims
 
 
-def kv_bytes_per_layer(meta: dict, n_cells: int, kv_type: str) -> int:
-    arch = meta.get("general.architecture", "")
-
-    def k(key, default=None):
-        v = meta.get(f"{arch}.{key}", default)
-        return v[0] if isinstance(v, list) and v else v   # some GGUFs store per-layer arrays
-
-    n_embd = int(k("embedding_length", 0) or 0)
-    n_head = int(k("attention.head_count", 1) or 1)
-    n_head_kv = int(k("attention.head_count_kv", n_head) or n_head)
-    key_len = int(k("attention.key_length", n_embd // max(n_head, 1)) or 0)
-    val_len = int(k("attention.value_length", key_len) or 0)
-    return int(n_cells * n_head_kv * (key_len + val_len) * KV_BYTES.get(kv_type, 2))
+def kv_bytes_per_layer(dims: Dims, n_cells: int, kv_type: str) -> int:
+    return int(n_cells * dims.n_head_kv * (dims.key_length + dims.value_length) * KV_BYTES.get(kv_type, 2))
 
 
 def plan(path, *, n_ctx: int, n_parallel: int, n_batch: int, kv_cache_type: str, free_bytes: int,
          reserve_bytes: int = 0) -> OffloadPlan:
     """The most layers that fit in `free_bytes` (minus the reserves), from the top layer down."""
-    layers, output, meta = model_sizes(path)
+    layers, output, dims = model_sizes(path)
     n_layer = len(layers)
-    arch = meta.get("general.architecture", "")
-    n_vocab = int(meta.get(f"{arch}.vocab_size", 0) or 0) or 32000
-    kv_layer = kv_bytes_per_layer(meta, n_ctx * n_parallel, kv_cache_type)
+    n_vocab = dims.n_vocab or 32000
+    kv_layer = kv_bytes_per_layer(dims, n_ctx * n_parallel, kv_cache_type)
     compute = FIXED_RESERVE + 2 * max(n_batch, n_parallel) * n_vocab * 4 + reserve_bytes
     budget = free_bytes - compute
     used, n = 0, 0
@@ -144,11 +124,11 @@ def clamp_layers(n: int, n_layer: int) -> tuple[int, str | None]:
 
 def host_bytes(path, *, n_gpu_layers: int, n_ctx: int, n_parallel: int, kv_cache_type: str) -> int:
     """Bytes of main memory the layers left on the CPU need: their weights and their KV cache."""
-    layers, output, meta = model_sizes(path)
+    layers, output, dims = model_sizes(path)
     n_layer = len(layers)
     on_gpu = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
     cpu_layers = layers[:max(n_layer - on_gpu, 0)]           # the last layers go to the GPU first
-    kv = kv_bytes_per_layer(meta, n_ctx * n_parallel, kv_cache_type) * len(cpu_layers)
+    kv = kv_bytes_per_layer(dims, n_ctx * n_parallel, kv_cache_type) * len(cpu_layers)
     return sum(cpu_layers) + (output if on_gpu <= n_layer else 0) + kv
 
 

@@ -3,6 +3,7 @@ through llama-cpp-python's formatter (the policy of which one applies is runtime
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -11,14 +12,16 @@ from .binding import llama
 Message = dict[str, str]
 
 
-def render_jinja(template: str, msgs: list[Message], bos: str, eos: str) -> str:
-    """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter."""
+def render_jinja(template: str, msgs: list[Message], bos: str, eos: str,
+                 variables: Mapping[str, Any] | None = None, tools: Sequence[dict] = ()) -> str:
+    """Render a Hugging Face style chat template (sandboxed), via llama-cpp-python's formatter;
+    `variables` are the template's own settings (e.g. enable_thinking); `tools` as OpenAI declares them."""
     import jinja2
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     try:
         fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-        return fmt(messages=msgs).prompt
+        return fmt(messages=msgs, tools=list(tools) or None, **dict(variables or {})).prompt
     except jinja2.TemplateError as e:
         raise InvalidRequest(f"The model's chat template does not work ({type(e).__name__}: {e}). Use one of "
                              "llama.cpp's templates instead (template='chatml'; on the command line "

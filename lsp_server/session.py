@@ -1,16 +1,9 @@
-"""Completion engine: one per process (shared by every editor connection), one Session per connection.
+"""Process-wide and per-connection state of the language server.
 
-A request goes through these steps, cheapest first:
-
-1. the cache (exact or typed-ahead hit) answers without the model;
-2. a generation still running for the same spot, whose text so far agrees with what the user has
-   typed since, is joined instead of started again;
-3. otherwise the previous generation of this connection is cancelled ("latest request wins": it
-   stops between two tokens), the request waits `debounce_ms`, gives up if a newer request or an
-   edit arrived meanwhile, and runs the model at interactive priority.
-
-Edits cancel a running generation unless they type exactly what it is generating; $/cancelRequest
-cancels it unless such an edit keeps it useful. A closed connection cancels everything it started.
+One Engine per process, shared by every editor connection: the runtime, the completion cache,
+vectors and statistics. One Session per connection: its documents, settings and model, the warming
+of prompts where the cursor rests, and the choice of context chunks from other open files. How a
+Session answers a completion is in completion.py (`Completer`).
 """
 from __future__ import annotations
 
@@ -20,20 +13,19 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ConfidenceConfig, get_runtime, preset
-from ..runtime.errors import A3BError, Cancelled, ModelUnloaded
+from ..runtime import PRIORITY_BATCH, ConfidenceConfig, get_runtime, preset
+from ..runtime.errors import A3BError
 from . import config as cfg
-from .cache import CompletionCache, bucket_key
+from .cache import CompletionCache
+from .completion import Completer, Gen, _wait_stream
 from .context import ContextIndex, VectorCache, render_block
 from .documents import Cursor, Document, DocumentError
-from .postprocess import block_end, finish
-from .prompt import PromptBuilder, is_multiline
+from .prompt import PromptBuilder
 
 log = logging.getLogger("a3b.lsp")
 
@@ -95,9 +87,6 @@ class Engine:
         #: that no amount of it can delay a completion's turn for a thread
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="a3b-lsp-bg")
         self.sessions: set[Session] = set()
-        #: one prompt builder per loaded model, weakly: an unloaded model (and the vocabulary and token
-        #: cache its builder holds) goes away with it instead of staying alive through this table
-        self._builders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.started = time.time()
 
     def spec_for(self, settings: cfg.Settings):
@@ -106,10 +95,7 @@ class Engine:
         return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx)
 
     def builder(self, model) -> PromptBuilder:
-        b = self._builders.get(model)
-        if b is None:
-            b = self._builders[model] = PromptBuilder(model.vocab)
-        return b
+        return PromptBuilder(model)   # holds nothing but the model: an unloaded model is not kept alive
 
     def status(self) -> dict[str, Any]:
         st = self.stats.summary()
@@ -127,60 +113,7 @@ class Engine:
         self.background.shutdown(wait=False, cancel_futures=True)
 
 
-@dataclass
-class Answer:
-    text: str                       # "" = nothing to suggest
-    cursor: Cursor
-    source: str                     # cache_exact, cache_typed, join, model, superseded, stale, empty
-    multiline: bool
-    spans: list = field(default_factory=list)   # low-confidence spans inside `text`
-    latency: float = 0.0
-
-
-class Gen:
-    """One running generation and what is needed to decide whether a new request can join it."""
-
-    def __init__(self, session: Session, cur: Cursor, key: str, multiline: bool, doc_len: int):
-        self.session = session
-        self.cur = cur
-        self.key = key
-        self.multiline = multiline
-        self.doc_len = doc_len
-        self.text = ""
-        self.stream = None
-        self.waiters = 0
-        self.keep_alive = False
-        self.done = asyncio.get_running_loop().create_future()
-        self.suggestion = ""
-        self.spans: list = []
-        self.cancel_reason: str | None = None
-
-    def on_token(self, ev) -> None:  # scheduler thread
-        self.text += ev.text
-        if self.multiline and "\n" in ev.text and block_end(self.text, self.cur) is not None:
-            self.stream.cancel("block end")  # the rest would be cut anyway: stop decoding it
-
-    def cancel(self, reason: str) -> None:
-        if self.stream is not None and not self.done.done():
-            self.cancel_reason = reason
-            self.stream.cancel(reason)
-
-    def agrees(self, typed: str) -> bool:
-        """The user typed exactly what this generation has produced so far (or nothing)."""
-        return self.text.startswith(typed)
-
-    def joinable(self, key: str, cur: Cursor) -> bool:
-        if key != self.key or self.done.done() and not self.suggestion:
-            return False
-        n = cur.offset - self.cur.offset
-        if n < 0 or cur.uri != self.cur.uri:
-            return False
-        typed = cur.prefix[len(cur.prefix) - n:] if n else ""
-        tail = self.cur.prefix[-400:]
-        return cur.prefix.endswith(tail, 0, len(cur.prefix) - n) and self.agrees(typed)
-
-
-class Session:
+class Session(Completer):
     """One editor connection: its documents, settings, and at most one running completion."""
 
     def __init__(self, engine: Engine, notify: Callable[[str, str], None] | None = None):
@@ -259,7 +192,7 @@ class Session:
         for ch in changes:
             where = d.apply(ch, self.encoding)
         d.version = version
-        self.index.set_document(uri, d.text, self.settings.chunk_tokens)
+        self.index.set_document(uri, d.snapshot(), self.settings.chunk_tokens)   # joined only if indexed
         if where is not None:
             self.hint(uri, where)   # the user is typing here
         g = self.gen
@@ -297,13 +230,13 @@ class Session:
             return   # a running completion reads its own prompt
         try:
             d.check_usable(self.settings.max_document_bytes)
-            cur = d.cursor_at(min(offset, len(d.text)))
+            cur = d.cursor_at(min(offset, len(d)))
         except DocumentError:
             return
         builder = self.engine.builder(m)
         try:
             prompt = self._prompt(builder, cur, self.use_fim(builder))
-            stream = self.engine.rt.submit(model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=1,
+            stream = self.engine.rt.submit(prompt.sent, model=self.spec(), max_tokens=1,
                                            sampling=preset("greedy"), priority=PRIORITY_BATCH,
                                            confidence=ConfidenceConfig(enabled=False))
         except A3BError as e:   # unloaded meanwhile, say: warming is a hint, never an error
@@ -329,106 +262,7 @@ class Session:
         self.context.pop(uri, None)
         self.index.set_document(uri, None, 0)
 
-    @staticmethod
-    def _typed_ahead(g: Gen, d: Document) -> bool:
-        """Did the edits only insert, at the generation's cursor, text it agrees with?"""
-        dx = len(d.text) - g.doc_len
-        off = g.cur.offset
-        if dx < 0:
-            return False
-        head = g.cur.suffix[:200]
-        if not d.text.startswith(head, off + dx) or not d.text.endswith(g.cur.prefix[-400:], 0, off):
-            return False
-        return g.agrees(d.text[off:off + dx])
-
-    # -- completion ----------------------------------------------------------------------------
-    def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
-        # the single/multi-line mode is not part of the key: it follows from the same context, and a
-        # suggestion typed into stays valid when the mode at the new position differs
-        return bucket_key(m.info.path, str(id(m.vocab)), cur.uri, "fim" if use_fim else "pre",
-                          cur.line_suffix, cur.suffix[:240])
-
-    def use_fim(self, builder: PromptBuilder) -> bool:
-        return self.settings.fim != "off" and builder.fim is not None
-
-    async def complete(self, uri: str, position, progress=None) -> Answer:
-        """A completion at `position`; once more if the model is unloaded under it (ComfyUI's
-        "Unload models" while the prompt is built): the second attempt loads it again."""
-        try:
-            return await self._complete(uri, position, progress)
-        except ModelUnloaded:
-            self.engine.stats.count("retried_after_unload")
-            return await self._complete(uri, position, progress)
-
-    async def _complete(self, uri: str, position, progress=None) -> Answer:
-        t0 = time.perf_counter()
-        st = self.engine.stats
-        st.count("requests")
-        d = self.doc(uri)
-        d.check_usable(self.settings.max_document_bytes)
-        cur = d.cursor(position, self.encoding)
-        m = await self.model(progress)
-        builder = self.engine.builder(m)
-        use_fim = self.use_fim(builder)
-        multiline = is_multiline(cur)
-        key = self.cache_key(m, cur, multiline, use_fim)
-
-        def answer(text: str, source: str, spans=None) -> Answer:
-            a = Answer(text, cur, source, multiline, spans or [], time.perf_counter() - t0)
-            if source in ("superseded", "stale"):
-                st.count(f"dropped_{source}")
-            else:
-                st.answered(a.latency, source, multiline)
-            return a
-
-        hit = self.engine.cache.get(key, cur.prefix)
-        if hit is not None:
-            return answer(hit[1], "cache_" + hit[0])
-        self.latest += 1
-        me = self.latest
-        g = self.gen
-        if g is not None and not g.done.done():
-            if g.joinable(key, cur):
-                st.count("joined")
-                res = await self._wait(g)
-                if res is not None:
-                    hit = self.engine.cache.get(key, cur.prefix, count=False)
-                    return answer(hit[1] if hit else "", "join")
-            else:
-                g.cancel("superseded")
-                st.count("cancelled_superseded")
-        if self.settings.debounce_ms:
-            await asyncio.sleep(self.settings.debounce_ms / 1000.0)
-        if self.latest != me:
-            return answer("", "superseded")
-        if d.version != cur.version or self.docs.get(uri) is not d:
-            return answer("", "stale")
-        hit = self.engine.cache.get(key, cur.prefix, count=False)
-        if hit is not None:
-            return answer(hit[1], "cache_" + hit[0])
-        g = self._start(m, builder, cur, key, multiline, use_fim, len(d.text))
-        res = await self._wait(g)
-        if res is None:
-            return answer("", "superseded")
-        hit = self.engine.cache.get(key, cur.prefix, count=False)
-        text = hit[1] if hit else ""
-        spans = g.spans if text == g.suggestion else []
-        return answer(text, "model" if text else "empty", spans)
-
-    async def _wait(self, g: Gen):
-        """Wait for `g`; None if it was cancelled. A cancelled request ($/cancelRequest, closed
-        connection) stops the generation unless another request or a typed-ahead edit needs it."""
-        g.waiters += 1
-        try:
-            return await asyncio.shield(g.done)
-        except asyncio.CancelledError:
-            if g.waiters <= 1 and not g.keep_alive:
-                g.cancel("request cancelled")
-                self.engine.stats.count("cancelled_by_client")
-            raise
-        finally:
-            g.waiters -= 1
-
+    # -- context from other files --------------------------------------------------------------
     def _prompt(self, builder: PromptBuilder, cur: Cursor, use_fim: bool):
         """The prompt for `cur`: the file's window keeps its anchor while the cursor stays in it, so
         the prompt's start (and its KV cache) stays the same; a new window also starts choosing
@@ -443,61 +277,6 @@ class Session:
             self._select_context(cur, prompt.anchor)
         return prompt
 
-    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, use_fim: bool,
-               doc_len: int) -> Gen:
-        s = self.settings
-        prompt = self._prompt(builder, cur, use_fim)
-        self.engine.stats.count(f"prompts_{prompt.mode}")
-        g = Gen(self, cur, key, multiline, doc_len)
-        loop = asyncio.get_running_loop()
-        max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
-        stop = ["\n\n\n"] if multiline else ["\n"]
-        g.stream = self.engine.rt.submit(
-            model=self.spec(), chat=False, prompt_tokens=prompt.tokens, max_tokens=max_tokens,
-            sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE,
-            confidence=ConfidenceConfig(enabled=True, threshold=s.confidence_threshold),
-            on_token=g.on_token)
-        self.gen = g
-        self.engine.stats.count("generations")
-        fut = loop.run_in_executor(self.engine.executor, _wait_stream, g.stream)
-        fut.add_done_callback(lambda f: self._finished(g, f, prompt))
-        return g
-
-    def _finished(self, g: Gen, fut: asyncio.Future, prompt) -> None:
-        st = self.engine.stats
-        res, err = fut.result() if not fut.cancelled() else (None, Cancelled("executor stopped"))
-        if err is not None and g.cancel_reason is None and getattr(g.stream, "cancel_reason", "") == "block end":
-            res, err = getattr(err, "partial", None), None
-        if res is not None:
-            st.count("prompt_tokens", res.n_prompt_tokens)
-            st.count("cached_prompt_tokens", res.n_cached_prompt_tokens)
-            st.count("generated_tokens", res.n_tokens)
-        if err is not None or res is None:
-            partial = getattr(err, "partial", None)
-            if partial is not None:
-                st.count("wasted_generated_tokens", partial.n_tokens)
-                if partial.n_tokens:
-                    st.count("wasted_prompt_tokens", partial.n_prompt_tokens - partial.n_cached_prompt_tokens)
-            st.count("generations_cancelled" if isinstance(err, Cancelled) else "generations_failed")
-            if not isinstance(err, Cancelled):
-                log.warning("completion failed: %s", err)
-                self.notify("error", f"A3B completion failed: {err}")
-            if not g.done.done():
-                g.done.set_result(None)
-            return
-        st.count("prefill_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens)
-        g.suggestion = finish(res.text, g.cur, g.multiline)
-        g.spans = _spans_in(res.spans, g.suggestion)
-        self.engine.cache.put(g.key, g.cur.prefix, g.suggestion)
-        if g.waiters == 0:
-            st.count("wasted_generated_tokens", res.n_tokens)   # nobody waits for it any more
-            st.count("unused_generations")
-        else:
-            st.count("useful_decode_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens + res.n_tokens)
-        if not g.done.done():
-            g.done.set_result(res)
-
-    # -- context from other files --------------------------------------------------------------
     def _select_context(self, cur: Cursor, anchor: int) -> None:
         """Choose chunks of other open files for `cur.uri` in the background; once chosen, prefill
         the new prompt at batch priority and only then switch to it, so no request pays for it."""
@@ -524,7 +303,7 @@ class Session:
                 b = self.engine.builder(m)
                 p = b.build(cur, anchor=anchor, context_block=block, budget=s.context_tokens,
                             suffix_tokens=s.suffix_tokens, use_fim=self.use_fim(b))
-                stream = rt.submit(model=spec, chat=False, prompt_tokens=p.tokens, max_tokens=1,
+                stream = rt.submit(p.sent, model=spec, max_tokens=1,
                                    sampling=preset("greedy"), priority=PRIORITY_BATCH,
                                    confidence=ConfidenceConfig(enabled=False))
                 self._background.add(stream)
@@ -564,21 +343,3 @@ class Session:
         self.latest += 1
         self.docs.clear()
         self.engine.sessions.discard(self)
-
-
-def _wait_stream(stream):
-    try:
-        return stream.result(), None
-    except Exception as e:  # noqa: BLE001 - the caller gets any failure back; Cancelled carries .partial
-        return None, e
-
-
-def _spans_in(spans, text: str) -> list[tuple[int, int, float]]:
-    """Low-confidence spans of the raw text, located in the final suggestion (start, end, entropy)."""
-    out = []
-    for sp in spans:
-        t = sp.text.strip()
-        i = text.find(t) if t else -1
-        if i >= 0:
-            out.append((i, i + len(t), sp.mean_entropy))
-    return out

@@ -1,0 +1,113 @@
+"""How `a3b serve` reads a request: the JSON body, bounded in size, and the fields the endpoints
+share, each checked against its declaration in runtime/options.py (a field that does not fit is a
+400 naming it, never a value quietly dropped or clamped).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from ..runtime import options as opt
+from ..runtime.errors import InvalidRequest
+from ..runtime.generation import MAX_STOP_STRINGS, SamplingParams, check_stops
+from ..runtime.options import Option, check, wrap_seed
+
+#: Largest request body read (a chat with a long context is well below it).
+MAX_BODY = 16 << 20
+
+
+async def read_json(request: Request) -> dict:
+    size = int(request.headers.get("content-length") or 0)
+    if size > MAX_BODY:
+        raise InvalidRequest(f"The request body is {size} bytes; at most {MAX_BODY} are read.")
+    chunks, n = [], 0   # joined once: growing one bytes object copies it at every chunk
+    async for chunk in request.stream():
+        chunks.append(chunk)
+        n += len(chunk)
+        if n > MAX_BODY:
+            raise InvalidRequest(f"The request body is larger than {MAX_BODY} bytes.")
+    raw = b"".join(chunks)
+    try:
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"The request body is not JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply to read.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+def int_field(body: dict, name: str, option: Option, default: int | None = None) -> int | None:
+    """body[name] as `option` takes it (a float with an integer value counts), or `default` when absent."""
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return check(option, v, name)
+
+
+def sampling_of(body: dict) -> SamplingParams:
+    """SamplingParams from an OpenAI (or llama-server) body; fields left out keep the runtime's defaults."""
+    d = SamplingParams()
+    fields: dict[str, Any] = {}
+    for name, alias in (("temperature", None), ("top_p", None), ("min_p", None),
+                        ("repeat_penalty", "repetition_penalty")):
+        v = body.get(name, body.get(alias) if alias else None)
+        if v is not None:
+            fields[name] = v
+    if body.get("top_k") is not None:
+        fields["top_k"] = int_field(body, "top_k", opt.TOP_K)
+    if body.get("seed") is not None:
+        fields["seed"] = wrap_seed(body["seed"])
+    sp = SamplingParams(**{**d.__dict__, **fields})
+    sp.validate()
+    return sp
+
+
+def stops_of(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings.")
+    return check_stops(s for s in stop if s)
+
+
+def messages_of(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
+        content = m.get("content")
+        if isinstance(content, list):   # content parts: only text is understood
+            parts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported.")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts.")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def logprobs_of(body: dict, chat: bool) -> int | None:
+    if chat:
+        if not body.get("logprobs"):
+            return None
+        return int_field(body, "top_logprobs", opt.LOGPROBS, 0)
+    if body.get("logprobs") is None or body.get("logprobs") is False:
+        return None
+    return int_field(body, "logprobs", opt.LOGPROBS, 0)

@@ -1,0 +1,169 @@
+"""The remote engine against a scripted OpenAI-compatible server (fast tier): which endpoint each
+kind of prompt reaches and with what, and what a broken or hostile server gets: a timeout that
+pings cannot defeat, bounded answers, embeddings checked, stream fields checked."""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+
+import pytest
+from fakeopenai import FakeOpenAI, event, forever, json_reply, sse_reply, text_event
+
+from comfyui_a3b.runtime import (ChatPrompt, ContextChunk, InfillPrompt, RemoteProtocolError, RemoteUnreachable,
+                                 TextPrompt, TokenPrompt, get_runtime)
+from comfyui_a3b.runtime.remote import MAX_ANSWER_BYTES, MAX_EVENT_BYTES
+
+HELLO = sse_reply([text_event("Hel"), text_event("lo", "stop"), b"data: [DONE]\n\n"])
+
+
+@pytest.fixture()
+def rt():
+    rt = get_runtime()
+    yield rt
+    for e in rt.store.loaded():
+        if e.spec.path.startswith("http"):
+            rt.unload(e.spec)
+
+
+def _server(**routes) -> FakeOpenAI:
+    return FakeOpenAI({"/v1/" + k.replace("__", "/"): v for k, v in routes.items()})
+
+
+# -- prompts reach the endpoint made for them ------------------------------------------------------
+def test_chat_goes_to_chat_completions_with_its_messages_and_variables(rt):
+    chat = sse_reply([event({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}),
+                      b"data: [DONE]\n\n"])
+    with _server(chat__completions=lambda b: chat) as srv:
+        msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        res = rt.generate(ChatPrompt(msgs, variables={"enable_thinking": False}), model=srv.url, max_tokens=5)
+        assert res.text == "Hi" and res.tokens is None and res.n_tokens == 1
+        path, body = srv.requests[-1]
+        assert path == "/v1/chat/completions" and body["messages"] == msgs
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_text_tokens_and_infill_without_an_infill_endpoint_go_to_completions(rt):
+    with _server(completions=lambda b: HELLO) as srv:
+        assert rt.generate("Once", model=srv.url, chat=False, max_tokens=5).text == "Hello"
+        assert srv.requests[-1] == ("/v1/completions", {**srv.requests[-1][1], "prompt": "Once"})
+        rt.generate(TokenPrompt([1, 2, 3]), model=srv.url, max_tokens=5)
+        assert srv.requests[-1][1]["prompt"] == [1, 2, 3]
+        # no /props: the server has no /infill, so the prefix (after the chunks) is completed
+        assert not rt.load(rt.spec(srv.url)).supports_fim
+        rt.generate(InfillPrompt("def f():", "\n", "    ", [ContextChunk("a.py", "import os")]), model=srv.url,
+                    max_tokens=5)
+        assert srv.requests[-1][1]["prompt"] == "import os\ndef f():    "
+
+
+def _llama_server_infill(fim: bool, answer):
+    """/infill as llama-server answers it: 501 for a model without FIM tokens, then 400 for fields of
+    the wrong type, and `answer` otherwise."""
+    def infill(body):
+        if not fim:
+            return json_reply({"error": {"code": 501, "message": "Infill is not supported by this model: prefix "
+                                         "token is missing. ", "type": "not_supported_error"}}, 501)
+        if not isinstance(body.get("input_extra", []), list):
+            return json_reply({"error": {"code": 400, "message": '"input_extra" must be an array',
+                                         "type": "invalid_request_error"}}, 400)
+        return answer
+    return infill
+
+
+def test_infill_goes_to_infill_with_its_parts(rt):
+    infill = sse_reply([event({"content": "x = 1", "stop": False}), event({"content": "", "stop": True})])
+    with FakeOpenAI({"/props": lambda b: json_reply({"default_generation_settings": {"n_ctx": 512}}),
+                     "/infill": _llama_server_infill(True, infill)}) as srv:
+        m = rt.load(rt.spec(srv.url))
+        assert m.supports_fim and m.n_ctx_seq == 512
+        res = rt.generate(InfillPrompt("a", "b", "c", [ContextChunk("u.py", "import os")]), model=srv.url,
+                          max_tokens=8)
+        assert res.text == "x = 1"
+        path, body = srv.requests[-1]
+        assert path == "/infill" and (body["input_prefix"], body["input_suffix"], body["prompt"]) == ("a", "b", "c")
+        assert body["input_extra"] == [{"filename": "u.py", "text": "import os"}]
+
+
+def test_infill_on_a_llama_server_model_without_fim_tokens_completes_the_prefix(rt):
+    """llama-server has /props and /infill whatever the model, and refuses /infill (501) where the
+    model has no FIM tokens: such a model is no FIM model here, and its infill prompts are completed."""
+    with FakeOpenAI({"/props": lambda b: json_reply({"default_generation_settings": {"n_ctx": 512}}),
+                     "/infill": _llama_server_infill(False, None), "/v1/completions": lambda b: HELLO}) as srv:
+        m = rt.load(rt.spec(srv.url))
+        assert not m.supports_fim
+        res = rt.generate(InfillPrompt("def f():", "\n", "    ", [ContextChunk("a.py", "import os")]),
+                          model=srv.url, max_tokens=5)
+        assert res.text == "Hello"
+        assert srv.requests[-1] == ("/v1/completions", {**srv.requests[-1][1], "prompt": "import os\ndef f():    "})
+
+
+def test_token_counts_come_from_the_servers_tokenize_else_an_estimate(rt):
+    tokenize = lambda b: json_reply({"tokens": list(range(len(b["content"])))})   # noqa: E731 - one per char
+    with FakeOpenAI({"/tokenize": tokenize}) as srv:
+        m = rt.load(rt.spec(srv.url))
+        assert m.tokenize("abc") == [0, 1, 2]
+        assert m.count_tokens(TextPrompt("abcdef")) == 6
+        assert m.count_tokens(TextPrompt("abcdef"), exact=False) == 1     # the estimate: one word
+    with _server() as srv:
+        m = rt.load(rt.spec(srv.url))
+        assert m.count_tokens(TextPrompt("two words")) == 2
+        with pytest.raises(Exception, match="no tokenize endpoint"):
+            m.tokenize("abc")
+
+
+# -- a server cannot hold a request past the timeout --------------------------------------------------
+@pytest.mark.parametrize("keepalive", [b": ping\n\n", b'data: {"choices": []}\n\n'])
+def test_the_timeout_bounds_the_time_without_a_token_whatever_else_arrives(rt, monkeypatch, keepalive):
+    monkeypatch.setenv("A3B_REMOTE_TIMEOUT", "1")
+    with _server(completions=lambda b: sse_reply(itertools.chain([text_event("a")], forever(keepalive, 0.05)))) as srv:
+        t0 = time.monotonic()
+        stream = rt.submit("x", model=srv.url, chat=False, max_tokens=50)
+        with pytest.raises(RemoteUnreachable, match="no token for 1 s") as e:
+            stream.result(20)
+        assert time.monotonic() - t0 < 10 and e.value.partial.text == "a"
+
+
+# -- what a server sends is bounded and checked ---------------------------------------------------
+def test_a_huge_answer_is_refused(rt):
+    huge = lambda b: json_reply({"object": "list", "data": [{"id": "m"}], "pad": "x" * (MAX_ANSWER_BYTES + 1)})  # noqa: E731
+    with FakeOpenAI({"/v1/models": huge}) as srv:
+        with pytest.raises(RemoteProtocolError, match="more than 16 MB"):
+            rt.load(rt.spec(srv.url))
+
+
+def test_a_huge_token_is_refused(rt):
+    big = b"data: " + b'{"choices": [{"text": "' + b"x" * MAX_EVENT_BYTES + b'"}]}\n\n'
+    with _server(completions=lambda b: sse_reply([text_event("a"), big[:1 << 20], big[1 << 20:]])) as srv:
+        with pytest.raises(RemoteProtocolError, match="event longer than 4 MB") as e:
+            rt.generate("x", model=srv.url, chat=False, max_tokens=5)
+        assert e.value.partial.text == "a"
+
+
+@pytest.mark.parametrize("vectors,match", [
+    ([[0.1, 0.2], [0.1, 0.2, 0.3]], "different lengths"),
+    ([[0.1, math.nan], [0.1, 0.2]], "NaN or infinite"),
+])
+def test_bad_embeddings_are_a_clear_error(rt, vectors, match):
+    answer = lambda b: json_reply({"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]})  # noqa: E731
+    with _server(embeddings=answer) as srv:
+        with pytest.raises(RemoteProtocolError, match=match):
+            rt.embed(["a", "b"], model=srv.url)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"choices": [{"index": 0, "text": 5}]}, r"'text' is int"),
+    ({"choices": [{"index": 0, "delta": {"content": ["x"]}}]}, r"'content' is list"),
+    ({"choices": [{"index": 0, "text": "a", "logprobs": {"token_logprobs": ["high"], "top_logprobs": [{"a": -1}]}}]},
+     r"token logprob is str"),
+    ({"choices": [{"index": 0, "text": "a", "logprobs": {"token_logprobs": [-1], "top_logprobs": [{"a": "low"}]}}]},
+     r"top logprob is str"),
+])
+def test_a_wrong_field_in_a_stream_is_one_clear_error(rt, caplog, bad, match):
+    reply = lambda b: sse_reply([event(bad)])   # noqa: E731
+    with _server(completions=reply, chat__completions=reply) as srv:
+        with caplog.at_level(logging.DEBUG, logger="a3b"):
+            with pytest.raises(RemoteProtocolError, match=match) as e:
+                rt.generate("x", model=srv.url, chat="delta" in str(bad), max_tokens=5)
+        assert "not reachable" not in str(e.value)
+        assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
