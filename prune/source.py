@@ -9,6 +9,7 @@ embeddings to adjacent pairs for llama (GGUF conversion permutes q/k accordingly
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -139,6 +140,24 @@ class SourceModel:
     def stored(self, name: str) -> np.ndarray:
         """The stored bytes (or values, for float types) of a tensor: a view of the memory-mapped file."""
         return np.asarray(self.tensors[name].data)
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's map of the file, once it is no longer needed (the
+        writer calls this after each tensor). Pages read through the map count in the process's
+        resident size until it lets go of them, so writing the whole file through the map would add the
+        file's size to the peak; a later read maps them again, from the page cache."""
+        t = self.tensors.get(name)
+        mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
+        if t is None or mm is None or not hasattr(mm, "madvise"):
+            return
+        start = int(t.data_offset) - int(t.data_offset) % mmap.PAGESIZE
+        end = min(int(t.data_offset) + int(t.n_bytes), len(mm))
+        # whole pages only: a page shared with the next tensor is dropped too and simply read again
+        length = -(-(end - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, min(length, len(mm) - start))
+        except (OSError, ValueError):  # an advice the system refuses only leaves the pages resident
+            pass
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's numpy shape, rows first (GGUF's ne reversed)."""

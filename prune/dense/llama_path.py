@@ -87,7 +87,7 @@ def _plan_one(src: SourceModel, layout: FFNLayout, il: int, method: str, st: Lay
         gate = src.weight(p + "ffn_gate.weight") if layout.gated else None
     bias = src.weight(p + "ffn_down.bias") if src.has(p + "ffn_down.bias") else None
     plan: LayerPlan = plan_layer(method if method != "a3b" else "obs", gate, up, down, bias, st, k, rng,
-                                 layout.down_bias_ok, device=device, chunk=obs_chunk(layout.n_ff))
+                                 layout.down_bias_ok, device=device, chunk=obs_chunk(layout.n_ff), consume=True)
     keep = np.asarray(plan.keep, dtype=np.int64)
     new_down = plan.down if plan.down is not None else np.take(down, keep, axis=1)  # C order, unlike down[:, keep]
     imatrix = None

@@ -86,7 +86,7 @@ def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerP
         Hss_inv = torch.linalg.inv(Hinv[S][:, S])
         HS = Hinv[S]
         W = W - (W[:, S] @ Hss_inv) @ HS
-        Hinv -= HS.T @ Hss_inv @ HS  # in place: one n x n matrix fewer at a time
+        Hinv.addmm_(HS.T @ Hss_inv, HS, alpha=-1.0)  # in place, no n x n temporary: one matrix at a time
         W[:, S] = 0.0
         alive[S] = False
         left -= c
@@ -96,8 +96,9 @@ def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerP
 
 
 def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None, fit_bias: bool,
-               damp: float = 0.01, chunk: int | None = None, device: str = "cpu") -> LayerPlan:
-    """One-shot structured OBS on the unpruned model's statistics (method "obs"), on `device`."""
+               damp: float = 0.01, chunk: int | None = None, device: str = "cpu", consume: bool = False) -> LayerPlan:
+    """One-shot structured OBS on the unpruned model's statistics (method "obs"), on `device`;
+    `consume`: the caller gives `st.gram` away (it becomes None; one n x n matrix fewer)."""
     import torch
 
     n = down.shape[1]
@@ -112,23 +113,35 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
         b0 = (torch.zeros(down.shape[0], dtype=torch.float64, device=device) if bias is None
               else torch.from_numpy(bias).to(device=device, dtype=torch.float64))
         W = torch.cat([W, b0[:, None]], 1)
-    else:
+    elif not consume:
         G = G.clone()  # damped below in place: the caller's statistics stay as they were
+    if consume:
+        st.gram = None  # given away: G is the caller's matrix, or holds all it said
     G.diagonal().add_(damp * float(G.diagonal()[:n].mean()))
-    Hinv = torch.linalg.inv(G)
-    del G  # n x n float64 matrices held at once: the caller's statistics, and Hinv with one update
+    # The inverse through the Cholesky factor: two n x n float64 matrices at a time (the factor, then
+    # the inverse) where a general inverse holds four (the matrix, its LU factors, the identity it
+    # solves for, the result). A matrix that is not numerically positive definite takes the latter.
+    L, info = torch.linalg.cholesky_ex(G)
+    if int(info) == 0:
+        del G
+        Hinv = torch.cholesky_inverse(L)
+    else:
+        Hinv = torch.linalg.inv(G)
+        del G
+    del L
     return obs_prune(W, Hinv, n, k, fit_bias, chunk)
 
 
 def plan_layer(method: str, gate: np.ndarray | None, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
                st: LayerStats | None, k: int, rng: np.random.Generator, bias_ok: bool, device: str = "cpu",
-               chunk: int | None = None) -> LayerPlan:
-    """`gate` is None for an FFN without one (down(act(up x))); magnitude then scores ||up_i||."""
+               chunk: int | None = None, consume: bool = False) -> LayerPlan:
+    """`gate` is None for an FFN without one (down(act(up x))); magnitude then scores ||up_i||.
+    `consume`: obs may take `st.gram` over (see obs_select)."""
     n = down.shape[1]
     if k >= n:
         return LayerPlan(np.arange(n), None, None)
     if method == "obs":
-        return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk)
+        return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk, consume=consume)
     if method == "a3b":
         raise ValueError("method a3b is sequential: use sequential.sequential_plans")
     keep = top(scores(method, gate, up, down, st, rng), k)

@@ -189,6 +189,8 @@ def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff:
             if data.nbytes != t.nbytes:
                 raise RuntimeError(f"{t.name}: produced {data.nbytes} bytes, the header says {t.nbytes}")
             w.write_tensor_data(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+            del data
+            src.release(t.name)   # its pages of the source's map: see SourceModel.release
             bar.update(t.nbytes)
     finally:
         bar.close()
