@@ -3,6 +3,7 @@
     python -m comfyui_a3b.bench.bench_prune_memory                  # one-shot, and recovery of 3 steps
     python -m comfyui_a3b.bench.bench_prune_memory --steps 0        # one-shot only
     python -m comfyui_a3b.bench.bench_prune_memory --compare DIR    # the same runs of another checkout too
+    python -m comfyui_a3b.bench.bench_prune_memory --calib-windows 16   # a shorter calibration (minutes)
 
 Each run is `a3b prune` in a child process with a fresh cache folder (nothing cached: calibration,
 plans and recovery all run), on the CPU. Its peak resident size (the kernel's high-water mark of the
@@ -57,11 +58,12 @@ def rss_of(code: str, *args: str, pythonpath: str | None = None) -> tuple[int, f
     return rss, time.perf_counter() - t0, p.stderr
 
 
-def measure(tree: str, pythonpath: str | None, model: Path, steps: int, sizes: dict[str, int]) -> list[dict]:
+def measure(tree: str, pythonpath: str | None, model: Path, steps: int, sizes: dict[str, int],
+            calib: list[str] = ()) -> list[dict]:
     base, _, _ = rss_of(BASELINE, pythonpath=pythonpath)
-    runs = [("one-shot", ["--recover-steps", "0"], "file")]
+    runs = [("one-shot", ["--recover-steps", "0", *calib], "file")]
     if steps:
-        runs.append((f"recovery, {steps} steps", ["--recover-steps", str(steps)], "float32 model"))
+        runs.append((f"recovery, {steps} steps", ["--recover-steps", str(steps), *calib], "float32 model"))
     results = []
     for name, extra, what in runs:
         with tempfile.TemporaryDirectory() as d:
@@ -81,7 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="recovery steps of the recovery run, 0 = none (default: 3)")
     ap.add_argument("--compare", metavar="DIR", default=None,
                     help="also run the commands with the package imported from DIR (another checkout's link folder)")
+    ap.add_argument("--calib-windows", type=int, default=None, metavar="N",
+                    help="calibration windows of every run (default: a3b prune's); fewer make the runs shorter")
     args = ap.parse_args(argv)
+    calib = [] if args.calib_windows is None else ["--calib-windows", str(args.calib_windows)]
     from ..prune.source import SourceModel
     from ..runtime import default_model_path
 
@@ -91,8 +96,8 @@ def main(argv=None) -> int:
     del src
     results = []
     if args.compare:
-        results += measure("compared", args.compare, model, args.steps, sizes)
-    results += measure("this checkout", None, model, args.steps, sizes)
+        results += measure("compared", args.compare, model, args.steps, sizes, calib)
+    results += measure("this checkout", None, model, args.steps, sizes, calib)
     rows = [[r["tree"], r["run"], f"{r['peak_bytes'] / 1e6:.0f} MB", f"{r['above_baseline_bytes'] / 1e6:.0f} MB",
              f"{r['size_bytes'] / 1e6:.0f} MB ({r['size_is']})", f"{r['peak_ratio']:.2f}",
              f"{r['above_baseline_ratio']:.2f}", f"{r['wall_s']:.0f} s"] for r in results]
@@ -103,6 +108,7 @@ def main(argv=None) -> int:
         for n in r["notes"]:
             print(f"  {r['tree']}, {r['run']}: {n}")
     write_results("bench_prune_memory", {"model": model.name, "file_bytes": sizes["file"],
+                                         "calib_windows": args.calib_windows,
                                          "float32_bytes": sizes["float32 model"], "compared": args.compare,
                                          "runs": results})
 
