@@ -28,10 +28,10 @@ def _inside_comfyui() -> bool:
 def _check_llama_cpp() -> None:
     """One clear log line when llama-cpp-python is missing or broken (nodes then say how to fix it)."""
     from .runtime.errors import LlamaCppUnavailable
-    from .runtime.llama import llama
+    from .runtime.llama import check_usable
 
     try:
-        llama()
+        check_usable()
     except LlamaCppUnavailable as e:
         _log.error("[comfyui-a3b] %s", e)
 

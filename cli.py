@@ -150,7 +150,8 @@ def cmd_embed(args) -> int:
 
 def cmd_inspect(args) -> int:
     from .runtime import inspect_gguf
-    from .runtime.llama import llama_cpp_version, probe_architecture
+    from .runtime.llama import llama_cpp_version
+    from .runtime.llama.weights import probe_architecture
 
     cliwords.check_readable(args.file)
     info = inspect_gguf(cliwords.model_file(args.file))
@@ -212,7 +213,7 @@ def cmd_doctor(args) -> int:
         lines.append(("llama.cpp build", si["system_info"], True))
         lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else
                       "no (CPU only build; the README's GPU section says how to install a CUDA build)", True))
-        from .runtime.cxxruntime import carriers
+        from .runtime.llama.cxxruntime import carriers
 
         own = carriers()
         lines.append(("C++ runtime", f"{', '.join(own)} carry their own copy: safe only where llama.cpp loads "

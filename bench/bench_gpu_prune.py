@@ -142,7 +142,7 @@ def run_prune(model: Path, out: Path, args: list[str], cache: Path, block_torch:
 def speeds(paths: dict[str, Path], n_gpu_layers: int, decode_tokens: int, prefill_tokens: int, reps: int,
            threads: int) -> dict[str, dict[str, float]]:
     """Decode and prefill tokens/s of every file, loaded together and measured alternately (best of reps)."""
-    from comfyui_a3b.prune.llama_eval import LlamaEval
+    from comfyui_a3b.runtime.llama.evaluate import LlamaEval
 
     from .bench_gpu import prompt
 

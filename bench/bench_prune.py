@@ -38,7 +38,7 @@ def decode_ratio(base_path, path, prompt: list[int], n_tokens: int = 64, reps: i
     On a shared machine other processes steal cores at random, so each side's best of `reps` runs
     estimates its undisturbed speed, and one thread keeps llama.cpp's thread barriers out of it.
     """
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
 
     with LlamaEval(base_path, n_ctx=256, n_threads=threads) as a, LlamaEval(path, n_ctx=256, n_threads=threads) as b:
         a.decode_speed(prompt, 8)
@@ -92,7 +92,7 @@ def agreement(path, windows: list[list[int]], stepwise: bool = True) -> dict:
     """
     import torch
 
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
     from ..prune.numerics import Emulation
     from ..prune.reference import RefModel
     from ..prune.source import SourceModel
@@ -143,15 +143,16 @@ def print_agreement(res: dict) -> None:
 def float_copy(src_path, out: Path) -> Path:
     """The same weights, dequantised to float32 (llama.cpp then does no 8-bit activation rounding)."""
     from ..prune.source import SourceModel
-    from ..prune.writer import write_gguf
+    from ..prune.writing import gguf
 
     src = SourceModel(src_path)
-    write_gguf(src, out, {n: src.weight(n) for n in src.tensors}, n_ff=src.hp.n_ff, a3b={"method": "float-copy"})
+    tensors = [gguf.value_tensor(n, 0, src.shape(n), lambda n=n: src.weight(n)) for n in src.tensors]
+    gguf.write(src, out, tensors, n_ff=None, a3b={"method": "float-copy"}, kv={"general.file_type": 0})  # ALL_F32
     return out
 
 
 def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: np.ndarray) -> list[dict]:
-    from ..prune import gate
+    from ..prune.dense import gate
     from ..prune.reference import RefModel, perplexity
     from ..prune.source import SourceModel
 
@@ -168,7 +169,8 @@ def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: n
 
 
 def main(argv=None) -> int:
-    from ..prune.pipeline import PruneConfig, default_cache_dir, prune
+    from ..prune import PruneConfig, prune
+    from ..prune.config import default_cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keeps", default="1.0,0.9,0.8,0.63,0.5")
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
     from ..runtime import default_model_path, inspect_gguf
     from ..prune import cached_variant
     from ..prune.cache import variant_path
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
 
     base = default_model_path()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))
@@ -360,7 +362,7 @@ def main(argv=None) -> int:
     sp = [float(s) for s in args.gate_sparsities.split(",") if s]
     if sp:
         from ..prune import corpus
-        from ..prune.pipeline import calibration_windows
+        from ..prune.calibration.windows import calibration_windows
 
         with LlamaEval(base, n_ctx=256) as ev:
             calib, _ = calibration_windows(ev.tokenize, ev.bos, PruneConfig(calib_windows=8))

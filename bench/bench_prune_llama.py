@@ -63,7 +63,7 @@ def run_prune(model: Path, out: Path, args: list[str], cache: Path) -> dict:
 
 def baseline_rss() -> int:
     """Peak RSS of a Python process that imports torch and the package (what every run starts from)."""
-    code = ("import resource, torch, numpy, gguf\nimport comfyui_a3b.prune.streamed\n"
+    code = ("import resource, torch, numpy, gguf\nimport comfyui_a3b.prune.dense.llama_path\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
@@ -75,11 +75,13 @@ def agreement(path: Path, n_windows: int = 16, seq_len: int = 256, keeps=(0.9, 0
     overlap of the neurons Wanda keeps from each."""
     import numpy as np
 
-    from ..prune import calibrate
+    from ..prune.calibration import reference_stats as calibrate
     from ..prune.config import PruneConfig
-    from ..prune.llama_stats import FFNInputProbe, LlamaCalibrator
-    from ..prune.methods import scores, width_for
-    from ..prune.pipeline import _tokenizer, calibration_windows
+    from ..prune.calibration.llama_stats import FFNInputProbe, LlamaCalibrator
+    from ..prune.dense.methods import scores
+    from ..prune.writing.align import width_for
+    from ..prune.calibration.windows import calibration_windows
+    from ..prune.calibration.windows import tokenizer as _tokenizer
     from ..prune.reference import RefModel
     from ..prune.source import SourceModel
 
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
                     [[k, v["median"], v["max"], v["min"]] for k, v in ag["summary"].items()])
         print(f"seconds: llama.cpp {ag['llama_s']:.1f}, torch {ag['torch_s']:.1f}")
         return 0
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
     from ..runtime.locate import default_model_path
     from .bench_prune import decode_ratio
     from .gemma import gemma_path

@@ -90,7 +90,7 @@ def compare(ref: np.ndarray, other: np.ndarray) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     from ..prune import PruneConfig, prune
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts-keep", type=float, default=0.5)

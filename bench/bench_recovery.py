@@ -33,7 +33,7 @@ def torch_device(asked: str) -> str:
 
 
 def main(argv=None) -> int:
-    from ..prune.pipeline import PruneConfig
+    from ..prune.config import PruneConfig
 
     d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
     from ..runtime import default_model_path, inspect_gguf
     from ..prune import cached_variant
-    from ..prune.llama_eval import LlamaEval
+    from ..runtime.llama.evaluate import LlamaEval
     from .bench_prune_llama import heldout
 
     base = Path(args.model) if args.model else default_model_path()

@@ -27,7 +27,7 @@ def _raw_llama(path: str):
     from llama_cpp import Llama
 
     from comfyui_a3b.runtime import vet
-    from comfyui_a3b.runtime.llama import thread_counts
+    from comfyui_a3b.runtime.llama.backend import thread_counts
 
     if not vet.repack_allowed():  # Llama() cannot turn llama.cpp's CPU repacking off
         raise SystemExit("bench_runtime: the installed llama-cpp-python crashes in its CPU weight repacking on this "

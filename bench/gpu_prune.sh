@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 "$PY" - <<'EOF'
 import importlib, sys
 missing = []
-# the runtime first: it imports llama_cpp before anything loads the C++ runtime (runtime/cxxruntime.py)
+# the runtime first: it imports llama_cpp before anything loads the C++ runtime (runtime/llama/cxxruntime.py)
 for mod in ("comfyui_a3b.runtime", "llama_cpp", "numpy", "yaml", "tqdm", "gguf"):
     try:
         importlib.import_module(mod)

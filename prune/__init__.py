@@ -6,16 +6,23 @@ Importing this package does not import torch; the steps that need it (reference 
 calibration, distillation, dynamic gate) raise `TorchMissing` naming
 `pip install 'comfyui-a3b[prune]'` when it is not installed. Reading GGUFs, writing and quantising
 pruned files, and llama.cpp evaluation work without torch.
+
+Floors, each importing only those below it (llama.cpp itself is reached through runtime/llama):
+
+    pipeline.py, cache.py, cli.py   prune(): which path a run takes; cached variants; `a3b prune`
+    experts/                        mixture-of-experts pruning (whole experts, expert neurons)
+    dense/                          FFN-neuron and head pruning of dense models; recovery
+    calibration/, writing/          statistics of the unpruned model; the pruned file and its metadata
+    config, layout, source, corpus, reference, files, ...   settings, architectures, sources, text
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from .config import PruneConfig
+from .config import METHODS, PruneConfig
 from .errors import CorpusTooSmall, OutputExists, PruneInterrupted, TorchMissing, require_torch
-from .methods import METHODS
-from .source import SUPPORTED_ARCHITECTURES
+from .layout import TORCH_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 
 __all__ = ["METHODS", "PruneConfig", "SUPPORTED_ARCHITECTURES", "CorpusTooSmall", "OutputExists", "PruneInterrupted",
            "TorchMissing", "cached_variant", "cli_main", "prune", "require_torch"]

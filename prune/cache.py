@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.gguf_info import sha256_file
-from .errors import InvalidRequest
 from .config import PruneConfig, default_cache_dir, with_device_defaults
+from .errors import InvalidRequest
+from .pipeline import prune
+from .source import SourceModel
 
 _sha_memo: dict[tuple[str, int, int], str] = {}
 
@@ -65,8 +67,6 @@ def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLi
     settings = with_device_defaults(settings)
     cfg = PruneConfig(**{k: v for k, v in settings.items() if v is not None})
     cfg.validate()
-    from .source import SourceModel
-
     SourceModel(source_path, torch_reference=False)  # typed errors (missing file, not a GGUF) before any work
     out = variant_path(source_path, cfg, cache_dir)
     if out.is_file():
@@ -74,8 +74,6 @@ def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLi
     with _lock(out.with_name(out.name + ".lock")):
         if out.is_file():  # made by another process while we waited
             return out
-        from .pipeline import prune
-
         prune(source_path, out, cfg, force=False, progress=progress,
               cache_dir=Path(cache_dir) if cache_dir is not None else None)
     return out

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import site
 import sys
+import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
-from .config import EXPERT_METHODS, GPU_RECOVERY, PruneConfig, with_device_defaults
+from ..runtime.gguf_info import inspect_gguf
+from ..runtime.locate import resolve_model
+from .config import EXPERT_METHODS, GPU_RECOVERY, METHODS, PruneConfig, default_cache_dir, with_device_defaults
 from .errors import InvalidRequest
-from .methods import METHODS
 
 DESCRIPTION = ("A3B FFN pruning of a GGUF: remove the least useful FFN neurons of every layer (llama, qwen2, "
                "qwen3, qwen35, gemma3; statistics from llama.cpp's own evaluation of the quantised file, streamed "
@@ -49,7 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"model (default: {d.recover_steps}; {GPU_RECOVERY['recover_steps']} where recovery runs on a "
                         "CUDA GPU)")
     p.add_argument("--out", "-o", default=None, metavar="FILE",
-                   help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf)")
+                   help="output GGUF (default: beside the model, named MODEL.a3b-METHOD-KEEP.gguf; for a model inside "
+                        "the Python installation, such as the embedded one, or in a folder that cannot be written, "
+                        "under the cache folder's prune/out, said when the run starts)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--calib-windows", type=int, default=d.calib_windows, metavar="N", help="calibration windows")
     p.add_argument("--seq-len", type=int, default=d.seq_len, metavar="N", help="tokens per calibration window")
@@ -71,8 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp calibration: layers offloaded to the GPU, -1 = all, 0 = CPU only "
                         "(default: %(default)s)")
     p.add_argument("--gram-budget-mb", type=int, default=d.gram_budget_mb, metavar="MB",
-                   help="llama.cpp calibration: memory for the Gram matrices gathered in one pass (obs, a3b); "
-                        "wide FFNs then take several passes (default: %(default)s)")
+                   help="llama.cpp calibration: memory for the Gram matrices (obs, a3b) held at once; the other "
+                        "layers' inputs go through files in the cache folder in the same pass, or, where its disk "
+                        "lacks the room, through more passes (default: half the size of the model file)")
     p.add_argument("--recover-corpus", choices=("calib", "wide"), default=None,
                    help="recovery text: the calibration corpus, or the wide corpus of everything installed (the "
                         "standard library, every package's sources and documentation, Debian's documentation) "
@@ -93,7 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gate-sparsity", type=float, default=d.gate_sparsity, metavar="SHARE",
                    help="target sparsity of the stored dynamic gate, in [0, 1)")
     p.add_argument("--align", type=int, default=d.align, metavar="N",
-                   help="round the FFN width to a multiple of N (default: no rounding)")
+                   help="round the FFN width to a multiple of N (default: the block size of the file's FFN down "
+                        "projections, so that each keeps its type: 32 for Q4_0, Q4_1, Q8_0, 256 for K-quants, 1 for "
+                        "float files; a smaller N stores those that cannot hold it in llama-quantize's fallback type)")
     p.add_argument("--seed", type=int, default=d.seed, metavar="N",
                    help="random seed of the run (random selection, distillation batches, dynamic gate)")
     p.add_argument("--threads", type=int, default=d.threads, metavar="N",
@@ -136,39 +146,60 @@ def config_from_args(args: argparse.Namespace) -> PruneConfig:
     return cfg
 
 
-def output_path(source: Path, args: argparse.Namespace) -> Path:
-    """--out, or a name beside the source; its folder must exist.
+def output_path(source: Path, args: argparse.Namespace) -> tuple[Path, str | None]:
+    """--out, or a name beside the source, and a note to print when that name is not where the user
+    would look; its folder must exist.
 
-    Checked before any work: the file is written only at the end, minutes into a run.
+    A source inside the Python installation (the embedded model ships in a package) or in a folder this
+    user cannot write gets its output under the cache folder instead: a package's folder is replaced
+    or removed with the package, and is no place for the user's files. Checked before any work: the
+    file is written only at the end, minutes into a run.
     """
     stem = source.name.removesuffix(".gguf")
     experts = f"e{args.expert_method}-{args.experts_keep:g}-" if getattr(args, "experts_keep", None) is not None else ""
-    out = Path(args.out) if args.out else source.with_name(f"{stem}.a3b-{experts}{args.method}-{args.keep:g}.gguf")
+    name = f"{stem}.a3b-{experts}{args.method}-{args.keep:g}.gguf"
+    note = None
+    if args.out:
+        out = Path(args.out)
+    elif _inside_python(source) or not os.access(source.parent, os.W_OK):
+        out = default_cache_dir() / "out" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        where = "inside the Python installation" if _inside_python(source) else "in a folder this user cannot write"
+        note = f"a3b prune: {source.name} is {where}; the pruned file goes to {out} (--out chooses another place)"
+    else:
+        out = source.with_name(name)
     if not out.parent.is_dir():
         raise InvalidRequest(f"The folder of --out {out} does not exist; create it or choose another --out.")
-    return out
+    return out, note
+
+
+def _inside_python(path: Path) -> bool:
+    """Whether `path` lies in the Python installation: its standard library or any site-packages."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= set(getattr(site, "getsitepackages", list)()) | {site.getusersitepackages()}
+    p = Path(path).resolve()
+    return any(part in ("site-packages", "dist-packages") for part in p.parts) or any(
+        p.is_relative_to(Path(r).resolve()) for r in roots if r)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `a3b prune` with the namespace `add_arguments` describes."""
-    from ..runtime.locate import resolve_model
-
     source = resolve_model(args.model)
     recovery_default = args.recover_steps is None
     cfg = config_from_args(args)
-    out = output_path(source, args)
+    out, note = output_path(source, args)
+    if note:
+        print(note, file=sys.stderr)
     if recovery_default and cfg.recover_steps:
-        from dataclasses import replace
-
-        from ..runtime.gguf_info import inspect_gguf
-
         if inspect_gguf(source).expert_count:  # mixture-of-experts pruning is one-shot
             cfg = replace(cfg, recover_steps=0)
     # Imported after the checks, so that a mistake is reported before the heavy imports.
+    from .dense.distill import notifier
     from .pipeline import prune
 
     try:
-        res = prune(source, out, cfg, force=args.force, progress=not args.quiet, cache_dir=args.cache_dir)
+        res = prune(source, out, cfg, force=args.force, progress=not args.quiet, cache_dir=args.cache_dir,
+                    notify=notifier(not args.quiet, lambda m: print(m, file=sys.stderr)))
     except KeyboardInterrupt:
         print(f"a3b prune: interrupted; nothing was written to {out} (calibration statistics and "
               "distillation checkpoints are cached: the same command resumes)", file=sys.stderr)

@@ -12,8 +12,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..runtime.options import Option, cache_root, check, check_finite
+from .corpus import dir_digest
+from .device import resolve_device
 from .errors import InvalidRequest
-from .methods import METHODS
+
+#: FFN-neuron importance methods (dense/methods.py says what each does), and those that need no data
+METHODS = ("random", "magnitude", "wanda", "flap", "obs", "a3b")
+DATA_FREE = ("random", "magnitude")
 
 
 def default_cache_dir() -> Path:
@@ -51,8 +56,6 @@ def with_device_defaults(settings: dict) -> dict:
     if (not unset or settings.get("recover_steps") == 0 or given("device") == "cpu"
             or (given("keep") >= 1.0 and given("heads_keep") >= 1.0)):
         return settings
-    from .device import resolve_device
-
     try:
         device = resolve_device(given("device"))
     except ImportError:
@@ -103,7 +106,9 @@ class PruneConfig:
     calibration: str = "auto"
     device: str = "auto"          # torch parts: cuda, cpu or auto
     n_gpu_layers: int = 0         # llama.cpp calibration: layers offloaded to the GPU (-1: all)
-    gram_budget_mb: int = 4096    # memory for the Gram matrices of one llama.cpp calibration pass
+    # memory for the Gram matrices held during a llama.cpp calibration pass; None: half the model
+    # file (dense/llama_path.py), so that the run's memory follows the model's size
+    gram_budget_mb: int | None = None
     recover_corpus: str = "calib"  # recovery text: the calibration corpus, or the wide corpus (corpus.py)
     # mixture-of-experts models (experts.py): the share of routed experts kept in every layer, and how
     # they are ranked; `keep` then narrows every kept expert's FFN
@@ -149,7 +154,7 @@ class PruneConfig:
         if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
             raise InvalidRequest("n_gpu_layers must be -1 (all), 0 (CPU only) or a layer count, "
                                  f"got {self.n_gpu_layers!r}")
-        if self.gram_budget_mb < 1:
+        if self.gram_budget_mb is not None and (isinstance(self.gram_budget_mb, bool) or self.gram_budget_mb < 1):
             raise InvalidRequest(f"gram budget must be at least 1 MB, got {self.gram_budget_mb}")
 
     def key(self) -> str:
@@ -162,7 +167,17 @@ class PruneConfig:
                 d.pop(name)
         d["calib_files"] = [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in self.calib_files]
         if "calib_dirs" in d:
-            from .corpus import dir_digest
-
             d["calib_dirs"] = [dir_digest(x) for x in self.calib_dirs]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def refuse_torch_parts(cfg: PruneConfig, where: str, *, recovery: bool = True) -> None:
+    """InvalidRequest where `cfg` asks a path without the torch reference forward (`where` names it)
+    for what only that forward does: head pruning, and recovery (unless `recovery` is False: the
+    caller then leaves recovery out on its own)."""
+    if cfg.heads_keep < 1.0:
+        raise InvalidRequest(f"head pruning runs on the torch reference forward (llama, qwen3), which {where}; "
+                             "use --heads-keep 1 (or --calibration torch for a llama or qwen3 model).")
+    if recovery and cfg.recover_steps > 0 and (cfg.keep < 1.0 or cfg.experts_keep < 1.0):
+        raise InvalidRequest(f"recovery by distillation runs on the torch reference forward, which {where}: "
+                             "pruning here is one-shot. Pass --recover-steps 0.")

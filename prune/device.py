@@ -50,3 +50,18 @@ def autocast(device: str, enabled: bool = True):
 def synchronize(device: str) -> None:
     if device == "cuda":
         require_torch().cuda.synchronize()
+
+
+def matmul_speed(seconds: float = 0.3) -> float:
+    """Floating-point operations per second of float32 matrix products on this machine's CPU, measured
+    for about `seconds` with the shapes of a small model's layers (for a time estimate, not a benchmark)."""
+    import time
+
+    torch = require_torch()
+    a, b = torch.randn(1024, 576), torch.randn(576, 1536)
+    a @ b  # warm-up: the first product sets up threads
+    n, t0 = 0, time.perf_counter()
+    while (dt := time.perf_counter() - t0) < seconds:
+        a @ b
+        n += 1
+    return 2.0 * 1024 * 576 * 1536 * n / dt

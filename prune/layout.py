@@ -20,6 +20,9 @@ STREAMED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen35", "gemma3")
 TORCH_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 #: llama.cpp reads ffn_down.bias for these (others refuse a file that has it).
 DOWN_BIAS_ARCHITECTURES = ("llama",)
+#: Mixture-of-experts architectures whose experts can be removed or narrowed (experts/): checked
+#: against llama.cpp's model code and tested with tiny files of each.
+MOE_ARCHITECTURES = ("qwen3moe", "qwen35moe")
 
 #: Per-block tensors that carry the FFN width, and along which axis (numpy layout: 0 = rows).
 ROW_SLICED = ("ffn_gate.weight", "ffn_up.weight", "ffn_gate.bias", "ffn_up.bias")
@@ -51,6 +54,11 @@ def layer_of(name: str) -> int | None:
         return None
 
 
+def is_moe(tensor_names) -> bool:
+    """Whether a file's layers carry routed or shared experts (a router, *_exps or *_shexp tensors)."""
+    return any(layer_of(n) is not None and any(m in n for m in MOE_MARKERS) for n in tensor_names)
+
+
 def check_layout(arch: str, tensor_names: list[str], tensor_shapes: dict[str, tuple[int, ...]], n_layer: int,
                  feed_forward_length, file_name: str) -> FFNLayout:
     """The FFN layout of a GGUF, or UnsupportedArchitecture saying what is missing.
@@ -59,11 +67,12 @@ def check_layout(arch: str, tensor_names: list[str], tensor_shapes: dict[str, tu
     (an int, or a list of one value per layer).
     """
     moe = sorted({n.split(".", 2)[2] for n in tensor_names
-                  if layer_of(n) is not None and any(m in n for m in MOE_MARKERS)})
+                  if layer_of(n) is not None and any(m in n for m in MOE_MARKERS)})  # is_moe, named
     if moe:
         raise UnsupportedArchitecture(
             f"{file_name} ({arch}) has a mixture-of-experts FFN ({', '.join(moe[:4])}): FFN-neuron pruning "
-            "handles dense gate/up/down FFNs; expert pruning is not available yet.")
+            "handles dense gate/up/down FFNs, and expert pruning (--experts-keep) is checked for "
+            f"{', '.join(MOE_ARCHITECTURES)}.")
     if arch not in STREAMED_ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"FFN pruning is checked for the {', '.join(STREAMED_ARCHITECTURES)} architectures; {file_name} is "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .errors import require_torch
+from .numerics import Emulation
 from .source import HParams, SourceModel
 
 torch = require_torch()
@@ -116,7 +117,8 @@ class RefModel(nn.Module):
     product and K/V to the cache type as llama.cpp's CPU backend does, to compare logits with
     llama.cpp on quantised files; it is for evaluation only (rounding has no useful gradient)."""
 
-    def __init__(self, hp: HParams, weights: dict[str, np.ndarray | torch.Tensor], emulate=None):
+    def __init__(self, hp: HParams, weights: dict[str, np.ndarray | torch.Tensor], emulate=None, layers=None):
+        """`layers`: the blocks, where they do not come from `weights` (StreamedLayers)."""
         super().__init__()
         self.hp = hp
         t = {k: torch.as_tensor(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
@@ -125,11 +127,13 @@ class RefModel(nn.Module):
         self.out_norm = nn.Parameter(t["output_norm.weight"], requires_grad=False)
         self.output = None if hp.tied_output else nn.Parameter(t["output.weight"], requires_grad=False)
         self.freq_factors = t.get("rope_freqs.weight")
-        self.layers = nn.ModuleList(
+        self.layers = layers if layers is not None else nn.ModuleList(
             Layer(hp, {k.split(".", 2)[2]: v for k, v in t.items() if k.startswith(f"blk.{i}.")})
             for i in range(hp.n_layer))
         self.emulate = emulate
         self._head_emu = None
+        #: keep only each layer's input for the backward pass and compute the rest again (distill.kl_step)
+        self.checkpoint = False
         if emulate is not None:
             for i, layer in enumerate(self.layers):
                 layer.emu = {TENSORS[a].removesuffix(".weight"): emulate.linear(f"blk.{i}.{TENSORS[a]}")
@@ -142,8 +146,6 @@ class RefModel(nn.Module):
         """`emulate_llamacpp`: compute like llama.cpp's CPU backend on this file (see `numerics`)."""
         emulate = None
         if emulate_llamacpp:
-            from .numerics import Emulation
-
             emulate = Emulation.from_source(src)
         return cls(src.hp, {name: src.weight(name) for name in src.tensors}, emulate)
 
@@ -163,7 +165,10 @@ class RefModel(nn.Module):
         x = F.embedding(tokens, self.embd)
         cos, sin = _rope_tables(self.hp, tokens.shape[1], freq_factors=self.freq_factors, device=self.embd.device)
         for il, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, il, hook)
+            if self.checkpoint and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, il, hook, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, il, hook)
         return _rms(x, self.out_norm, self.hp.eps)
 
     def head(self, h):
@@ -175,6 +180,27 @@ class RefModel(nn.Module):
 
     def ffn_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.layers for p in (layer.gate, layer.up, layer.down)]
+
+
+class StreamedLayers:
+    """The blocks of `src` for a forward without gradients, each dequantised from the file's stored bytes
+    when the forward reaches it and dropped after it: the same values as a model built from
+    `src.weight` (so the same outputs), in the memory of one block instead of the model's. Recovery's
+    teacher on the CPU (dense/torch_path.py): it costs one dequantisation of the blocks per forward,
+    a few percent of a distillation step there."""
+
+    def __init__(self, src: SourceModel):
+        self.src = src
+        self.hp = src.hp
+        self._names = [[n for n in src.tensors if n.startswith(f"blk.{i}.")] for i in range(src.hp.n_layer)]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self):
+        for i, names in enumerate(self._names):
+            p = f"blk.{i}."
+            yield Layer(self.hp, {n[len(p):]: torch.from_numpy(self.src.weight(n)) for n in names})
 
 
 @torch.no_grad()

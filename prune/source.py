@@ -9,6 +9,7 @@ embeddings to adjacent pairs for llama (GGUF conversion permutes q/k accordingly
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -19,8 +20,8 @@ import numpy as np
 
 from ..runtime.gguf_info import inspect_gguf, sha256_file
 from .errors import UnsupportedArchitecture
+from .layout import TORCH_ARCHITECTURES
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 
 
@@ -56,6 +57,16 @@ def _scalar(v: Any, what: str, path: Path) -> Any:
     return v
 
 
+@dataclass(frozen=True)
+class MetaField:
+    """One metadata key's GGUF value types and its value (what gguf's ReaderField gives, less its parts)."""
+    types: list
+    value: Any
+
+    def contents(self) -> Any:
+        return self.value
+
+
 class SourceModel:
     """A GGUF opened for reading. `raw(name)` gives the stored bytes, `weight(name)` float32 values.
 
@@ -67,16 +78,19 @@ class SourceModel:
         info = inspect_gguf(self.path)  # typed errors for missing / foreign / truncated files
         self.info = info
         self.torch_reference = torch_reference
-        if torch_reference and info.architecture not in SUPPORTED_ARCHITECTURES:
+        if torch_reference and info.architecture not in TORCH_ARCHITECTURES:
             raise UnsupportedArchitecture(
                 f"the torch reference forward (recovery, sequential a3b, head pruning) knows the "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)} architectures; {self.path.name} is {info.architecture!r}. "
+                f"{', '.join(TORCH_ARCHITECTURES)} architectures; {self.path.name} is {info.architecture!r}. "
                 "One-shot pruning calibrated through llama.cpp covers more: --calibration llama --recover-steps 0.")
         from gguf import GGUFReader
 
         self.reader = GGUFReader(str(self.path), "r")
         self.tensors = {t.name: t for t in self.reader.tensors}
-        self.fields = {k: f for k, f in self.reader.fields.items()}
+        # The reader keeps a numpy view per string of every array field: for a 49k-token vocabulary
+        # and its merges some 175 MB of Python objects, for values of a few MB. Only the values stay.
+        self.fields = {k: MetaField(list(f.types), f.contents()) for k, f in self.reader.fields.items()}
+        self.reader.fields.clear()
         arch = info.architecture
 
         def key(suffix: str, default: Any = None) -> Any:
@@ -122,6 +136,36 @@ class SourceModel:
 
     def raw(self, name: str):
         return self.tensors[name]
+
+    def stored(self, name: str) -> np.ndarray:
+        """The stored bytes (or values, for float types) of a tensor: a view of the memory-mapped file."""
+        return np.asarray(self.tensors[name].data)
+
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's map of the file, once it is no longer needed (the
+        writer calls this after each tensor). Pages read through the map count in the process's
+        resident size until it lets go of them, so writing the whole file through the map would add the
+        file's size to the peak; a later read maps them again, from the page cache."""
+        t = self.tensors.get(name)
+        mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
+        if t is None or mm is None or not hasattr(mm, "madvise"):
+            return
+        start = int(t.data_offset) - int(t.data_offset) % mmap.PAGESIZE
+        end = min(int(t.data_offset) + int(t.n_bytes), len(mm))
+        # whole pages only: a page shared with the next tensor is dropped too and simply read again
+        length = -(-(end - start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, min(length, len(mm) - start))
+        except (OSError, ValueError):  # an advice the system refuses only leaves the pages resident
+            pass
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's numpy shape, rows first (GGUF's ne reversed)."""
+        return tuple(int(x) for x in reversed(self.tensors[name].shape))
+
+    def qtype(self, name: str) -> int:
+        """A tensor's ggml type (GGMLQuantizationType value)."""
+        return int(self.tensors[name].tensor_type)
 
     def weight(self, name: str) -> np.ndarray:
         """Dequantised float32 values, numpy row-major: (rows, cols) = (out, in) for matrices."""

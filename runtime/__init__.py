@@ -26,15 +26,16 @@ if _canonical is not None and _canonical.__name__ != __name__:
 else:
     _sys.modules[_CANONICAL_KEY] = _sys.modules[__name__]
 
-    # llama.cpp's libraries first where nothing loaded the C++ runtime yet (see llama/cxxruntime.py)
-    from . import cxxruntime as _cxxruntime
+    # first: llama.cpp's libraries, loaded before the C++ runtime where nothing loaded it yet
+    # (see llama/cxxruntime.py)
+    from . import llama  # noqa: F401
 
-    _cxxruntime.preload()
+    from . import (chat, engine, errors, fim, generation, gguf_info, locate, options,  # noqa: F401  (eager: see above)
+                   remote, requests, scheduler, store, vet, worker)
 
-    from . import (chat, engine, errors, fim, generation, gguf_info, llama, locate, options,  # noqa: F401  (eager: see above)
-                   remote, requests, scheduler, serving, store, vet, worker)
+    from .llama import local_engine
 
-    engine.set_default_engine(llama.ENGINE)   # model files run in this process; URLs: see remote/
+    engine.set_default_engine(local_engine.ENGINE)   # model files run in this process; URLs: see remote/
     from .core import Runtime, get_runtime
     from .engine import Engine, Model, ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,

@@ -49,7 +49,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "at most 16; 0 or 1: off)", ("runtime/llama/backend.py",)),
     Variable("A3B_MALLOC_TUNING", "on", "off: leave glibc's allocator alone", ("runtime/memory.py",)),
     Variable("A3B_PRELOAD_LLAMA", "on", "off: do not import llama-cpp-python early for the library order",
-             ("runtime/cxxruntime.py",)),
+             ("runtime/llama/cxxruntime.py",)),
     Variable("A3B_VRAM_POLICY", "offload", "offload, resident or unload-after-run when ComfyUI needs VRAM",
              ("nodes/vram.py",)),
     Variable("A3B_LSP", None, "tcp:HOST:PORT or ws:HOST:PORT: the language server inside ComfyUI",

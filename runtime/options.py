@@ -30,7 +30,7 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0", "f32", "bf16", "q5_0", "q5_1", "q4_1")
 #: What to do when n_ctx exceeds the model's trained context.
 CTX_POLICIES = ("warn", "refuse")
-#: The llama.cpp types a model can be re-encoded into for serving (serving.py's formats).
+#: The llama.cpp types a model can be re-encoded into for serving (llama/reencode.py).
 SERVE_FORMATS = ("q8_0", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q6_k")
 #: How a model is served: the file as is, the faster of it and a re-encoded copy, or a copy.
 SERVE_AS = ("as-is", "auto", *SERVE_FORMATS)
@@ -344,7 +344,7 @@ class LoadSpec:
     use_mmap: bool = USE_MMAP.default
     lora_path: str | None = LORA_PATH.default
     lora_scale: float = LORA_SCALE.default
-    #: see serving.py
+    #: see llama/reencode.py
     serve_as: str = SERVE_AS_OPTION.default
     embed_n_ctx: int = EMBED_N_CTX.default
     #: "warn" loads, logs a warning and reports it in status; "refuse" raises ContextTooLarge

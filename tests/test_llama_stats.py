@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tinygguf import write_tiny_gguf
 
-from comfyui_a3b.prune.llama_stats import FFNInputProbe, LlamaCalibrator, PatternProbe
+from comfyui_a3b.prune.calibration.llama_stats import FFNInputProbe, LlamaCalibrator, PatternProbe
 
 WINDOW = [1] + list(range(5, 40))
 
@@ -50,3 +50,21 @@ def test_a_pass_stops_after_the_last_layer_it_needs(tmp_path):
     st = probe.layer_stats(0)
     assert st.count == len(WINDOW) and st.sum.shape == (128,) and st.gram is None
     assert (np.abs(st.sum) <= st.sumabs + 1e-9).all() and (st.sumsq > 0).all()
+
+
+@pytest.mark.parametrize("arch,weighted", [("llama", False), ("gemma3", True)])
+def test_a_spilled_layer_gives_the_same_gram_matrix_as_one_held_in_memory(tmp_path, arch, weighted):
+    """A layer whose inputs go through a file during the pass gets exactly the matrix it would have had."""
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch, n_layer=3, n_ctx=128)
+    held = FFNInputProbe(3, gram_layers=range(3), weighted=weighted)
+    spilled = FFNInputProbe(3, gram_layers=range(3), weighted=weighted, spill_dir=tmp_path, spill_layers=[1, 2])
+    with LlamaCalibrator(path, 64, n_threads=1) as cal:
+        cal.run([held, spilled], [WINDOW, WINDOW[:20], WINDOW[3:]])
+    assert spilled.acc[1].gram is None and sorted(p.name for p in tmp_path.glob("layer*")) == (
+        ["layer0001.w", "layer0001.x", "layer0002.w", "layer0002.x"] if weighted else ["layer0001.x", "layer0002.x"])
+    for il in range(3):
+        a, b = held.take(il), spilled.take(il)
+        assert np.array_equal(a.gram, b.gram) and np.array_equal(a.sumsq, b.sumsq) and a.count == b.count
+        assert (a.gram_count, a.gram_sum is None) == (b.gram_count, b.gram_sum is None)
+        assert il not in spilled.acc  # taken: its matrix is not kept
+    assert list(tmp_path.glob("layer*")) == []

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 from tinygguf import write_tiny_gguf  # noqa: E402
 
 from comfyui_a3b.prune import corpus, numerics  # noqa: E402
-from comfyui_a3b.prune.llama_eval import LlamaEval  # noqa: E402
+from comfyui_a3b.runtime.llama.evaluate import LlamaEval  # noqa: E402
 from comfyui_a3b.prune.reference import RefModel  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 

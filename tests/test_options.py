@@ -113,8 +113,9 @@ def test_the_seed_wraps_in_one_place():
 
 
 def test_options_does_not_import_serving():
-    """options.py imported serving.py for its formats, closing an import cycle through llama/."""
-    from comfyui_a3b.runtime import serving
+    """options.py imported serving.py (now llama/reencode.py) for its formats, closing an import cycle
+    through llama/."""
+    from comfyui_a3b.runtime.llama import reencode as serving
 
     tree = ast.parse((ROOT / "runtime" / "options.py").read_text(encoding="utf-8"))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

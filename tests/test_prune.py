@@ -20,8 +20,8 @@ from comfyui_a3b.runtime import UnsupportedArchitecture, inspect_gguf, sha256_fi
 from comfyui_a3b.runtime.errors import InvalidRequest  # noqa: E402
 from comfyui_a3b.prune import (METHODS, CorpusTooSmall, OutputExists, cached_variant,  # noqa: E402
                                        prune)
-from comfyui_a3b.prune.llama_eval import LlamaEval  # noqa: E402
-from comfyui_a3b.prune.pipeline import PruneConfig  # noqa: E402
+from comfyui_a3b.runtime.llama.evaluate import LlamaEval  # noqa: E402
+from comfyui_a3b.prune.config import PruneConfig  # noqa: E402
 from comfyui_a3b.prune.reference import RefModel  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 
@@ -125,7 +125,7 @@ def test_head_pruning_slices_query_rows_of_the_kept_heads(tiny, tmp_path, cache)
 
 
 def test_head_plan_keeps_the_strongest_head_of_each_group_and_refits():
-    from comfyui_a3b.prune.heads import plan_heads, query_rows
+    from comfyui_a3b.prune.dense.heads import plan_heads, query_rows
 
     rng = np.random.default_rng(0)
     D, n = 8, 4000
@@ -178,7 +178,8 @@ def test_every_method_gives_a_loadable_file(tiny, tmp_path, cache, method):
 
 def test_obs_reconstructs_the_ffn_output_better_than_plain_scores(tiny, cache):
     """The least-squares re-fit: obs's FFN output error on calibration activations is below wanda's."""
-    from comfyui_a3b.prune import calibrate, methods
+    from comfyui_a3b.prune.calibration import reference_stats as calibrate
+    from comfyui_a3b.prune.dense import methods
     from comfyui_a3b.prune.corpus import code_corpus, windows
 
     src = SourceModel(tiny["llama"])
@@ -227,7 +228,7 @@ def _half_width_student(src: SourceModel) -> RefModel:
 def test_distillation_lowers_the_kl(tiny, train):
     """Mechanics on a random tiny model (random text carries nothing to generalise from, so the KL
     is measured on the training windows; the bench measures held-out quality on the real model)."""
-    from comfyui_a3b.prune import distill
+    from comfyui_a3b.prune.dense import distill
 
     src = SourceModel(tiny["qwen3"])
     teacher, student = RefModel.from_source(src), _half_width_student(src)
@@ -245,7 +246,7 @@ def test_distillation_lowers_the_kl(tiny, train):
 
 
 def test_recovery_batches_follow_their_shares():
-    from comfyui_a3b.prune.distill import Batches
+    from comfyui_a3b.prune.dense.distill import Batches
 
     code, prose = np.zeros((10, 4), dtype=np.int32), np.ones((3, 4), dtype=np.int32)
     even = Batches([code, prose], 4, seed=0).next()
@@ -258,7 +259,7 @@ def test_recovery_batches_follow_their_shares():
 
 
 def test_distillation_resumes_from_its_checkpoint(tiny, tmp_path):
-    from comfyui_a3b.prune import distill
+    from comfyui_a3b.prune.dense import distill
 
     src = SourceModel(tiny["llama"])
     teacher = RefModel.from_source(src)
@@ -285,7 +286,7 @@ def test_distillation_resumes_from_its_checkpoint(tiny, tmp_path):
 
 
 def test_dynamic_gate_hits_its_sparsity_and_is_exact_at_zero(tiny):
-    from comfyui_a3b.prune import gate
+    from comfyui_a3b.prune.dense import gate
     from comfyui_a3b.prune.reference import perplexity
 
     src = SourceModel(tiny["llama"])

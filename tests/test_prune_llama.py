@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 from tinygguf import write_tiny_gguf  # noqa: E402
 
 from comfyui_a3b.prune import PruneConfig, prune  # noqa: E402
-from comfyui_a3b.prune import stream  # noqa: E402
+from comfyui_a3b.prune.writing import gguf as stream  # noqa: E402
 from comfyui_a3b.prune.errors import InvalidRequest, UnsupportedArchitecture  # noqa: E402
-from comfyui_a3b.prune.llama_eval import LlamaEval  # noqa: E402
+from comfyui_a3b.runtime.llama.evaluate import LlamaEval  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
 from comfyui_a3b.runtime import inspect_gguf  # noqa: E402
 
@@ -32,7 +32,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     """A K-quant mix like the real Q4_K_M files: ffn_down Q4_K/Q6_K, 64-wide rows in the fallback Q5_0."""
-    from comfyui_a3b.prune.writer import quantize
+    from comfyui_a3b.runtime.llama.quantize import quantize_file as quantize
 
     d = tmp_path_factory.mktemp("prune-mixed")
     f32 = write_tiny_gguf(d / "tiny-gemma3-f32.gguf", "gemma3", n_ctx=512, n_ff=512, n_layer=4, seed=5)
@@ -58,8 +58,8 @@ def _types(path) -> dict[str, str]:
 
 @pytest.mark.parametrize("arch", ("llama", "qwen3"))
 def test_llama_cpp_statistics_agree_with_the_torch_reference(tiny, arch):
-    from comfyui_a3b.prune import calibrate
-    from comfyui_a3b.prune.llama_stats import FFNInputProbe, LlamaCalibrator
+    from comfyui_a3b.prune.calibration import reference_stats as calibrate
+    from comfyui_a3b.prune.calibration.llama_stats import FFNInputProbe, LlamaCalibrator
     from comfyui_a3b.prune.reference import RefModel
 
     rng = np.random.default_rng(0)
@@ -79,8 +79,8 @@ def test_llama_cpp_statistics_agree_with_the_torch_reference(tiny, arch):
 def test_gemma_gram_is_weighted_by_each_tokens_ffn_output(tiny):
     """Gemma normalises the FFN output (post_ffw_norm): the Gram matrix weights token t by
     1 / mean(y_t^2), y_t = W_down h_t; checked against h recorded separately and W_down from the file."""
-    from comfyui_a3b.prune.llama_stats import FFNInputProbe, LlamaCalibrator, PatternProbe
-    from comfyui_a3b.prune.streamed import open_source
+    from comfyui_a3b.prune.calibration.llama_stats import FFNInputProbe, LlamaCalibrator, PatternProbe
+    from comfyui_a3b.prune.dense.llama_path import open_source
 
     src, layout = open_source(tiny["gemma3"])
     assert layout.post_norm and not open_source(tiny["llama"])[1].post_norm
@@ -235,11 +235,13 @@ def test_not_enough_disk_is_refused_before_writing(tiny, tmp_path, cache, monkey
 
 
 def test_interrupt_mid_calibration_leaves_nothing_and_resumes(tiny, tmp_path, cache, monkeypatch):
-    from comfyui_a3b.prune import llama_stats, streamed
+    from comfyui_a3b.prune.dense import llama_path as streamed
 
     out = tmp_path / "o.gguf"
     # one Gram matrix per pass: two passes for two layers; stop during the second
-    monkeypatch.setattr(llama_stats, "gram_groups", lambda n, n_ff, budget: [[i] for i in range(n)])
+    monkeypatch.setattr(streamed, "gram_groups", lambda n, n_ff, budget: [[i] for i in range(n)])
+    monkeypatch.setattr(streamed, "gram_bytes", lambda n_ff: 1 << 40)  # one Gram matrix held at a time
+    monkeypatch.setattr(streamed, "spill_room", lambda *a: False)  # and no disk for the others: a pass each
     cfg = PruneConfig(keep=0.5, method="obs", **FAST)
     calls = {"n": 0}
 

@@ -1,4 +1,4 @@
-"""Mixture-of-experts pruning (prune/experts.py) on tiny random qwen3moe and qwen35moe GGUFs that the
+"""Mixture-of-experts pruning (prune/experts/) on tiny random qwen3moe and qwen35moe GGUFs that the
 tests write, calibrated and checked through real llama.cpp (no torch)."""
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import pytest
 from tinygguf import write_tiny_gguf
 
 from comfyui_a3b.prune import PruneConfig, prune
-from comfyui_a3b.prune import experts as X
+from comfyui_a3b.prune.experts.layout import check_moe_layout
+from comfyui_a3b.prune.experts.plan import MoEPlan
+from comfyui_a3b.prune.experts.stats import ExpertProbe
+from comfyui_a3b.prune.experts.write import write_pruned
 from comfyui_a3b.prune.errors import InvalidRequest, UnsupportedArchitecture
-from comfyui_a3b.prune.llama_eval import LlamaEval
+from comfyui_a3b.runtime.llama.evaluate import LlamaEval
 from comfyui_a3b.prune.source import SourceModel
 from comfyui_a3b.runtime import inspect_gguf
 
@@ -88,10 +91,10 @@ def test_dead_experts_are_exactly_the_ones_removed_and_the_distribution_is_kept(
     assert [freq.metadata[f"experts.removed.{il}"] for il in (0, 1)] == [DEAD[0], DEAD[1]]
     # removing as many live experts changes the distribution a lot
     src = SourceModel(src_path, torch_reference=False)
-    lay = X.check_moe_layout(src)
+    lay = check_moe_layout(src)
     live_out = {il: [e for e in range(E) if e not in DEAD[il]][:3] for il in DEAD}
-    plan = X.MoEPlan({il: np.array([e for e in range(E) if e not in live_out[il]]) for il in DEAD})
-    X.write_pruned(src, lay, plan, tmp_path / "live.gguf", lay.n_ff_exp, lay.n_ff_shexp, {})
+    plan = MoEPlan({il: np.array([e for e in range(E) if e not in live_out[il]]) for il in DEAD})
+    write_pruned(src, lay, plan, tmp_path / "live.gguf", lay.n_ff_exp, lay.n_ff_shexp, {})
     kl_live = _kl(base, _logits(tmp_path / "live.gguf"))
     assert kl_live > 0.05 and kl_live > 1e4 * max(abs(kl_dead), 1e-9)
 
@@ -131,7 +134,7 @@ def test_experts_and_expert_neurons_with_a_shared_expert(planted, tmp_path, cach
 
 @pytest.mark.slow
 def test_quantised_experts_keep_their_types(planted, tmp_path, cache):
-    from comfyui_a3b.prune.writer import quantize
+    from comfyui_a3b.runtime.llama.quantize import quantize_file as quantize
 
     q = tmp_path / "q8.gguf"
     quantize(planted["qwen3moe"], q, 7)  # LLAMA_FTYPE_MOSTLY_Q8_0
@@ -231,7 +234,7 @@ def test_cli_defaults_with_experts_keep():
 
 
 def test_cached_variant_is_made_once(planted, tmp_path, monkeypatch):
-    from comfyui_a3b.prune import cached_variant, pipeline
+    from comfyui_a3b.prune import cache, cached_variant
 
     kw = dict(keep=1.0, experts_keep=0.5, recover_steps=0, calib_windows=4, seq_len=64, cache_dir=tmp_path)
     path = cached_variant(planted["qwen3moe"], **kw)
@@ -239,16 +242,16 @@ def test_cached_variant_is_made_once(planted, tmp_path, monkeypatch):
 
     def fail(*a, **k):
         raise AssertionError("pruned again")
-    monkeypatch.setattr(pipeline, "prune", fail)
+    monkeypatch.setattr(cache, "prune", fail)
     assert cached_variant(planted["qwen3moe"], **kw) == path
 
 
 def test_expert_probe_reap_statistics_match_the_router(planted):
     """The probe's counts are the router's top-2 choices, and its REAP sums are router weight x output norm."""
-    from comfyui_a3b.prune.llama_stats import LlamaCalibrator, PatternProbe
+    from comfyui_a3b.prune.calibration.llama_stats import LlamaCalibrator, PatternProbe
 
     probs = {}
-    probe = X.ExpertProbe(2, E, neurons=True)
+    probe = ExpertProbe(2, E, neurons=True)
     spy = PatternProbe(r"ffn_moe_probs-(\d+)", lambda k, n: probs.setdefault(k, n.numpy()[0, 0]), weight=False)
     with LlamaCalibrator(planted["qwen3moe"], 64, n_threads=2) as cal:
         cal.run([probe, spy], [SEQ])

@@ -7,9 +7,9 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 
 from tinygguf import write_tiny_gguf  # noqa: E402
 
-from comfyui_a3b.prune import qat  # noqa: E402
+from comfyui_a3b.prune.dense import qat  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
-from comfyui_a3b.prune.writer import quantize  # noqa: E402
+from comfyui_a3b.runtime.llama.quantize import quantize_file as quantize  # noqa: E402
 
 pytestmark = pytest.mark.slow  # torch and llama.cpp's quantiser
 

@@ -297,12 +297,13 @@ def test_the_engine_seam_imports_no_engine_and_takes_only_engines():
     import ast
     import inspect
 
-    from comfyui_a3b.runtime import engine, llama
+    from comfyui_a3b.runtime import engine
+    from comfyui_a3b.runtime.llama import local_engine
 
     tree = ast.parse(inspect.getsource(engine))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
     assert not imported & {"llama", "remote", "worker", "store", "core"}, imported
-    assert engine.engine_for("/some/model.gguf") is llama.ENGINE
+    assert engine.engine_for("/some/model.gguf") is local_engine.ENGINE
     with pytest.raises(TypeError, match="subclass runtime.engine.Engine"):
         engine.register_engine("nope", object())
 

@@ -155,7 +155,7 @@ def test_more_gpu_layers_than_the_model_has_are_clamped_and_said():
 
 def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_path, monkeypatch):
     from comfyui_a3b.runtime import ModelLoadFailed, Runtime
-    from comfyui_a3b.runtime import llama as engine
+    from comfyui_a3b.runtime.llama import local_engine as engine
 
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", n_layer=4)
     args = dict(n_ctx=256, n_parallel=1, kv_cache_type="f16")

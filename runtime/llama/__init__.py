@@ -1,118 +1,34 @@
-"""The in-process llama.cpp engine (the default engine; see engine.py for the interface): its models
-are worker.LoadedModel over a LlamaBackend.
+"""llama.cpp in this process: the local engine (local_engine.py; see engine.py for the interface) and
+everything else that calls llama.cpp, which nothing outside this package does.
 
-binding.py   llama-cpp-python imported once, llama.cpp's log captured, the batch helper
-weights.py   one loaded llama_model and its vocabulary; load-error classification
-backend.py   contexts for one LoadSpec: decode, sample, embed
+local_engine.py  the engine: its models are worker.LoadedModel over a LlamaBackend
+cxxruntime.py    llama.cpp's libraries loaded before the C++ runtime where we can (first, below)
+binding.py       llama-cpp-python imported once, llama.cpp's log captured, the batch helper
+weights.py       one loaded llama_model and its vocabulary; load-error classification
+backend.py       contexts for one LoadSpec: decode, sample, embed
+grammar.py       structured output: llama.cpp's grammar sampler
+offload.py       n_gpu_layers="auto" and the main-memory check before a load; devices.py the GPUs
+vetchild.py      the vetting server that loads unseen files in a child process (runtime/vet.py)
+templates.py     chat prompts rendered by llama.cpp's named templates or the GGUF's Jinja template
+reencode.py      serving copies re-encoded in a faster format (LoadSpec.serve_as)
+evaluate.py      all-position logits, perplexity, prompt and decode speed of a file
+graph.py         observers of llama.cpp's graph evaluation (the pruning tool's statistics)
+ggml.py          the ggml functions llama-cpp-python does not bind (tensor struct, sizes)
+quantize.py      llama.cpp's quantiser, for rows of values and for whole files
+
+The package's `__init__` loads llama.cpp's libraries and names binding.py's helpers; it imports
+no module that imports the rest of the runtime (local_engine.py, weights.py, backend.py: those
+reach runtime/vet.py and the request path, which import binding.py or templates.py and so run this
+`__init__` first). Import those from their modules.
 """
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
+# before anything below can load the C++ runtime (numpy does): see cxxruntime.py
+from . import cxxruntime
 
-from .. import vet
-from ..engine import Engine
-from ..errors import InvalidRequest
-from ..gguf_info import check_header
-from ..options import LoadSpec
-from . import offload
-from .devices import gpus
-from ..serving import serving_path
-from ..worker import LoadedModel
-from .backend import LlamaBackend, context_params, thread_counts
-from .binding import GGML_TYPES, fill_batch, llama, llama_cpp_version, sequence, system_info
-from .weights import Weights, probe_architecture, unsupported_error
+cxxruntime.preload()
 
-log = logging.getLogger("a3b.llama")
+from .binding import (GGML_TYPES, check_usable, fill_batch, llama, llama_cpp_version, sequence,  # noqa: E402
+                      system_info)
 
-
-class LlamaEngine(Engine):
-    """Local GGUF files run by llama.cpp in this process."""
-
-    name = "llama.cpp"
-
-    def check(self, spec: LoadSpec) -> None:
-        # Missing and foreign files fail here with a typed error. The rest of the checks come from
-        # llama.cpp's own loader (truncation, unknown architecture), which reads the metadata in a
-        # fraction of the time the `gguf` package's full reader needs (~3 s for a 49k vocabulary).
-        check_header(spec.path)
-
-    def weights_key(self, spec: LoadSpec) -> tuple:
-        st = os.stat(spec.path)
-        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as)
-
-    def file_bytes(self, spec: LoadSpec) -> int:
-        return os.path.getsize(spec.path)
-
-    def load_weights(self, spec: LoadSpec) -> Weights:
-        # vetted before anything here reads the header's values or re-encodes the file in this process
-        vet.check_file(spec.path)
-        load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
-        n_gpu_layers, how = gpu_layers(load_path, spec)
-        offload.check_fits_in_memory(
-            offload.host_bytes(load_path, n_gpu_layers=n_gpu_layers, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
-                               kv_cache_type=spec.kv_cache_type), total_memory(), Path(spec.path).name)
-        return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
-                       offload=how)
-
-    def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
-        return LoadedModel(weights, LlamaBackend(weights, spec), spec)
-
-    def gpus(self) -> list:
-        return gpus()
-
-    def gpu_bytes(self, spec: LoadSpec) -> int:
-        """GPU memory the whole model would take with this spec (weights, KV cache, compute)."""
-        layers, output, dims = offload.model_sizes(spec.path)
-        kv = offload.kv_bytes_per_layer(dims, spec.n_ctx * spec.n_parallel, spec.kv_cache_type) * len(layers)
-        return sum(layers) + output + kv + offload.FIXED_RESERVE
-
-    def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:
-        """Size of the generation context's KV cache for this spec (all slots, all cells)."""
-        n_embd_kv = weights.n_embd * (weights.n_head_kv or weights.n_head) // max(weights.n_head, 1)
-        per_token = weights.n_layer * 2 * n_embd_kv * offload.KV_BYTES.get(spec.kv_cache_type, 2)
-        return int(per_token * spec.n_ctx * spec.n_parallel)
-
-
-def gpu_layers(path, spec: LoadSpec) -> tuple[int, str]:
-    """The n_gpu_layers to load `path` with, and a line saying why."""
-    n = spec.n_gpu_layers
-    if n == "auto":
-        found = gpus()
-        if not found:
-            why = ("CPU only: this llama-cpp-python has no GPU backend" if not llama().llama_supports_gpu_offload()
-                   else "CPU only: no GPU found")
-            return 0, why
-        p = offload.plan(path, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
-                         kv_cache_type=spec.kv_cache_type, free_bytes=found[0].free_bytes)
-        log.info("%s: %s", Path(path).name, p.describe())
-        return p.n_gpu_layers, f"auto: {p.describe()}"
-    if n != 0 and not llama().llama_supports_gpu_offload():
-        raise InvalidRequest(
-            f"n_gpu_layers={n} asks for the GPU, but the installed llama-cpp-python was built for the CPU only. "
-            "Use n_gpu_layers 0 (or 'auto'), or install a GPU build: see the README's GPU section "
-            "(CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python).")
-    if n > 0:
-        n, note = offload.clamp_layers(n, len(offload.model_sizes(path)[0]))
-        if note:
-            log.info("%s: %s", Path(path).name, note)
-            return n, note
-    return n, ("CPU only" if n == 0 else f"{'all' if n < 0 else n} layers on the GPU, as asked")
-
-
-def total_memory() -> int:
-    """This machine's main memory in bytes (0 where unknown: then nothing is refused)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - an unknown size only turns the check off
-        return 0
-
-
-ENGINE = LlamaEngine()
-
-__all__ = ["ENGINE", "GGML_TYPES", "LlamaBackend", "LlamaEngine", "Weights", "context_params", "fill_batch",
-           "llama", "llama_cpp_version", "probe_architecture", "sequence", "system_info", "thread_counts",
-           "unsupported_error"]
+__all__ = ["GGML_TYPES", "check_usable", "fill_batch", "llama", "llama_cpp_version", "sequence", "system_info"]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.util
 import logging
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from ..errors import LlamaCppUnavailable
-from .. import cxxruntime
+from . import cxxruntime
 
 log = logging.getLogger("a3b.llama")
 
@@ -63,6 +65,23 @@ def llama():
         llama_cpp.llama_backend_init()
         _lib = llama_cpp
         return _lib
+
+
+def check_usable() -> None:
+    """Load llama.cpp now; LlamaCppUnavailable (with what to do) where it is missing or broken."""
+    llama()
+
+
+def library_dir() -> Path | None:
+    """The folder of the shared libraries llama-cpp-python ships (libllama, libggml*), found without
+    importing it; None where it is not installed."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return Path(spec.origin).parent / "lib"
 
 
 def log_mark() -> int:

@@ -12,7 +12,7 @@ import glob
 import os
 from dataclasses import dataclass
 
-from ..cxxruntime import mapped_libraries
+from .cxxruntime import mapped_libraries
 from .binding import llama
 
 #: enum ggml_backend_dev_type

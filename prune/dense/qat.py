@@ -16,8 +16,8 @@ rounded once at the end.
 """
 from __future__ import annotations
 
-from .errors import require_torch
-from .reference import MATRICES, TENSORS
+from ..errors import require_torch
+from ..reference import MATRICES, TENSORS
 
 torch = require_torch()
 

@@ -1,10 +1,10 @@
-"""The few ggml functions pruning needs, bound with ctypes from the installed llama-cpp-python (no torch).
+"""The few ggml functions that llama-cpp-python does not bind, bound with ctypes from its libggml-base.
 
-- Graph evaluation callback: `ggml_tensor` (the struct, read-only), `ggml_op_name`, `ggml_nbytes`,
-  `ggml_backend_buffer_is_host` and `ggml_backend_tensor_get` (a tensor computed on a GPU is copied to
-  host memory before it is read).
-- Quantisation: `ggml_quantize_chunk` (llama.cpp's own quantiser, the one `llama_model_quantize`
-  calls), `ggml_row_size`, `ggml_blck_size`, `ggml_quantize_requires_imatrix`.
+- Graph evaluation callback (graph.py): `ggml_tensor` (the struct, read-only), `ggml_op_name`,
+  `ggml_nbytes`, `ggml_backend_buffer_is_host` and `ggml_backend_tensor_get` (a tensor computed on a
+  GPU is copied to host memory before it is read).
+- Quantisation (quantize.py): `ggml_quantize_chunk` (llama.cpp's own quantiser, the one
+  `llama_model_quantize` calls), `ggml_row_size`, `ggml_blck_size`, `ggml_quantize_requires_imatrix`.
 
 The struct layout is ggml's public `struct ggml_tensor` (ggml.h) for the vendored ggml of
 llama-cpp-python 0.3.x; `tensor_view` checks it on every call that matters (name terminated,
@@ -13,11 +13,11 @@ dimensions positive) so a layout change fails loudly instead of reading garbage.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache, lru_cache
-from pathlib import Path
 
 import numpy as np
+
+from .binding import library_dir, llama
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -50,19 +50,11 @@ TensorPtr = ctypes.POINTER(GGMLTensor)
 EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)
 
 
-def _lib_dir() -> Path:
-    import llama_cpp
-
-    return Path(os.path.dirname(llama_cpp.__file__)) / "lib"
-
-
 @lru_cache(maxsize=1)
 def lib() -> ctypes.CDLL:
     """libggml-base of the installed llama-cpp-python (the copy llama.cpp itself uses)."""
-    from ..runtime.llama import llama
-
     llama()  # load libllama first, so that this resolves to the library already in the process
-    d = _lib_dir()
+    d = library_dir()
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
         if (d / name).exists():
             L = ctypes.CDLL(str(d / name))
@@ -170,55 +162,6 @@ def row_size(qtype: int, n: int) -> int:
 
 def block_size(qtype: int) -> int:
     return int(lib().ggml_blck_size(int(qtype)))
-
-
-def quantize_rows(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = None,
-                  n_threads: int = 0) -> np.ndarray:
-    """Quantise a (rows, n) float32 matrix to ggml type `qtype` with llama.cpp's quantiser.
-
-    Returns the stored bytes, (rows, row_size) uint8. `imatrix` (n,), the mean squared input of each
-    column, weights the rounding error as llama-quantize's importance matrix does; types that need
-    one (the IQ1/IQ2 family) refuse to quantise without it.
-    """
-    L = lib()
-    x = np.ascontiguousarray(values, dtype=np.float32)
-    rows, n = x.shape
-    bs = block_size(qtype)
-    if n % bs:
-        raise ValueError(f"rows of {n} values cannot be stored in ggml type {qtype_name(qtype)} "
-                         f"(blocks of {bs})")
-    if imatrix is None and L.ggml_quantize_requires_imatrix(int(qtype)):
-        raise ValueError(f"ggml type {qtype_name(qtype)} needs an importance matrix to quantise")
-    rs = row_size(qtype, n)
-    out = np.empty((rows, rs), dtype=np.uint8)
-    im = None
-    if imatrix is not None:
-        im = np.ascontiguousarray(imatrix, dtype=np.float32)
-        if im.shape != (n,):
-            raise ValueError(f"importance matrix of shape {im.shape} for rows of {n}")
-    # the quantiser is row-independent and releases the GIL (a ctypes call): chunks of rows in
-    # threads, as llama_model_quantize does; a few MB per call at most
-    threads = max(1, min(n_threads or os.cpu_count() or 1, 16))
-    chunk = max(1, min((1 << 24) // max(1, n), -(-rows // (2 * threads))))
-
-    def one(r0: int) -> None:
-        r1 = min(rows, r0 + chunk)
-        written = L.ggml_quantize_chunk(int(qtype), x[r0:r1].ctypes.data, out[r0:r1].ctypes.data, 0, r1 - r0, n,
-                                        im.ctypes.data if im is not None else None)
-        if written != (r1 - r0) * rs:
-            raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {(r1 - r0) * rs}")
-
-    starts = range(0, rows, chunk)
-    if threads == 1 or len(starts) == 1:
-        for r0 in starts:
-            one(r0)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(one, r0) for r0 in starts]:
-                f.result()
-    return out
 
 
 def qtype_name(qtype: int) -> str:

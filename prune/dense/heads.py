@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidRequest, require_torch
+from ..errors import InvalidRequest, require_torch
+from ..files import load_npz, save_npz_atomic
+from ..writing.gguf import RawTensor
 
 GRAM_VERSION = 1
 
@@ -58,12 +60,9 @@ def collect_grams(model, tokens: np.ndarray, cache_path: Path | None = None, bat
     """Per layer, the Gram matrix of the attention output before W_o (float64, averaged over tokens),
     cached at `cache_path` (keyed by the caller on the source and the calibration tokens)."""
     torch = require_torch()
-    if cache_path is not None and cache_path.is_file():
-        try:
-            z = np.load(cache_path)
-            return [z[f"g{i}"].astype(np.float64) for i in range(int(z["n"]))]
-        except (OSError, KeyError, ValueError):
-            pass  # damaged: recompute
+    z = load_npz(cache_path) if cache_path is not None and cache_path.is_file() else None
+    if z is not None and "n" in z and all(f"g{i}" in z for i in range(int(z["n"]))):
+        return [z[f"g{i}"].astype(np.float64) for i in range(int(z["n"]))]  # else missing or damaged: recompute
     dim = model.hp.n_head * model.hp.head_dim
     acc = [torch.zeros(dim, dim, dtype=torch.float64, device=model.device) for _ in model.layers]
 
@@ -88,8 +87,6 @@ def collect_grams(model, tokens: np.ndarray, cache_path: Path | None = None, bat
         bar.close()
     grams = [a.cpu().numpy() / max(1, tokens.size) for a in acc]
     if cache_path is not None:
-        from .calibrate import save_npz_atomic
-
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         save_npz_atomic(cache_path, {"n": np.array(len(grams)), **{f"g{i}": g.astype(np.float32)
                                                                     for i, g in enumerate(grams)}})
@@ -119,8 +116,6 @@ def prune_heads(src, weights: dict[str, np.ndarray], grams: list[np.ndarray], r:
     """Plan every layer and put the pruned tensors into `student_w` (float32, for the student) and
     `changed` (what the writer stores: query rows sliced from the stored bytes, the re-fitted W_o).
     Returns the new query head count."""
-    from .writer import RawTensor
-
     hp = src.hp
     for i in range(hp.n_layer):
         p = f"blk.{i}."

@@ -1,11 +1,9 @@
 """Calibration statistics from llama.cpp's own graph evaluation (any architecture it runs; no torch).
 
-llama.cpp calls a graph evaluation callback (`cb_eval` in the context parameters) twice per graph
-node: first with ask=True ("do you want this tensor?"), then, for the nodes the callback wanted,
-with ask=False once the node is computed. This is the mechanism of llama.cpp's imatrix tool. Here a
-set of `Probe`s decides which nodes to observe and what to accumulate; the model runs as llama.cpp
-loads it (quantised, on the CPU or with layers offloaded to a GPU, whose tensors are copied to host
-memory before they are read).
+llama.cpp runs the GGUF as it loads it (quantised, on the CPU or with layers offloaded to a GPU) and
+hands the graph's nodes to observers (runtime/llama/graph.py, the mechanism of llama.cpp's imatrix
+tool). Here a set of `Probe`s, those observers, decides which nodes to observe and what to
+accumulate.
 
 `FFNInputProbe` records, per layer, the input of the FFN down projection (the matrix product whose
 weight is `blk.<i>.ffn_down.weight`): the FFN's intermediate activations h = act(gate x) * up x in
@@ -23,18 +21,24 @@ observe one pass (`LlamaCalibrator.run([probe_a, probe_b], windows)`).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import re
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from ..runtime.errors import InvalidRequest, ModelLoadFailed
-from . import ggml
-from .calibrate import LayerStats
-from .llama_context import LlamaContext
+from ...runtime.errors import UnsupportedArchitecture
+from ...runtime.llama import llama_cpp_version
+from ...runtime.llama.weights import probe_architecture
+from ...runtime.llama.ggml import TensorView
+from ...runtime.llama.graph import GraphEvaluator
+from ..config import PruneConfig
+from ..errors import require_torch
+from ..source import SourceModel
+from .stats import LayerStats
 
 log = logging.getLogger("comfyui_a3b.prune")
 
@@ -44,11 +48,11 @@ _FFN_DOWN = re.compile(r"^blk\.(\d+)\.ffn_down\.weight$")
 class Probe:
     """One kind of statistic gathered from llama.cpp's graph evaluation."""
 
-    def match(self, node: ggml.TensorView) -> Hashable | None:
+    def match(self, node: TensorView) -> Hashable | None:
         """At ask time: a key if this node should be observed, else None. Must be cheap."""
         raise NotImplementedError
 
-    def record(self, key: Hashable, node: ggml.TensorView) -> None:
+    def record(self, key: Hashable, node: TensorView) -> None:
         """The node `match` chose, computed."""
         raise NotImplementedError
 
@@ -71,7 +75,7 @@ class PatternProbe(Probe):
     MUL_MAT_ID's chosen experts (int32). `last` (a key) lets a pass stop after that node.
     """
 
-    def __init__(self, pattern: str, on_node: Callable[[Hashable, ggml.TensorView], None], *,
+    def __init__(self, pattern: str, on_node: Callable[[Hashable, TensorView], None], *,
                  ops: Iterable[str] | None = None, weight: bool = True, last: Hashable | None = None):
         self.pattern = re.compile(pattern)
         self.on_node = on_node
@@ -131,17 +135,22 @@ class FFNInputProbe(Probe):
     eps = 1e-6
 
     def __init__(self, n_layer: int, layers: Iterable[int] | None = None, gram_layers: Iterable[int] = (),
-                 device: str = "cpu", weighted: bool = False):
+                 device: str = "cpu", weighted: bool = False, spill_dir: Path | None = None,
+                 spill_layers: Iterable[int] = ()):
         self.n_layer = n_layer
         self.layers = set(range(n_layer)) if layers is None else set(layers)
         self.gram_layers = set(gram_layers)
         self.device = device
         self.weighted = weighted
         self.acc: dict[int, _Acc] = {}
+        #: Gram layers whose inputs go to a file in `spill_dir` during the pass (float32 rows, and the
+        #: token weights), their Gram matrix made from it when asked for (`take`): the same sums in
+        #: the same order, so the same matrix, without holding every layer's at once
+        self.spill_layers = set(spill_layers) & self.gram_layers
+        self.spill_dir = spill_dir
+        self._spill_rows: dict[int, list[int]] = {}
         self._torch = None
         if self.gram_layers and device != "cpu":
-            from .errors import require_torch
-
             self._torch = require_torch()
 
     def match(self, node):
@@ -157,7 +166,7 @@ class FFNInputProbe(Probe):
     def last_key(self):
         return max(self.layers) if self.layers else None
 
-    def token_weights(self, node: ggml.TensorView) -> np.ndarray:
+    def token_weights(self, node: TensorView) -> np.ndarray:
         """w_t = 1 / (mean_c y_t^2 + eps), y the down projection's output (tokens x n_embd)."""
         y = node.numpy()
         y = y.reshape(-1, y.shape[-1]).astype(np.float64)
@@ -182,6 +191,17 @@ class FFNInputProbe(Probe):
             w = self.token_weights(node)
             a.wsum = (w @ xd) + (0.0 if a.wsum is None else a.wsum)
             a.wcount += float(w.sum())
+        if il in self.spill_layers:
+            with open(self._spill_path(il, "x"), "ab") as f:
+                np.ascontiguousarray(x, dtype=np.float32).tofile(f)
+            if w is not None:
+                with open(self._spill_path(il, "w"), "ab") as f:
+                    w.tofile(f)
+            self._spill_rows.setdefault(il, []).append(x.shape[0])
+            return
+        self._add_gram(a, x, xd, w)
+
+    def _add_gram(self, a: _Acc, x: np.ndarray, xd: np.ndarray, w: np.ndarray | None) -> None:
         if self._torch is not None:
             t = self._torch
             if w is None:
@@ -190,10 +210,40 @@ class FFNInputProbe(Probe):
             else:
                 xt = t.from_numpy(xd).to(self.device)  # float64 already
                 g = (xt * t.from_numpy(w).to(self.device)[:, None]).T @ xt
-            a.gram = g if a.gram is None else a.gram + g
         else:
             g = (x.T @ x).astype(np.float64) if w is None else (xd * w[:, None]).T @ xd
-            a.gram = g if a.gram is None else a.gram + g
+        if a.gram is None:
+            a.gram = g
+        else:
+            a.gram += g
+
+    def _spill_path(self, il: int, what: str) -> Path:
+        return self.spill_dir / f"layer{il:04d}.{what}"
+
+    def _unspill(self, il: int) -> None:
+        """Make a spilled layer's Gram matrix from its file, window by window as `record` would have."""
+        a = self.acc[il]
+        xs, ws = self._spill_path(il, "x"), self._spill_path(il, "w")
+        n = a.sum.shape[0]
+        with open(xs, "rb") as fx, (open(ws, "rb") if self.weighted else contextlib.nullcontext()) as fw:
+            for rows in self._spill_rows.pop(il, []):
+                x = np.fromfile(fx, dtype=np.float32, count=rows * n).reshape(rows, n)
+                w = np.fromfile(fw, dtype=np.float64, count=rows) if fw is not None else None
+                self._add_gram(a, x, x.astype(np.float64) if w is not None else x, w)
+        xs.unlink(missing_ok=True)
+        ws.unlink(missing_ok=True)
+        self.spill_layers.discard(il)
+
+    def take(self, il: int) -> LayerStats | None:
+        """Layer `il`'s statistics (None where it saw no token), then forget them: one layer's Gram
+        matrix in memory at a time for the spilled layers."""
+        if il not in self.acc:
+            return None
+        if il in self.spill_layers:
+            self._unspill(il)
+        st = self.layer_stats(il)
+        del self.acc[il]
+        return st
 
     def layer_stats(self, il: int) -> LayerStats:
         a = self.acc[il]
@@ -203,87 +253,42 @@ class FFNInputProbe(Probe):
         return LayerStats(a.count, a.sum, a.sumsq, a.sumabs, gram, a.wsum, a.wcount if a.wsum is not None else None)
 
 
-class LlamaCalibrator(LlamaContext):
-    """One llama.cpp model and context whose graph evaluation feeds `Probe`s.
-
-    `n_gpu_layers`: layers offloaded to a GPU (0: CPU only, -1: all); a GPU asked of a CPU-only
-    build of llama-cpp-python is a clear error.
-    """
+class LlamaCalibrator(GraphEvaluator):
+    """llama.cpp's graph evaluation of a file, for a calibration pass (runtime/llama/graph.py)."""
 
     purpose = "a calibration"
 
-    def __init__(self, path: str | os.PathLike, n_ctx: int, n_gpu_layers: int = 0, n_threads: int = 0):
-        from ..runtime.llama import llama
 
-        if n_gpu_layers != 0 and not llama().llama_supports_gpu_offload():
-            raise InvalidRequest(
-                f"--n-gpu-layers {n_gpu_layers} asks for the GPU, but the installed llama-cpp-python was built for "
-                "the CPU only. Use --n-gpu-layers 0, or install a GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\" pip "
-                "install --force-reinstall --no-cache-dir llama-cpp-python).")
-        self.probes: list[Probe] = []
-        self._wanted: dict[int, list[tuple[Probe, Hashable]]] = {}
-        self._stop_after: set[tuple[int, Hashable]] = set()
-        self._stopped = False
-        self._error: BaseException | None = None
-        self._cb = ggml.EVAL_CALLBACK(self._callback)  # kept alive as long as the context
-        # no CPU repacking: the weights llama.cpp keeps on the CPU stay pages of the memory-mapped file
-        # (page cache), not an anonymous copy of the model, so calibration's memory stays bounded
-        super().__init__(path, n_ctx, n_threads, n_gpu_layers, repack=False, cb_eval=self._cb)
+def require_llama_runs(src: SourceModel) -> None:
+    """UnsupportedArchitecture unless the installed llama.cpp runs `src` (calibration runs it)."""
+    ok, why = probe_architecture(src.path)
+    if not ok:
+        raise UnsupportedArchitecture(
+            f"The installed llama.cpp (llama-cpp-python {llama_cpp_version()}) cannot run {src.path.name} "
+            f"(architecture {src.info.architecture!r}: {why}); pruning calibrates through llama.cpp, so it needs a "
+            "model llama.cpp runs. Upgrade llama-cpp-python or pick another model.")
 
-    # -- the callback -----------------------------------------------------------------------------
-    def _callback(self, ptr, ask, _user) -> bool:
-        try:
-            node = ggml.TensorView(ptr)
-            if ask:
-                hits = [(probe, key) for probe in self.probes if (key := probe.match(node)) is not None]
-                if hits:
-                    self._wanted[ptr] = hits
-                return bool(hits)
-            hits = self._wanted.get(ptr)
-            for probe, key in hits or ():
-                probe.record(key, node)
-                if (id(probe), key) in self._stop_after:
-                    self._done.add(id(probe))
-            if hits and len(self._done) == len(self.probes):
-                self._stopped = True
-                return False  # nothing later in the graph is needed: cancel the rest of it
-            return True
-        except BaseException as e:  # noqa: BLE001 - an exception must not cross into C; re-raised after decode
-            self._error = e
-            return False
 
-    def run(self, probes: list[Probe], windows: Iterable[list[int]], *, progress: Callable[[int], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> None:
-        """Evaluate every window (one sequence each, from an empty cache) with `probes` observing."""
-        from ..runtime.llama import fill_batch, llama, sequence
+def observe(src: SourceModel, probes: list[Probe], wins: list[list[int]], cfg: PruneConfig, desc: str, *,
+            progress: bool, should_stop=None) -> None:
+    """One pass of llama.cpp over the calibration windows with `probes` observing, a progress bar
+    saying `desc`."""
+    from tqdm import tqdm
 
-        L = llama()
-        self.probes = probes
-        self._stop_after = {(id(p), p.last_key()) for p in probes if p.last_key() is not None}
-        for w in windows:
-            if should_stop is not None and should_stop():
-                raise KeyboardInterrupt
-            if len(w) > self.n_ctx:
-                raise ValueError(f"a window of {len(w)} tokens exceeds the calibration context of {self.n_ctx}")
-            self._wanted.clear()
-            self._done: set[int] = set()
-            self._stopped = False
-            self._error = None
-            L.llama_memory_clear(self.mem, True)
-            # every position is an output: llama.cpp drops the positions without one before the
-            # last layer's FFN, which would then see only the last token
-            fill_batch(self.batch, sequence(list(w), 0, all_logits=True))
-            rc = L.llama_decode(self.ctx, self.batch)
-            if self._error is not None:
-                raise self._error
-            if rc != 0 and not self._stopped:
-                raise ModelLoadFailed(f"llama_decode failed with status {rc} during calibration")
-            if progress is not None:
-                progress(1)
+    bar = tqdm(total=len(wins), desc=desc, unit="seq", disable=not progress)
+    try:
+        with LlamaCalibrator(src.path, n_ctx=cfg.seq_len, n_gpu_layers=cfg.n_gpu_layers, n_threads=cfg.threads) as cal:
+            cal.run(probes, wins, progress=bar.update, should_stop=should_stop)
+    finally:
+        bar.close()
+
+
+def gram_bytes(n_ff: int) -> int:
+    """One layer's float64 Gram matrix."""
+    return n_ff * n_ff * 8
 
 
 def gram_groups(n_layer: int, n_ff: int, budget_bytes: int) -> list[list[int]]:
     """Split the layers into consecutive groups whose float64 Gram matrices fit `budget_bytes`."""
-    per = n_ff * n_ff * 8
-    size = max(1, int(budget_bytes // max(per, 1)))
+    size = max(1, int(budget_bytes // max(gram_bytes(n_ff), 1)))
     return [list(range(i, min(n_layer, i + size))) for i in range(0, n_layer, size)]

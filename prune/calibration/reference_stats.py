@@ -1,4 +1,4 @@
-"""One pass of the unpruned model over calibration text: per-layer FFN statistics.
+"""One pass of the torch reference forward of the unpruned model over calibration text: per-layer FFN statistics.
 
 For every layer, with h = silu(gate x) * up x (the FFN's intermediate activations, one row per
 token) it accumulates the count, sum h, sum h^2, sum |h| and the Gram matrix H^T H, which every
@@ -15,30 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import require_torch
+from ..errors import require_torch
+from ..files import save_npz_atomic
+from .stats import LayerStats
 
 STATS_VERSION = 1
-
-
-@dataclass
-class LayerStats:
-    count: int
-    sum: np.ndarray       # (n_ff,)
-    sumsq: np.ndarray     # (n_ff,)
-    sumabs: np.ndarray    # (n_ff,)
-    gram: np.ndarray      # (n_ff, n_ff) float64, sum over tokens of h h^T (or of w_t h h^T, see below)
-    #: where the Gram matrix is token-weighted (llama_stats.FFNInputProbe), its bias row and corner:
-    #: sum w_t h_t and sum w_t; None where it is not weighted (then sum and count)
-    gram_sum: np.ndarray | None = None
-    gram_count: float | None = None
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.sum / self.count
-
-    @property
-    def var(self) -> np.ndarray:
-        return np.maximum(self.sumsq / self.count - self.mean ** 2, 0.0)
 
 
 @dataclass
@@ -60,17 +41,6 @@ def _save(path: Path, st: CalibrationStats) -> None:
         arrays[f"sum{i}"], arrays[f"sumsq{i}"], arrays[f"sumabs{i}"] = ls.sum, ls.sumsq, ls.sumabs
         arrays[f"gram{i}"] = ls.gram.astype(np.float32)
     save_npz_atomic(path, arrays)
-
-
-def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez under a temporary name, then rename: an interrupted run leaves no half-written cache."""
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}.npz")
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _load(path: Path, key: str) -> CalibrationStats | None:

@@ -22,7 +22,7 @@ import ctypes
 import os
 import sys
 
-from .environment import env
+from ..environment import env
 
 #: a symbol every libstdc++ defines and no program code does: where a library defines it too, that
 #: library carries a copy of the C++ runtime

@@ -1,4 +1,4 @@
-"""Serving format: re-encode a model once into a format that processes prompts faster.
+"""Serving copies: re-encode a model once into a format that processes prompts faster (LoadSpec.serve_as).
 
 Every cold editor request processes its whole context, so prompt (prefill) speed decides editor
 latency. For small models stored in Q4_1, as the embedded default is, llama.cpp's CPU kernels are
@@ -25,14 +25,18 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import InvalidRequest, ModelLoadFailed
-from .options import LoadSpec, cache_root
+from ..errors import InvalidRequest
+from ..options import SERVE_AS, SERVE_FORMATS, LoadSpec, cache_root
+from .backend import context_params
+from .binding import fill_batch, llama, sequence
+from .quantize import quantize_file
+from .weights import Weights
 
 log = logging.getLogger("a3b.serving")
 
-#: llama.cpp LLAMA_FTYPE values for the formats worth serving.
+#: llama.cpp LLAMA_FTYPE values of the formats options.SERVE_FORMATS names.
 FTYPES = {"q8_0": 7, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k_m": 15, "q6_k": 18}
-SERVE_AS = ("as-is", "auto", *FTYPES)
+assert tuple(FTYPES) == SERVE_FORMATS, "every serving format needs its LLAMA_FTYPE here"
 _lock = threading.Lock()
 
 
@@ -49,8 +53,6 @@ def _key(src: Path) -> str:
 
 def reencode(src: str | os.PathLike, fmt: str = "q8_0") -> Path:
     """The cached re-encoded copy of `src` in `fmt`, made now if missing."""
-    from .llama.binding import llama
-
     if fmt not in FTYPES:
         raise InvalidRequest(f"Unknown serving format {fmt!r}; choose one of {', '.join(SERVE_AS)}")
     src = Path(src)
@@ -60,17 +62,10 @@ def reencode(src: str | os.PathLike, fmt: str = "q8_0") -> Path:
     with _lock:
         if out.is_file():
             return out
-        L = llama()
-        params = L.llama_model_quantize_default_params()
-        params.ftype = FTYPES[fmt]
-        params.allow_requantize = True  # dequantise the source's blocks, then quantise
-        params.nthread = os.cpu_count() or 1
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         t0 = time.perf_counter()
         try:
-            rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
-            if rc != 0:
-                raise ModelLoadFailed(f"llama.cpp could not re-encode {src.name} as {fmt} (code {rc}).")
+            quantize_file(src, tmp, FTYPES[fmt], requantize=True)  # dequantise the source's blocks, then quantise
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
@@ -80,8 +75,6 @@ def reencode(src: str | os.PathLike, fmt: str = "q8_0") -> Path:
 
 def _prefill_speed(path: Path, n_tokens: int = 256) -> float:
     """Prompt tokens per second of `path` on this machine (a short, fixed prompt; median of 3)."""
-    from .llama import Weights, context_params, fill_batch, llama, sequence
-
     L = llama()
     w = Weights(path)
     try:

@@ -1,7 +1,9 @@
-"""What llama.cpp computes for a GGUF: all-position logits, perplexity, decode speed (no torch).
+"""What llama.cpp computes for a GGUF: all-position logits, perplexity, prompt and decode speed.
 
-Each `LlamaEval` owns one llama_model and one context with logits for every position, so perplexity
-here is the served file's own (quantised weights, llama.cpp kernels).
+`LlamaContext` is one llama_model with one single-sequence context, what evaluation here and graph
+observation (graph.py) both hold. Each `LlamaEval` owns one and asks for logits at every position,
+so perplexity here is the served file's own (quantised weights, llama.cpp kernels): the pruning
+tool's measure, its tests' and its benchmarks'.
 """
 from __future__ import annotations
 
@@ -9,12 +11,58 @@ import ctypes
 import math
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
-from ..runtime.errors import ModelLoadFailed
-from ..runtime.llama import fill_batch, llama, sequence
-from .llama_context import LlamaContext
+from ..errors import ModelLoadFailed
+from .binding import fill_batch, llama, sequence
+from .weights import Weights
+
+
+class LlamaContext:
+    """A model (`weights`) and a context of `n_ctx` tokens for one sequence, with a batch that holds
+    a whole window. `repack=False` keeps the weights on the CPU as pages of the memory-mapped file;
+    `cb_eval` is llama.cpp's graph evaluation callback (a ctypes callback the caller keeps alive)."""
+
+    #: what the context is for, in the error when llama.cpp cannot make it
+    purpose = "an evaluation"
+
+    def __init__(self, path: str | os.PathLike, n_ctx: int, n_threads: int = 0, n_gpu_layers: int = 0, *,
+                 repack: bool = True, cb_eval=None):
+        L = llama()
+        self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers, repack=repack)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        p = L.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = p.n_ubatch = n_ctx
+        p.n_seq_max = 1
+        p.n_threads = p.n_threads_batch = self.n_threads
+        p.no_perf = True
+        if cb_eval is not None:
+            p.cb_eval = cb_eval
+            p.cb_eval_user_data = None
+        self.ctx = L.llama_init_from_model(self.weights.ptr, p)
+        if not self.ctx:
+            self.weights.free()
+            raise ModelLoadFailed(f"llama.cpp could not create {self.purpose} context for {path}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(n_ctx, 0, 1)
+
+    def close(self) -> None:
+        if self.ctx:
+            L = llama()
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+            self.weights.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class LlamaEval(LlamaContext):

@@ -18,15 +18,30 @@ every `sync_every` steps, not every step, so the GPU is not stalled by a host ro
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .errors import require_torch
+from ..device import autocast as amp
+from ..errors import require_torch
+
+log = logging.getLogger("comfyui_a3b.prune")
+
+#: a training step's share of the float32 matrix-product speed device.matmul_speed measures (the rest:
+#: softmax, norms, rounding through the quantiser, recomputation, the optimiser): 0.33 measured with
+#: SmolLM2-135M on a 2-core machine (8.2 s per step of 8 x 128 tokens, against 400 GFLOP/s measured)
+STEP_EFFICIENCY = 0.33
+#: steps timed before the time of the rest is said (the first one also sets up the optimiser)
+TIMED_STEPS = 2
+SHORTER = ("fewer steps make it shorter (--recover-steps N; 0 = no recovery, one-shot pruning in minutes), "
+           "and so does a CUDA GPU (--device cuda)")
 
 
 @dataclass
@@ -85,22 +100,50 @@ class Batches:
         self.orders, self.pos, self.taken = st["orders"], st["pos"], st["taken"]
 
 
+def notifier(progress: bool, notify: Callable[[str], None] | None = None) -> Callable[[str], None]:
+    """How a line for the user is said: by `notify` (the caller's: the command prints it), else on the
+    terminal, else (no progress bars: a node, a library call) in the log; beside the bars where they show."""
+    def say(message: str) -> None:
+        if not progress:
+            (notify or log.info)(message)
+            return
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):
+            (notify or (lambda m: print(m, file=sys.stderr)))(message)
+    return say
+
+
+def duration(seconds: float) -> str:
+    m = int(round(seconds / 60))
+    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{max(m, 1)} min"
+
+
+def step_flops(n_params: int, vocab: int, n_embd: int, tokens: int, teacher_params: int) -> float:
+    """Floating-point operations of one step (2 per multiply-add): the teacher's forward, the student's
+    forward, its recomputation and its backward pass (twice the forward), and both heads."""
+    return 2.0 * tokens * (teacher_params + 4 * n_params + 4 * vocab * n_embd)
+
+
+def estimate(steps: int, flops_per_step: float, flops_per_s: float) -> float:
+    return steps * flops_per_step / (flops_per_s * STEP_EFFICIENCY)
+
+
 def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: float = 5e-4, batch: int = 8,
             seed: int = 0, train: str = "all", quant_types: dict[str, str] | None = None,
             shares: list[float] | None = None,
             checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 50, progress: bool = True,
-            should_stop=None, autocast: bool = True, sync_every: int = 10) -> DistillReport:
+            should_stop=None, autocast: bool = True, sync_every: int = 10,
+            notify: Callable[[str], None] | None = None) -> DistillReport:
     """Train `student` towards `teacher` for `steps` steps of `batch` windows.
 
     `windows` is one (n, seq_len) int array per kind of text; batches mix the kinds by `shares`
     (default: equal).
     """
     torch = require_torch()
-    F = torch.nn.functional
     from tqdm import tqdm
 
-    from . import qat
-    from .device import autocast as amp
+    from . import qat  # imports torch
 
     dev = student.device
     seq_len = int(windows[0].shape[1]) if windows else 0
@@ -131,6 +174,7 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
     start = _resume(checkpoint, named, opt, sched, data, rep) if checkpoint else 0
     rep.resumed_at = start
     teacher.eval()
+    student.checkpoint = dev.type == "cpu"  # see kl_step
     t0 = time.perf_counter()
     bar = tqdm(total=steps, initial=start, desc="distilling", unit="step", disable=not progress)
     student.train()
@@ -140,15 +184,8 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
             if should_stop is not None and should_stop():
                 break
             x = torch.from_numpy(data.next().astype(np.int64)).to(dev, non_blocking=True)
-            with torch.no_grad(), amp(str(dev.type), autocast):
-                t_logits = teacher(x)
-            with amp(str(dev.type), autocast):
-                s_logits = student(x)
-            t_logp = F.log_softmax(t_logits.float(), -1).flatten(0, 1)
-            s_logp = F.log_softmax(s_logits.float(), -1).flatten(0, 1)
-            loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = kl_step(student, teacher, x, autocast)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
@@ -156,6 +193,12 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
             pending.append(loss.detach())
             rep.tokens += x.numel()
             bar.update(1)
+            if step == start + TIMED_STEPS and steps - step > 0:
+                per = (time.perf_counter() - t0) / TIMED_STEPS
+                left = per * (steps - step)
+                notifier(progress, notify)(
+                    f"recovery: {per:.1f} s per step measured here, about {duration(left)} for the {steps - step} "
+                    f"steps left (until {time.strftime('%H:%M', time.localtime(time.time() + left))}); {SHORTER}.")
             if step % sync_every == 0 or step == steps or dev.type == "cpu":
                 flush()
                 bar.set_postfix(kl=f"{np.mean(rep.losses[-10:]):.4f}")
@@ -166,12 +209,60 @@ def distill(student, teacher, windows: list[np.ndarray], steps: int, *, lr: floa
         flush()
         bar.close()
         student.eval()
+        student.checkpoint = False
         for p in params:
             p.requires_grad_(False)
+            p.grad = None  # as large as what was trained: gone before the export copies it
         if quant_types:
             qat.detach(student)  # the weights become the rounded values llama.cpp will store
         rep.seconds = time.perf_counter() - t0
     return rep
+
+
+#: Vocabulary-sized logits are made for this many bytes of tokens at a time (see kl_step): 42 tokens
+#: of a 49k vocabulary, where the head's products are still large enough to run at full speed. On a
+#: GPU the logits are not the process's memory, and larger slices keep its products large.
+LOGITS_CHUNK_BYTES = 8 << 20
+GPU_LOGITS_CHUNK_BYTES = 1 << 30
+
+
+def kl_step(student, teacher, x, autocast: bool = True):
+    """KL(teacher || student) over the full vocabulary, averaged over the tokens of batch `x`, with its
+    gradient accumulated into the student's parameters; returns the loss (detached).
+
+    The same value and gradient as the KL of the two models' whole logit tensors, in bounded memory:
+    a (tokens x vocabulary) float32 tensor is 200 MB for 8 x 128 tokens of a 49k vocabulary (and
+    log-softmax, the KL and their gradients hold several), while the models' final hidden states are
+    the vocabulary / n_embd'th of that. So both models stop at their hidden states; the head, the
+    log-softmax and the KL then run over slices of the tokens, each slice's backward pass leaves its
+    gradient at the student's hidden states, and one backward pass through the student follows. On
+    the CPU (`student.checkpoint`, set by distill) the student's layers also keep only their inputs
+    for the backward pass and compute the rest again (activation checkpointing: about a third more
+    compute, for a step whose memory no longer grows with depth x batch).
+    """
+    torch = require_torch()
+    F = torch.nn.functional
+    dev = str(x.device.type)
+    with torch.no_grad(), amp(dev, autocast):
+        t_h = teacher.hidden(x).flatten(0, 1)
+    with amp(dev, autocast):
+        s_h = student.hidden(x)
+    s_leaf = s_h.detach().requires_grad_(True)
+    s_flat = s_leaf.flatten(0, 1)
+    n = s_flat.shape[0]
+    vocab = student.embd.shape[0] if student.output is None else student.output.shape[0]
+    chunk = max(1, (LOGITS_CHUNK_BYTES if dev == "cpu" else GPU_LOGITS_CHUNK_BYTES) // (4 * vocab))
+    total = torch.zeros((), device=x.device)
+    for i in range(0, n, chunk):
+        with torch.no_grad(), amp(dev, autocast):
+            t_logp = F.log_softmax(teacher.head(t_h[i:i + chunk]).float(), -1)
+        with amp(dev, autocast):
+            s_logits = student.head(s_flat[i:i + chunk])
+        part = F.kl_div(F.log_softmax(s_logits.float(), -1), t_logp, log_target=True, reduction="sum") / n
+        part.backward()
+        total += part.detach()
+    s_h.backward(s_leaf.grad)
+    return total
 
 
 def _save(path, step, named, opt, sched, data, rep) -> None:
@@ -179,7 +270,8 @@ def _save(path, step, named, opt, sched, data, rep) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
-    state = {"step": step, "tensors": {n: p.detach().clone() for n, p in named.items()},
+    # the tensors themselves, not copies: torch.save writes them out before training goes on
+    state = {"step": step, "tensors": {n: p.detach() for n, p in named.items()},
              "opt": opt.state_dict(), "sched": sched.state_dict(), "data": data.state(),
              "losses": list(rep.losses), "tokens": rep.tokens}
     try:

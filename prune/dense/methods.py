@@ -25,10 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibrate import LayerStats
-
-METHODS = ("random", "magnitude", "wanda", "flap", "obs", "a3b")
-DATA_FREE = ("random", "magnitude")
+from ..calibration.stats import LayerStats
 
 
 @dataclass
@@ -55,8 +52,9 @@ def scores(method: str, gate: np.ndarray | None, up: np.ndarray | None, down: np
     raise ValueError(f"no plain score for method {method!r}")
 
 
-def _top(score: np.ndarray, k: int) -> np.ndarray:
-    return np.sort(np.argsort(-score, kind="stable")[:k])
+def top(score: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the `k` highest scores, in ascending order (ties: the lower index)."""
+    return np.sort(np.argsort(-np.asarray(score), kind="stable")[:k])
 
 
 def obs_chunk(n: int) -> int:
@@ -64,8 +62,9 @@ def obs_chunk(n: int) -> int:
     return max(8, n // 256)
 
 
-def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
-    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), G the damped Gram.
+def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
+    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), Hinv the inverse of the
+    damped Gram matrix G (updated in place: the caller gives it away).
 
     W must be the least-squares optimum for G (the current weights, when the target is the layer's own
     output). Removing the `chunk` cheapest neurons together is an exact block-OBS update for that
@@ -73,8 +72,7 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
     """
     import torch
 
-    m = G.shape[0]
-    Hinv = torch.linalg.inv(G)
+    m = Hinv.shape[0]
     alive = torch.ones(m, dtype=torch.bool, device=W.device)
     protected = torch.zeros(m, dtype=torch.bool, device=W.device)
     if fit_bias:
@@ -88,7 +86,7 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
         Hss_inv = torch.linalg.inv(Hinv[S][:, S])
         HS = Hinv[S]
         W = W - (W[:, S] @ Hss_inv) @ HS
-        Hinv = Hinv - HS.T @ Hss_inv @ HS
+        Hinv.addmm_(HS.T @ Hss_inv, HS, alpha=-1.0)  # in place, no n x n temporary: one matrix at a time
         W[:, S] = 0.0
         alive[S] = False
         left -= c
@@ -98,8 +96,9 @@ def obs_prune(W, G, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan
 
 
 def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None, fit_bias: bool,
-               damp: float = 0.01, chunk: int | None = None, device: str = "cpu") -> LayerPlan:
-    """One-shot structured OBS on the unpruned model's statistics (method "obs"), on `device`."""
+               damp: float = 0.01, chunk: int | None = None, device: str = "cpu", consume: bool = False) -> LayerPlan:
+    """One-shot structured OBS on the unpruned model's statistics (method "obs"), on `device`;
+    `consume`: the caller gives `st.gram` away (it becomes None; one n x n matrix fewer)."""
     import torch
 
     n = down.shape[1]
@@ -114,32 +113,41 @@ def obs_select(down: np.ndarray, st: LayerStats, k: int, bias: np.ndarray | None
         b0 = (torch.zeros(down.shape[0], dtype=torch.float64, device=device) if bias is None
               else torch.from_numpy(bias).to(device=device, dtype=torch.float64))
         W = torch.cat([W, b0[:, None]], 1)
-    G = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(G.shape[0], dtype=torch.float64, device=device)
-    return obs_prune(W, G, n, k, fit_bias, chunk)
+    elif not consume:
+        G = G.clone()  # damped below in place: the caller's statistics stay as they were
+    if consume:
+        st.gram = None  # given away: G is the caller's matrix, or holds all it said
+    G.diagonal().add_(damp * float(G.diagonal()[:n].mean()))
+    # The inverse through the Cholesky factor: two n x n float64 matrices at a time (the factor, then
+    # the inverse) where a general inverse holds four (the matrix, its LU factors, the identity it
+    # solves for, the result). A matrix that is not numerically positive definite takes the latter.
+    L, info = torch.linalg.cholesky_ex(G)
+    if int(info) == 0:
+        del G
+        Hinv = torch.cholesky_inverse(L)
+    else:
+        Hinv = torch.linalg.inv(G)
+        del G
+    del L
+    return obs_prune(W, Hinv, n, k, fit_bias, chunk)
 
 
 def plan_layer(method: str, gate: np.ndarray | None, up: np.ndarray, down: np.ndarray, bias: np.ndarray | None,
                st: LayerStats | None, k: int, rng: np.random.Generator, bias_ok: bool, device: str = "cpu",
-               chunk: int | None = None) -> LayerPlan:
-    """`gate` is None for an FFN without one (down(act(up x))); magnitude then scores ||up_i||."""
+               chunk: int | None = None, consume: bool = False) -> LayerPlan:
+    """`gate` is None for an FFN without one (down(act(up x))); magnitude then scores ||up_i||.
+    `consume`: obs may take `st.gram` over (see obs_select)."""
     n = down.shape[1]
     if k >= n:
         return LayerPlan(np.arange(n), None, None)
     if method == "obs":
-        return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk)
+        return obs_select(down, st, k, bias, fit_bias=bias_ok, device=device, chunk=chunk, consume=consume)
     if method == "a3b":
         raise ValueError("method a3b is sequential: use sequential.sequential_plans")
-    keep = _top(scores(method, gate, up, down, st, rng), k)
+    keep = top(scores(method, gate, up, down, st, rng), k)
     if method == "flap" and bias_ok:
         pruned = np.setdiff1d(np.arange(n), keep)
         comp = down[:, pruned].astype(np.float64) @ st.mean[pruned]
         new_bias = (bias if bias is not None else 0.0) + comp
         return LayerPlan(keep, None, np.asarray(new_bias, dtype=np.float32))
     return LayerPlan(keep, None, None)
-
-
-def width_for(keep: float, n_ff: int, align: int) -> int:
-    """FFN width for a keep ratio, rounded to a multiple of `align` (the quantisation block)."""
-    align = max(1, int(align))
-    k = int(round(keep * n_ff / align)) * align
-    return int(min(n_ff, max(align, k)))

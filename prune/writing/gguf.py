@@ -8,8 +8,11 @@ ffn_down, trained tensors) are quantised by llama.cpp's own quantiser (`ggml_qua
 function `llama_model_quantize` calls) to the type the source stored that tensor in, so a mixed-type
 file (Q4_K_M mixes Q4_K, Q6_K, Q5_0, Q8_0, F32) keeps each tensor's type.
 
-The file appears under its final name only when complete (writer.atomic_path), and the free space of
-the output's folder is checked against the output's size before anything is written.
+Every path writes this way: the torch path gives its changed tensors as a dict (`tensors_from_changes`:
+float arrays, or `RawTensor` row subsets of stored bytes), the streamed paths give `OutTensor`s whose
+bytes are made when written. The file appears under its final name only when complete
+(files.atomic_path), and the free space of the output's folder is checked against the output's size
+before anything is written.
 """
 from __future__ import annotations
 
@@ -21,9 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.errors import A3BError
-from . import ggml
-from .source import SourceModel
+from ...runtime.errors import A3BError
+from ...runtime.llama.ggml import block_size, row_size
+from ...runtime.llama.quantize import quantize_rows
+from ..files import atomic_path
+from ..source import SourceModel
+from .align import down_type
 
 A3B_VERSION = 1
 #: Room kept free beside the output (the header, the file system's own needs).
@@ -44,20 +50,20 @@ class OutTensor:
     @property
     def nbytes(self) -> int:
         rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
-        return rows * ggml.row_size(self.qtype, self.shape[-1])
+        return rows * row_size(self.qtype, self.shape[-1])
 
 
-def stored(src: SourceModel, name: str) -> np.ndarray:
-    """The stored bytes of a source tensor (a view of the memory-mapped file)."""
-    return np.asarray(src.tensors[name].data)
+class RawTensor:
+    """Stored (possibly quantised) bytes of a tensor, written as they are."""
 
+    def __init__(self, data: np.ndarray, qtype):
+        self.data = np.ascontiguousarray(data)
+        self.qtype = qtype
 
-def source_shape(src: SourceModel, name: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in reversed(src.tensors[name].shape))
-
-
-def source_type(src: SourceModel, name: str) -> int:
-    return int(src.tensors[name].tensor_type)
+    @classmethod
+    def rows(cls, tensor, rows: np.ndarray) -> RawTensor:
+        """A row subset of a GGUF tensor: each row of a matrix is quantised on its own."""
+        return cls(np.asarray(tensor.data)[np.asarray(rows)], tensor.tensor_type)
 
 
 def encode(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = None) -> np.ndarray:
@@ -66,17 +72,17 @@ def encode(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = None) ->
     if qtype == 0:  # F32
         return v
     flat = v.reshape(-1, v.shape[-1]) if v.ndim > 1 else v.reshape(1, -1)
-    return ggml.quantize_rows(flat, qtype, imatrix)
+    return quantize_rows(flat, qtype, imatrix)
 
 
 def copy_tensor(src: SourceModel, name: str) -> OutTensor:
-    return OutTensor(name, source_type(src, name), source_shape(src, name), lambda: stored(src, name))
+    return OutTensor(name, src.qtype(name), src.shape(name), lambda: src.stored(name))
 
 
 def rows_tensor(src: SourceModel, name: str, rows: np.ndarray) -> OutTensor:
-    shape = source_shape(src, name)
-    return OutTensor(name, source_type(src, name), (len(rows), *shape[1:]),
-                     lambda: np.ascontiguousarray(stored(src, name)[np.asarray(rows)]))
+    shape = src.shape(name)
+    return OutTensor(name, src.qtype(name), (len(rows), *shape[1:]),
+                     lambda: np.ascontiguousarray(src.stored(name)[np.asarray(rows)]))
 
 
 def value_tensor(name: str, qtype: int, shape: tuple[int, ...], make: Callable[[], np.ndarray],
@@ -168,7 +174,7 @@ def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff:
     add_a3b(w, {"version": A3B_VERSION, **a3b})
     for t in tensors:
         rows = t.shape[:-1] if len(t.shape) > 1 else ()
-        byte_shape = (*rows, ggml.row_size(t.qtype, t.shape[-1]))
+        byte_shape = (*rows, row_size(t.qtype, t.shape[-1]))
         w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes,
                           raw_dtype=gguf.GGMLQuantizationType(t.qtype))
     w.write_header_to_file()
@@ -183,17 +189,24 @@ def write(src: SourceModel, path: str | Path, tensors: list[OutTensor], *, n_ff:
             if data.nbytes != t.nbytes:
                 raise RuntimeError(f"{t.name}: produced {data.nbytes} bytes, the header says {t.nbytes}")
             w.write_tensor_data(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+            del data
+            src.release(t.name)   # its pages of the source's map: see SourceModel.release
             bar.update(t.nbytes)
     finally:
         bar.close()
         w.close()
 
 
+def write_file(src: SourceModel, out: str | Path, tensors: list[OutTensor], **kwargs: Any) -> None:
+    """Check the output folder's free space, then `write` to `out`, which appears only when complete."""
+    check_disk(Path(out), output_bytes(tensors))
+    with atomic_path(out, force=True) as tmp:
+        write(src, tmp, tensors, **kwargs)
+
+
 def tensors_from_changes(src: SourceModel, changed: dict[str, Any]) -> list[OutTensor]:
     """Every source tensor (and new ones) with `changed` applied: RawTensor row subsets as bytes, float
     arrays quantised to the source tensor's type (F32 for new tensors and 1-D quantised ones)."""
-    from .writer import RawTensor
-
     out = []
     for name in list(src.tensors) + [n for n in changed if n not in src.tensors]:
         c = changed.get(name)
@@ -201,13 +214,15 @@ def tensors_from_changes(src: SourceModel, changed: dict[str, Any]) -> list[OutT
             out.append(copy_tensor(src, name))
         elif isinstance(c, RawTensor):
             qtype, data = int(c.qtype), c.data
-            per_row = data.shape[-1] * data.itemsize // ggml.row_size(qtype, ggml.block_size(qtype))
-            out.append(OutTensor(name, qtype, (*data.shape[:-1], per_row * ggml.block_size(qtype)),
+            per_row = data.shape[-1] * data.itemsize // row_size(qtype, block_size(qtype))
+            out.append(OutTensor(name, qtype, (*data.shape[:-1], per_row * block_size(qtype)),
                                  lambda d=data: d))
         else:
             arr = np.asarray(c, dtype=np.float32)
-            qtype = source_type(src, name) if name in src.tensors else 0
+            qtype = src.qtype(name) if name in src.tensors else 0
             if arr.ndim < 2 and qtype not in (0, 1, 30):  # F32, F16, BF16 store a vector; block types do not
                 qtype = 0
+            elif arr.ndim >= 2:  # a row length the type's blocks cannot hold: llama-quantize's fallback
+                qtype = down_type(qtype, arr.shape[-1])
             out.append(value_tensor(name, qtype, tuple(arr.shape), lambda a=arr: a))
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import require_torch
+from ..errors import require_torch
 from .methods import LayerPlan, obs_prune
 
 
@@ -25,7 +25,7 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
     torch = require_torch()
     from tqdm import tqdm
 
-    from .reference import _rms, _rope_tables
+    from ..reference import _rms, _rope_tables  # imports torch
 
     hp = teacher.hp
     F = torch.nn.functional
@@ -61,7 +61,7 @@ def sequential_plans(teacher, tokens: np.ndarray, k: int, fit_bias: bool, *, bat
                 C += (h.T @ target).double()
             Gd = G + damp * float(G.diagonal()[:n].mean()) * torch.eye(m, dtype=torch.float64, device=dev)
             W = torch.linalg.solve(Gd, C).T.contiguous()          # (n_embd, m): least-squares optimum
-            plan = obs_prune(W, Gd, n, k, fit_bias, chunk)
+            plan = obs_prune(W, torch.linalg.inv(Gd), n, k, fit_bias, chunk)
             keep = torch.from_numpy(plan.keep).to(dev)
             down = torch.from_numpy(plan.down).to(dev)
             bias = torch.from_numpy(plan.bias).to(dev) if plan.bias is not None else layer.down_bias

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import require_torch
+from ..errors import require_torch
 
 
 def calibrate_thresholds(model, windows: np.ndarray, sparsity: float, max_samples: int = 400_000,
