@@ -187,13 +187,14 @@ class Projector:
         return bool(mtmd().mtmd_decode_use_non_causal(self.ctx, chunk.handle))
 
     # -- the worker thread ----------------------------------------------------------------------
-    def embedding(self, chunk: ImageChunk) -> np.ndarray:
-        """The chunk's embeddings (n_tokens x n_embd), from the cache or encoded now."""
+    def embedding(self, chunk: ImageChunk, *, count: bool = True) -> np.ndarray:
+        """The chunk's embeddings (n_tokens x n_embd), from the cache or encoded now (`count`: a cache
+        hit counts in stats; the decode that follows the worker's encode does not count)."""
         with self._lock:
             hit = self._cache.get(chunk.digest)
             if hit is not None and hit.shape[0] == chunk.n_tokens:
                 self._cache.move_to_end(chunk.digest)
-                self.stats["cache_hits"] += 1
+                self.stats["cache_hits"] += count
                 return hit
             if not self.ctx or not chunk.handle:
                 raise InvalidRequest("The projector or the image was released before the image was read.")
@@ -219,7 +220,7 @@ class Projector:
     def decode(self, chunk: ImageChunk, lctx: Any, position: int, seq_id: int, n_batch: int) -> int:
         """Write the image into sequence `seq_id` of `lctx` from `position`; llama_decode's code (0: done)."""
         M = mtmd()
-        emb = self.embedding(chunk)
+        emb = self.embedding(chunk, count=False)
         new_pos = ctypes.c_int32(0)
         return int(M.mtmd_helper_decode_image_chunk(
             self.ctx, lctx, chunk.handle, emb.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), position, seq_id,
