@@ -41,10 +41,10 @@ def render_messages(prompt: ChatPrompt, marker: str) -> tuple[list[dict[str, Any
             for p in content:
                 if isinstance(p, ImagePart):
                     parts.append(p)
-                elif marker in p:
+                elif marker and marker in p:
                     raise InvalidRequest(f"Message #{i} contains the text {marker!r}, which stands for an image "
                                          "here; remove it from the text.")
-        elif marker in content:
+        elif marker and marker in content:
             raise InvalidRequest(f"Message #{i} contains the text {marker!r}, which stands for an image here; "
                                  "remove it from the text.")
         msgs.append({**m, "content": message_text(content, marker)})
