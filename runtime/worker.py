@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,12 @@ class LoadedModel(Model):
         self.spec = spec
         self.name = self.info.name
         self.n_ctx_seq = backend.n_ctx_seq
+        vision = getattr(backend, "vision", None)
+        if vision is not None:
+            self.features["vision"] = True
+            info = getattr(vision, "info", None)
+            if info is not None:
+                self.features["projector"] = Path(info.path).name
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
         self._lock = threading.Condition()
         self._closing: str | None = None
