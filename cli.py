@@ -343,7 +343,7 @@ def _add_generate(sub) -> None:
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
     g.add_argument("--image", action="append", metavar="FILE",
                    help="an image the model looks at, before the prompt's text (PNG, JPEG, WebP, ...; repeatable; "
-                        "needs the model's projector, see --mmproj)")
+                        "needs the model's projector, see --mmproj) (default: none)")
     g.add_argument("--template", default=None, metavar="NAME",
                    help="llama.cpp chat template name, e.g. chatml (default: the model's own template)")
     add_argument(g, opt.MAX_TOKENS, metavar="N")

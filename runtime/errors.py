@@ -68,13 +68,9 @@ class InvalidRequest(A3BError):
 class InvalidImage(InvalidRequest):
     """An image that cannot be used: not an image, damaged, empty, too large, a bad tensor."""
 
-    code = "invalid_image"
-
 
 class VisionUnavailable(InvalidRequest):
     """Images were sent to a model that has no multimodal projector loaded."""
-
-    code = "vision_unavailable"
 
 
 class Cancelled(A3BError):

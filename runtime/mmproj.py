@@ -48,8 +48,25 @@ def _shared(a: str, b: str) -> int:
 
 
 def beside(model_path: str | Path) -> Path | None:
-    """The projector "auto" takes for a model file (module docstring), or None."""
+    """The projector "auto" takes for a model file (module docstring), or None. The store asks at
+    every request (it keys the weights by their files): the answer is kept until the folder changes."""
     model = Path(model_path)
+    try:
+        stamp = model.parent.stat().st_mtime_ns
+    except OSError:
+        return None
+    key = (str(model), stamp)
+    if key not in _beside:
+        if len(_beside) > 256:
+            _beside.clear()
+        _beside[key] = _find_beside(model)
+    return _beside[key]
+
+
+_beside: dict[tuple[str, int], Path | None] = {}
+
+
+def _find_beside(model: Path) -> Path | None:
     found = [p for p in projectors_in(model.parent) if p.resolve() != model.resolve()]
     if len(found) <= 1:
         return found[0] if found else None

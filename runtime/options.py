@@ -234,7 +234,7 @@ EMBED_N_CTX = Option("embed_n_ctx", int, 256,
                      min=8, max=1 << 16)
 MMPROJ = Option("mmproj", str, "auto",
                 "The multimodal projector (mmproj GGUF) that lets the model see images: auto = the mmproj*.gguf "
-                "beside the model file, a path, or off.", words=("auto", "off"))
+                "beside the model file, a path, or off.")
 CTX_POLICY = Option("ctx_policy", str, "warn",
                     "When the context asked for exceeds the model's trained context: load and log a warning "
                     "(warn), or stop with an error (refuse).", choices=CTX_POLICIES)
