@@ -126,8 +126,8 @@ def write_model(path: Path, shape: dict, seed: int = 0, arch: str = "qwen3") -> 
         quant(p + "attn_v.weight", s["n_head_kv"] * hd, e)
         quant(p + "attn_output.weight", e, s["n_head"] * hd)
         if arch == "qwen2vl":
-            for name, n in (("attn_q", s["n_head"] * hd), ("attn_k", s["n_head_kv"] * hd), ("attn_v", s["n_head_kv"] * hd)):
-                w.add_tensor(p + name + ".bias", np.zeros(n, dtype=np.float32))
+            for name, heads in (("attn_q", s["n_head"]), ("attn_k", s["n_head_kv"]), ("attn_v", s["n_head_kv"])):
+                w.add_tensor(p + name + ".bias", np.zeros(heads * hd, dtype=np.float32))
         else:
             ones(p + "attn_q_norm.weight", hd)
             ones(p + "attn_k_norm.weight", hd)

@@ -191,7 +191,8 @@ class Unit:
         self.n_tokens, self.n_pos = n_tokens, n_tokens if n_pos is None else n_pos
 
 
-def job_with_units(prompt_len: int = 20, units=((5, Unit(6)),), priority: int = 0) -> Job:
+def job_with_units(prompt_len: int = 20, units=None, priority: int = 0) -> Job:
+    units = ((5, Unit(6)),) if units is None else units
     toks = list(range(1, prompt_len + 1))
     for start, u in units:
         toks[start:start + u.n_tokens] = [-1 - i for i in range(u.n_tokens)]

@@ -59,9 +59,11 @@ def test_serve_takes_image_url_data_urls_and_says_it_sees(servers):
     with client(seeing) as c:
         models = c.get("/v1/models").json()["data"][0]
         assert models["vision"] is True
-        one = ask(c, [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": data_url(1)}}])
-        again = ask(c, [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": data_url(1)}}])
-        other = ask(c, [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": data_url(2)}}])
+        def with_image(seed):
+            return [{"type": "text", "text": "What is it?"},
+                    {"type": "image_url", "image_url": {"url": data_url(seed)}}]
+
+        one, again, other = ask(c, with_image(1)), ask(c, with_image(1)), ask(c, with_image(2))
         assert one.status_code == 200, one.text
         text = [r.json()["choices"][0]["message"]["content"] for r in (one, again, other)]
         assert text[0] == text[1] != text[2]

@@ -56,7 +56,7 @@ def mtmd():
                     os.environ["MTMD_CPP_LIB"] = lib_dir
                 try:
                     from llama_cpp import mtmd_cpp
-                except Exception as e:  # noqa: BLE001 - a build without libmtmd
+                except Exception as e:  # a build without libmtmd
                     raise ModelLoadFailed(f"This llama-cpp-python has no multimodal library (libmtmd): {e}. "
                                           "Install llama-cpp-python 0.3.36 or later.") from e
                 from . import binding
@@ -126,8 +126,8 @@ class Projector:
             raise ModelLoadFailed(f"{self.path.name} is a projector without a vision encoder (audio only?); "
                                   "images need a vision projector.")
         self.n_embd = int(L.llama_model_n_embd_inp(text_model))
-        self.info = ProjectorInfo(str(path), os.path.getsize(path), self.n_embd, bool(M.mtmd_decode_use_mrope(self.ctx)),
-                                  M.mtmd_default_marker().decode())
+        self.info = ProjectorInfo(str(path), os.path.getsize(path), self.n_embd,
+                                  bool(M.mtmd_decode_use_mrope(self.ctx)), M.mtmd_default_marker().decode())
         self.marker = self.info.marker
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
