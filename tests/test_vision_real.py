@@ -77,9 +77,10 @@ def test_other_images_give_other_logits(rt, pair):
     spec = spec_of(rt, model)
     tops = []
     for seed in (11, 12, 11):
-        first = []
+        first: list = []
         rt.generate(chat(image(seed), "Next?"), model=spec, max_tokens=1, sampling=preset("greedy"), logprobs=5,
-                    on_token=lambda ev: first.append(ev.top_logprobs))
+                    on_token=first.append)
+        first = [ev.top_logprobs for ev in first]
         tops.append(tuple((t, round(lp, 4)) for t, lp in first[0]))
     assert tops[0] != tops[1] and tops[0] == tops[2]
 
