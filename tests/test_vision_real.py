@@ -98,6 +98,8 @@ def test_a_requeued_image_is_not_encoded_again(rt, pair):
     hits = v.stats["cache_hits"]
     rt.generate(prompt, model=spec, max_tokens=3, sampling=preset("creative", seed=3))
     assert v.stats["encoded"] == enc and v.stats["cache_hits"] == hits + 1   # the embedding cache
+    rt.unload()   # the projector goes with the weights (and its cache with it)
+    assert v.ctx is None and not v._cache
 
 
 def test_an_image_beyond_the_context_gets_the_too_long_prompt_error(rt, pair):

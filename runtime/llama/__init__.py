@@ -135,7 +135,7 @@ def attach_projector(weights: Weights, spec: LoadSpec, n_gpu_layers: int) -> Non
         vet.check_file(proj, kind="mmproj")
         with weights.use():
             weights.projector = Projector(proj, weights.ptr, use_gpu=n_gpu_layers != 0,
-                                          n_threads=thread_counts(spec.n_threads)[1])
+                                          n_threads=thread_counts(spec.n_threads)[1], guard=weights.use)
     except (ModelLoadFailed, CorruptGGUF) as e:
         if spec.mmproj != "auto":
             raise

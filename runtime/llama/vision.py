@@ -18,6 +18,7 @@ libmtmd is found beside libllama: where llama-cpp-python reads its libraries fro
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
 import os
@@ -103,7 +104,10 @@ class ProjectorInfo:
 
 
 class Projector:
-    def __init__(self, path: Path, text_model: Any, *, use_gpu: bool, n_threads: int):
+    def __init__(self, path: Path, text_model: Any, *, use_gpu: bool, n_threads: int,
+                 guard: Any = contextlib.nullcontext):
+        """`guard()`: held around calls that read the text model (libmtmd tokenizes the text with its
+        vocabulary), so that an unload cannot free it meanwhile (Weights.use)."""
         M = mtmd()
         L = llama()
         self.path = Path(path)
@@ -129,6 +133,7 @@ class Projector:
         self.info = ProjectorInfo(str(path), os.path.getsize(path), self.n_embd,
                                   bool(M.mtmd_decode_use_mrope(self.ctx)), M.mtmd_default_marker().decode())
         self.marker = self.info.marker
+        self._guard = guard
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._cache_bytes = 0
@@ -148,7 +153,7 @@ class Projector:
         try:
             if any(not b for b in bitmaps):
                 raise InvalidRequest("llama.cpp could not take an image (out of memory?).")
-            with self._lock:
+            with self._guard(), self._lock:
                 if not self.ctx:
                     raise InvalidRequest(f"The projector {self.path.name} was unloaded; load the model again.")
                 mark = log_mark()

@@ -33,7 +33,7 @@ from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptT
 from ..generation import GenerationStream, TokenEvent
 from ..reasoning import NONE, THINK, ChannelAssembler
 from ..options import POOLINGS, LoadSpec
-from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_texts
+from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_images, prompt_texts
 from . import wire
 from .client import DONE, KEEPALIVE, TIMEOUT_ENV, check_allowed, parse_ref, timeout
 from .probe import RemoteWeights, probe
@@ -119,7 +119,10 @@ class RemoteModel(Model):
         if isinstance(prompt, TokenPrompt):
             return len(prompt.tokens), True
         if exact and self.features.get("tokenize"):
-            overhead = wire.CHAT_TOKENS_PER_MESSAGE * len(prompt.messages) if isinstance(prompt, ChatPrompt) else 0
+            overhead = 0
+            if isinstance(prompt, ChatPrompt):
+                overhead = (wire.CHAT_TOKENS_PER_MESSAGE * len(prompt.messages)
+                            + wire.IMAGE_TOKENS_ESTIMATE * len(prompt_images(prompt)))
             try:
                 return len(self.tokenize("\n".join(t for t in prompt_texts(prompt) if t))) + overhead, not overhead
             except A3BError as e:
