@@ -261,3 +261,17 @@ def test_an_editor_waits_for_at_most_one_image_of_a_workflow():
     while editor.remaining:
         step = feed(p)
         assert all(e.job is editor or e.count == 1 for e in step.entries)
+
+
+def test_a_unit_takes_no_row_of_the_token_batch():
+    p = Policy(n_slots=2, batch_tokens=64)
+    a = job_with_units(7, ((2, Unit(4)),))
+    p.submit(a)
+    p.admit()
+    feed(p)   # a's first two tokens
+    b = Job(list(range(1, 9)))
+    p.submit(b)
+    p.admit()
+    step = p.next_step()
+    assert [(e.job, e.unit is not None) for e in step.entries] == [(a, True), (b, False)]
+    assert step.entries[0].output is None and step.entries[1].output == 7   # b's last token is row 7, not 11
