@@ -55,7 +55,8 @@ def say(msg: str) -> None:
 
 
 def write_files(out: Path, pair: str, n_images: int) -> dict:
-    """The text model, the projector and 3 x n_images PNG images (encode set, first-token set, CLI set)."""
+    """The text model, the projector and 3 x n_images + 1 random images (encode set, first-token set,
+    CLI set, warm-up): PNG files for llama-mtmd-cli, the same pixels for the runtime (no decoder needed)."""
     from comfyui_a3b.runtime.images import RGBImage, png_bytes
 
     p = PAIRS[pair]
@@ -75,14 +76,15 @@ def write_files(out: Path, pair: str, n_images: int) -> dict:
         say(f"wrote {proj.name} ({proj.stat().st_size / 2**30:.2f} GiB) in {took['write_projector_s']:.1f} s")
     rng = np.random.default_rng(1)
     side = p["image_px"]
-    images = []
+    images, pixels = [], []
     for i in range(3 * n_images + 1):
         path = out / f"image-{pair}-{i}.png"
+        rgb = rng.integers(0, 256, (side, side, 3), dtype=np.uint8).tobytes()
         if not path.exists():
-            rgb = rng.integers(0, 256, (side, side, 3), dtype=np.uint8).tobytes()
             path.write_bytes(png_bytes(RGBImage(side, side, rgb, "")))
         images.append(path)
-    return {"model": model, "projector": proj, "images": images, **took}
+        pixels.append((side, rgb))
+    return {"model": model, "projector": proj, "images": images, "pixels": pixels, **took}
 
 
 def gpu_layers() -> int:
@@ -110,7 +112,7 @@ def ours(files: dict, n_images: int, n_ctx: int) -> dict:
         raise RuntimeError("the projector did not load")
     say(f"runtime: loaded in {load_s:.1f} s (projector {vision.info.size_bytes / 2**30:.2f} GiB, "
         f"M-RoPE {vision.info.mrope})")
-    imgs = [ImagePart(data=p.read_bytes(), mime="image/png") for p in files["images"]]
+    imgs = [ImagePart(rgb=rgb, width=side, height=side) for side, rgb in files["pixels"]]
 
     def chat(i: int, image: ImagePart | None) -> ChatPrompt:
         text = f"Request {i}: describe the picture in one line."
@@ -157,8 +159,10 @@ def mtmd_cli(binary: Path, files: dict, n_images: int, n_ctx: int) -> dict:
     if not binary.exists():
         return {"skipped": f"{binary} not found"}
     imgs = files["images"][2 * n_images:3 * n_images]
+    # the random model has no chat template: llama-mtmd-cli refuses a model without one, and the
+    # runtime falls back to ChatML too
     cmd = [str(binary), "-m", str(files["model"]), "--mmproj", str(files["projector"]), "-p",
-           "Describe the pictures in one line.", "-n", "1", "--temp", "0", "-c", str(n_ctx),
+           "Describe the pictures in one line.", "-n", "1", "--temp", "0", "-c", str(n_ctx), "--chat-template", "chatml",
            "-ngl", "99" if gpu_layers() else "0"]
     for p in imgs:
         cmd += ["--image", str(p)]
@@ -249,7 +253,8 @@ def main(argv=None) -> int:
         say(f"{name}: {json.dumps(res[name], default=str)[:400]}")
 
     files = write_files(out, args.pair, args.images)
-    res["files"] = {k: str(v) if isinstance(v, Path) else v for k, v in files.items() if k != "images"}
+    res["files"] = {k: str(v) if isinstance(v, Path) else v for k, v in files.items()
+                    if k not in ("images", "pixels")}
     step("ours", lambda: ours(files, args.images, args.n_ctx))
     if args.bin:
         step("mtmd_cli", lambda: mtmd_cli(Path(args.bin) / "llama-mtmd-cli", files, args.images, args.n_ctx))

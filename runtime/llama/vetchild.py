@@ -65,6 +65,9 @@ def _check_mmproj(path: str, encode: bool) -> dict:
     here: the host does that, and refuses cleanly), then, for a small file, encodes one small image."""
     import ctypes
 
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")   # libmtmd beside libllama, as the host takes it
+    if lib_dir and not os.environ.get("MTMD_CPP_LIB") and os.path.exists(os.path.join(lib_dir, "libmtmd.so")):
+        os.environ["MTMD_CPP_LIB"] = lib_dir
     import llama_cpp as L
     from llama_cpp import mtmd_cpp as M
 
