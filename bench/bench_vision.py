@@ -162,8 +162,8 @@ def mtmd_cli(binary: Path, files: dict, n_images: int, n_ctx: int) -> dict:
     # the random model has no chat template: llama-mtmd-cli refuses a model without one, and the
     # runtime falls back to ChatML too
     cmd = [str(binary), "-m", str(files["model"]), "--mmproj", str(files["projector"]), "-p",
-           "Describe the pictures in one line.", "-n", "1", "--temp", "0", "-c", str(n_ctx), "--chat-template", "chatml",
-           "-ngl", "99" if gpu_layers() else "0"]
+           "Describe the pictures in one line.", "-n", "1", "--temp", "0", "-c", str(n_ctx),
+           "--chat-template", "chatml", "-ngl", "99" if gpu_layers() else "0"]
     for p in imgs:
         cmd += ["--image", str(p)]
     t0 = time.perf_counter()
