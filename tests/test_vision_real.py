@@ -125,6 +125,19 @@ def test_a_projector_of_another_width_is_refused_by_name(rt, tmp_path):
         rt.load(rt.spec(str(model), n_gpu_layers=0, n_ctx=128, mmproj=str(model)))
 
 
+def test_the_planner_counts_the_projector(tmp_path):
+    from comfyui_a3b.runtime import LoadSpec
+    from comfyui_a3b.runtime.llama import ENGINE
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
+    proj = write_mmproj(tmp_path / "mmproj-tiny.gguf", 64, "tiny-mlp")
+    on, off = LoadSpec(str(model)), LoadSpec(str(model), mmproj="off")
+    size = proj.stat().st_size
+    assert ENGINE.gpu_bytes(on) - ENGINE.gpu_bytes(off) == size
+    assert ENGINE.file_bytes(on) - ENGINE.file_bytes(off) == size
+    assert ENGINE.weights_key(on) != ENGINE.weights_key(off)   # a copy with its projector is another copy
+
+
 def crashing_projector(path) -> None:
     """A projector on which libmtmd's clip loader aborts (GGML_ASSERT n_merge > 0 for minimax_m3)."""
     import gguf

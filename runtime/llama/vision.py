@@ -115,7 +115,9 @@ class Projector:
         p.use_gpu = bool(use_gpu)
         p.n_threads = max(1, int(n_threads))
         p.print_timings = False
-        p.warmup = True   # a projector that cannot run fails here, not at the first image
+        # on a GPU, a trial encode at load reserves the compute buffers (a projector that does not fit
+        # fails here, not at the first image); on the CPU it would cost seconds for a large tower
+        p.warmup = bool(use_gpu)
         mark = log_mark()
         self.ctx = M.mtmd_init_from_file(str(path).encode("utf-8"), text_model, p)
         if not self.ctx:
