@@ -39,8 +39,9 @@ else:
     from .engine import Engine, Model, ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
                          InvalidImage, InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound,
-                         ModelUnloaded, NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError, RemoteProtocolError,
-                         RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture, VisionUnavailable)
+                         ModelUnloaded, NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError,
+                         RemoteProtocolError, RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture,
+                         VisionUnavailable)
     from .generation import (PRESETS, ConfidenceConfig, GenerationResult, GenerationStream, LowConfidenceSpan,
                              SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
