@@ -275,3 +275,24 @@ def test_a_unit_takes_no_row_of_the_token_batch():
     step = p.next_step()
     assert [(e.job, e.unit is not None) for e in step.entries] == [(a, True), (b, False)]
     assert step.entries[0].output is None and step.entries[1].output == 7   # b's last token is row 7, not 11
+
+
+# -- finding the projector ---------------------------------------------------------------------------
+def test_the_projector_beside_the_model(tmp_path, caplog):
+    from comfyui_a3b.runtime import mmproj
+    from comfyui_a3b.runtime.errors import ModelNotFound
+
+    model = tmp_path / "Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf"
+    model.write_bytes(b"GGUF")
+    assert mmproj.resolve(model, "auto") is None
+    own = tmp_path / "mmproj-Qwen2.5-VL-3B-Instruct-f16.gguf"
+    own.write_bytes(b"GGUF")
+    assert mmproj.resolve(model, "auto") == own
+    (tmp_path / "mmproj-gemma-3-4b-it-f16.gguf").write_bytes(b"GGUF")   # another model's, in the same folder
+    assert mmproj.resolve(model, "auto") == own
+    (tmp_path / "mmproj-Qwen2.5-VL-3B-Instruct-q8_0.gguf").write_bytes(b"GGUF")   # two of its own: say so
+    assert mmproj.resolve(model, "auto") is None and "several projectors" in caplog.text
+    assert mmproj.resolve(model, "off") is None
+    assert mmproj.resolve(model, own.name) == own   # a name beside the model
+    with pytest.raises(ModelNotFound, match="was not found"):
+        mmproj.resolve(model, "nope.gguf")
