@@ -24,12 +24,9 @@ Rules, in the order they apply:
   `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
   (64 tokens: about 0.2 s on two CPU cores) instead of a full batch (256: about 0.8 s). Reading in
   64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
-* **Units.** A prompt may hold units that are fed as embeddings, not tokens (an image: libmtmd's
-  chunk). A unit is fed whole, in a step of its own kind (it takes no row of the token batch), at
-  least one step after the text before it; text never runs past a unit's start in one entry. A
-  unit larger than the chunk size is still one unit: an editor request waits for at most one. A
-  unit may take fewer positions than tokens (Qwen-VL's 2-D M-RoPE): `Job.position` maps an index
-  of `seq` to its position, and trims and entries carry positions.
+* **Units** (units.py: an image) are fed whole as embeddings, in an entry that takes no row of the
+  token batch; text stops at a unit's start. A unit beyond the chunk size is still one unit (an editor
+  waits for at most one); entries and trims carry positions (M-RoPE units take fewer than their tokens).
 * **Embeddings** run one small pack of texts per step. Work of the same priority class takes turns
   (a pack, then a decode step); work of a lower class waits.
 * **Editors wait for one small pack at most.** The class that runs is the highest among running,
@@ -53,6 +50,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .units import Units
 
 #: Priorities: higher runs first.
 PRIORITY_BATCH = 0
@@ -96,35 +95,11 @@ class Job:
         self.is_cancelled = cancelled
         self.batch_waited = False          # an interactive job: it has had its one wait for batch work
         #: units of the prompt fed as embeddings: {index in seq: unit with n_tokens and n_pos}
-        self.units: dict[int, Any] = dict(units or {})
-        self._unit_starts = sorted(self.units)
-
-    def unit_at(self, index: int) -> tuple[int, Any] | None:
-        """(start, unit) of the unit that covers `index`, or None."""
-        for start in self._unit_starts:
-            if start <= index < start + self.units[start].n_tokens:
-                return start, self.units[start]
-            if start > index:
-                break
-        return None
+        self.units = Units(units)
 
     def position(self, index: int) -> int:
-        """The position of `seq[index]` (the index less what units before it take beyond their positions)."""
-        shift = 0
-        for start in self._unit_starts:
-            u = self.units[start]
-            if start + u.n_tokens > index:
-                break
-            shift += u.n_tokens - u.n_pos
-        return index - shift
-
-    def segment(self, start: int, want: int) -> tuple[int, Any]:
-        """(count, unit) one entry takes from `start`: a whole unit, or at most `want` tokens of text
-        that stop at the next unit."""
-        if start in self.units:
-            return self.units[start].n_tokens, self.units[start]
-        nxt = next((s for s in self._unit_starts if s > start), None)
-        return (want if nxt is None else min(want, nxt - start)), None
+        """The position of `seq[index]` (units.py)."""
+        return self.units.position(index)
 
     @property
     def promoted(self) -> bool:
@@ -335,7 +310,7 @@ class Policy:
         best = max(free, key=lambda s: (common_prefix(s.tokens, job.seq), s.last_used))
         # keep at least one token to decode: its logits give the next token
         common = min(common_prefix(best.tokens, job.seq), len(job.seq) - 1)
-        inside = job.unit_at(common) if job.units else None
+        inside = job.units.covering(common) if job.units else None
         if inside is not None:   # a unit is cached whole or not at all
             common = inside[0]
         trim = None
@@ -443,7 +418,7 @@ class Policy:
                 break
             unit = None
             if job.units:
-                take, unit = job.segment(job.fed, take)
+                take, unit = job.units.segment(job.fed, take)
                 if unit is not None and entries and take > budget:
                     continue   # a unit larger than what is left of this step: whole, in a later one
             e = Entry(job, job.fed, take, pos=job.position(job.fed) if job.units else None, unit=unit)
