@@ -102,6 +102,30 @@ def test_a_requeued_image_is_not_encoded_again(rt, pair):
     assert v.ctx is None and not v._cache
 
 
+def test_a_cancel_between_images_stops_before_the_next_encode(rt, tmp_path):
+    """Four images of a few hundred tokens each, cancelled once the first is encoded: the worker
+    stops between two images (each one step of its loop)."""
+    import threading
+    import time
+
+    from comfyui_a3b.runtime.errors import Cancelled
+
+    model = write_tiny_gguf(tmp_path / "tiny-qwen2vl.gguf", "qwen2vl", n_ctx=4096)
+    shape = dict(SHAPES["tiny-qwen2vl"], n_embd=128, n_layer=4, n_ff=256)
+    write_mmproj(tmp_path / "mmproj-mid.gguf", 64, shape)
+    spec = rt.spec(str(model), n_gpu_layers=0, n_ctx=4096, n_parallel=1)
+    v = rt.load(spec).vision
+    big = [image(40 + i, 448, 448) for i in range(4)]
+    stream = rt.submit(chat("a", big[0], "b", big[1], "c", big[2], "d", big[3], "?"), model=spec, max_tokens=4)
+    deadline = time.monotonic() + 60
+    while v.stats["encoded"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    threading.Thread(target=stream.cancel).start()
+    with pytest.raises(Cancelled):
+        stream.result()
+    assert 1 <= v.stats["encoded"] < 4, dict(v.stats)
+
+
 def test_an_image_beyond_the_context_gets_the_too_long_prompt_error(rt, pair):
     _, model = pair
     spec = spec_of(rt, model, n_ctx=24)
