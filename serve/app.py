@@ -161,6 +161,7 @@ class Api:
         return JSONResponse({"default_generation_settings": {"n_ctx": m.n_ctx_seq},
                              "total_slots": self.cfg.spec.n_parallel,
                              "chat_template": m.info.chat_template or "", "model_alias": self.cfg.model_id,
+                             "modalities": {"vision": bool(m.features.get("vision")), "audio": False},
                              "a3b": True})
 
     async def tokenize(self, request: Request) -> Response:

@@ -58,7 +58,7 @@ def test_serve_takes_image_url_data_urls_and_says_it_sees(servers):
     seeing, blind = servers
     with client(seeing) as c:
         models = c.get("/v1/models").json()["data"][0]
-        assert models["vision"] is True
+        assert models["vision"] is True and c.get("/props").json()["modalities"]["vision"] is True
         def with_image(seed):
             return [{"type": "text", "text": "What is it?"},
                     {"type": "image_url", "image_url": {"url": data_url(seed)}}]
@@ -92,6 +92,7 @@ def test_the_remote_engine_passes_image_parts_through(servers, monkeypatch):
     prompt = ChatPrompt([{"role": "user", "content": ("What is it?", ImagePart(data=png(1), mime="image/png"))}])
     try:
         remote = rt.generate(prompt, model=url, max_tokens=10, sampling=preset("greedy"))
+        assert rt.load(url).features.get("vision") is True   # read from the server's /props, as llama-server's
     finally:
         rt.unload(rt.spec(url))
     local = rt.generate(prompt, model=SEEING, max_tokens=10, sampling=preset("greedy"), )
