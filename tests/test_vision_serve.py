@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from comfyui_a3b.runtime.errors import VisionUnavailable
 from comfyui_a3b.runtime.images import RGBImage, png_bytes
 from comfyui_a3b.runtime.remote.wire import request_body
 from comfyui_a3b.runtime.requests import ChatPrompt, GenerationRequest, ImagePart
@@ -95,6 +96,12 @@ def test_the_remote_engine_passes_image_parts_through(servers, monkeypatch):
         assert rt.load(url).features.get("vision") is True   # read from the server's /props, as llama-server's
     finally:
         rt.unload(rt.spec(url))
+    blind_url = f"http://127.0.0.1:{servers[1].port}/v1"
+    try:   # a server that reports no vision: said here, before anything is sent
+        with pytest.raises(VisionUnavailable, match="--mmproj"):
+            rt.generate(prompt, model=blind_url, max_tokens=3)
+    finally:
+        rt.unload(rt.spec(blind_url))
     local = rt.generate(prompt, model=SEEING, max_tokens=10, sampling=preset("greedy"), )
     plain = rt.generate(ChatPrompt([{"role": "user", "content": "What is it?"}]), model=SEEING, max_tokens=10,
                         sampling=preset("greedy"))

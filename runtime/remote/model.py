@@ -29,7 +29,7 @@ import numpy as np
 
 from ..engine import Engine, Model
 from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong, RemoteProtocolError, \
-    RemoteUnreachable
+    RemoteUnreachable, VisionUnavailable
 from ..generation import GenerationStream, TokenEvent
 from ..reasoning import NONE, THINK, ChannelAssembler
 from ..options import POOLINGS, LoadSpec
@@ -133,6 +133,11 @@ class RemoteModel(Model):
     def submit(self, request: GenerationRequest,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
+        if prompt_images(request.prompt) and self.features.get("server") == "llama-server" \
+                and not self.features.get("vision"):   # its /props says it has no projector
+            raise VisionUnavailable(f"The model served at {self.client.ref.base} does not see images (the server "
+                                    "reports no vision). Start llama-server with the model's projector (--mmproj "
+                                    "FILE), or send text only.")
         route, root, body = wire.request_body(request, self.name, self.supports_fim)
         n_prompt, exact = self._count(request.prompt, True)
         if n_prompt >= self.n_ctx_seq:
