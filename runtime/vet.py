@@ -268,7 +268,8 @@ def check_file(path: str | os.PathLike, kind: str = "model") -> None:
     if not enabled():
         return
     p = Path(path)
-    key = _key(p)
+    # a file is vetted for what it is loaded as: a model's verdict says nothing of the clip loader
+    key = _key(p) + ((kind,) if kind != "model" else ())
     v = VERDICTS.get(key)
     if v is None:
         with _lock:
