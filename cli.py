@@ -170,7 +170,10 @@ def cmd_inspect(args) -> int:
 
     cliwords.check_readable(args.file)
     info = inspect_gguf(cliwords.model_file(args.file))
-    ok, why = probe_architecture(info.path)
+    if info.architecture == "clip":   # a projector is no model of its own
+        ok, why = False, "a multimodal projector (mmproj): it is loaded beside its model (--mmproj), not alone"
+    else:
+        ok, why = probe_architecture(info.path)
     d = info.as_dict()
     d["llama_cpp_supports_architecture"] = ok
     d["llama_cpp_python"] = llama_cpp_version()
