@@ -97,12 +97,14 @@ def test_a_model_without_a_projector_says_what_to_add(rt):
     assert rt.generate(chat("hi"), model="fake://blind", max_tokens=3, sampling=GREEDY).text
 
 
-def test_the_marker_in_user_text_is_refused(rt):
+def test_the_marker_in_user_text_is_refused_beside_images(rt):
     with pytest.raises(InvalidRequest, match="stands for an image"):
         rt.generate(chat("say <__media__> ", rgb_part(1)), model=VISION, max_tokens=3)
     with pytest.raises(InvalidRequest, match="stands for an image"):
         rt.generate(ChatPrompt([{"role": "system", "content": "<__media__>"},
                                 {"role": "user", "content": ("x", rgb_part(1))}]), model=VISION, max_tokens=3)
+    # without images it is text like any other: nothing reads it as an image
+    assert rt.generate(chat("say <__media__>"), model=VISION, max_tokens=3, sampling=GREEDY).text
 
 
 def test_an_image_that_does_not_fit_gets_the_too_long_prompt_error(rt):
