@@ -119,8 +119,9 @@ class LoadedModel(Model):
         """The chat as the prompt text the model reads (its own template, or the named one); images
         as the projector's marker."""
         v = self.vocab
-        if messages is None:   # text only (with images, _prompt renders them with the projector's marker)
-            messages = imageprompt.render_messages(prompt, "")[0]
+        if messages is None:   # images as the marker; a text-only chat's text is text, marker or not
+            vision = self.vision if prompt_images(prompt) else None
+            messages = imageprompt.render_messages(prompt, vision.marker if vision else "")[0]
         return chatmod.render(list(messages), gguf_template=self.info.chat_template, template=prompt.template,
                               bos=v.token_text(v.bos) if v.bos >= 0 else "",
                               eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
