@@ -23,7 +23,7 @@ if missing or not images:
     sys.exit(3)
 for i, _ in enumerate(images):
     print("encoding image slice...", file=sys.stderr)
-    print(f"image slice encoded in {{10 + i}} ms", file=sys.stderr)
+    print(f"mtmd batch encoding done in {{10 + i}} ms", file=sys.stderr)
     print(f"image decoded (batch 1/1) in {{3 + i}} ms", file=sys.stderr)
 print("x")
 """
@@ -44,3 +44,13 @@ def test_the_benchmark_runs_at_the_tiny_shape_and_compares_with_the_cli(tmp_path
     assert ref["encode_ms"] == [10.0, 11.0] and res["encode_ratio_vs_mtmd_cli"] == ours["encode_ms_median"] / 10.5
     assert ours["first_token_requeue_ms_median"] < ours["first_token_image_ms_median"]
     assert (out / "bench_vision.md").read_text().count("|") > 10 and (out / "bench_vision.png").exists()
+
+
+def test_encode_times_are_read_from_llama_mtmd_clis_log():
+    from comfyui_a3b.bench.bench_vision import encode_times
+
+    log = ("0.01.113.388 I encoding mtmd batch, n_chunks = 1 (done = 1, total = 13)\n"
+           "0.01.223.808 I mtmd batch encoding done in 110 ms\n"
+           "0.01.270.403 I mtmd batch encoding done in 28 ms\n"
+           "image slice encoded in 7 ms\n")
+    assert encode_times(log) == [110.0, 28.0, 7.0]
