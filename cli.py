@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
@@ -63,11 +64,25 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.N_THREADS, "--threads", metavar="N")
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
+    add_argument(p, opt.MMPROJ, metavar="FILE|auto|off")
 
 
 def _spec(rt, args):
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                   ctx_policy=args.ctx_policy)
+                   ctx_policy=args.ctx_policy, **({"mmproj": args.mmproj} if getattr(args, "mmproj", None) else {}))
+
+
+def _images(paths: Sequence[str] | None) -> tuple:
+    """--image FILE arguments as image parts (read now: a missing file is a usage error)."""
+    from .runtime.requests import ImagePart
+
+    parts = []
+    for path in paths or ():
+        try:
+            parts.append(ImagePart(data=Path(path).expanduser().read_bytes()))
+        except OSError as e:
+            raise InvalidRequest(f"Cannot read the image {path}: {e.strerror or e}.") from None
+    return tuple(parts)
 
 
 def _one_line(error: BaseException) -> str:
@@ -97,9 +112,10 @@ def cmd_generate(args) -> int:
                             insert_marker=args.mark_low_confidence)
     prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
     t0 = time.perf_counter()
+    images = _images(args.image)
     stream = rt.submit(prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
                        sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template,
-                       **cli_reasoning.request_kwargs(args))
+                       images=images, **cli_reasoning.request_kwargs(args))
     out, printer = sys.stdout, cli_reasoning.Printer(args.show_reasoning)
     try:
         for ev in stream:
@@ -155,7 +171,10 @@ def cmd_inspect(args) -> int:
 
     cliwords.check_readable(args.file)
     info = inspect_gguf(cliwords.model_file(args.file))
-    ok, why = probe_architecture(info.path)
+    if info.architecture == "clip":   # a projector is no model of its own
+        ok, why = False, "a multimodal projector (mmproj): it is loaded beside its model (--mmproj), not alone"
+    else:
+        ok, why = probe_architecture(info.path)
     d = info.as_dict()
     d["llama_cpp_supports_architecture"] = ok
     d["llama_cpp_python"] = llama_cpp_version()
@@ -326,6 +345,9 @@ def _add_generate(sub) -> None:
     _add_model_args(g)
     g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
+    g.add_argument("--image", action="append", metavar="FILE",
+                   help="an image the model looks at, before the prompt's text (PNG, JPEG, WebP, ...; repeatable; "
+                        "needs the model's projector, see --mmproj) (default: none)")
     g.add_argument("--template", default=None, metavar="NAME",
                    help="llama.cpp chat template name, e.g. chatml (default: the model's own template)")
     add_argument(g, opt.MAX_TOKENS, metavar="N")

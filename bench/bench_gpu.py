@@ -61,15 +61,16 @@ def q4_0_blocks(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
     return blocks.reshape(-1)
 
 
-def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
+def write_model(path: Path, shape: dict, seed: int = 0, arch: str = "qwen3") -> Path:
     """A random Q4_0 model of `shape`: qwen3, or qwen3moe where the shape has experts (`n_expert`;
-    `n_ff` is then each expert's width). Tensors are held until written (about the file's size in RAM)."""
+    `n_ff` is then each expert's width), or qwen2vl (Qwen2-VL's text model: qwen2's layers with
+    biases, M-RoPE). Tensors are held until written (about the file's size in RAM)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     s = shape
     moe = "n_expert" in s
-    arch = "qwen3moe" if moe else "qwen3"
+    arch = "qwen3moe" if moe else arch
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"random-{arch}")
     w.add_context_length(8192)
@@ -86,6 +87,9 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
     w.add_value_length(s["head_dim"])
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
+    if arch == "qwen2vl":   # M-RoPE: temporal, height and width sections of the rotary half (Qwen2-VL's 16/24/24 of 64)
+        half = s["head_dim"] // 2
+        w.add_array(f"{arch}.rope.dimension_sections", [half // 4, half * 3 // 8, half * 3 // 8, 0])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
     tokens += [f"\u2581w{i}" for i in range(s["n_vocab"] - len(tokens))]
@@ -121,8 +125,12 @@ def write_model(path: Path, shape: dict, seed: int = 0) -> Path:
         quant(p + "attn_k.weight", s["n_head_kv"] * hd, e)
         quant(p + "attn_v.weight", s["n_head_kv"] * hd, e)
         quant(p + "attn_output.weight", e, s["n_head"] * hd)
-        ones(p + "attn_q_norm.weight", hd)
-        ones(p + "attn_k_norm.weight", hd)
+        if arch == "qwen2vl":
+            for name, heads in (("attn_q", s["n_head"]), ("attn_k", s["n_head_kv"]), ("attn_v", s["n_head_kv"])):
+                w.add_tensor(p + name + ".bias", np.zeros(heads * hd, dtype=np.float32))
+        else:
+            ones(p + "attn_q_norm.weight", hd)
+            ones(p + "attn_k_norm.weight", hd)
         ones(p + "ffn_norm.weight", e)
         if moe:
             # the router: random rows with a spread of norms, so that some experts win more often

@@ -21,11 +21,13 @@ HERE = Path(__file__).resolve().parent
 
 # Widgets of the ComfyUI core nodes the examples use, in their order.
 CORE_WIDGETS = {
+    "LoadImage": ["image"],
     "PrimitiveStringMultiline": ["value"],
     "StringConcatenate": ["string_a", "string_b", "delimiter"],
     "PreviewAny": [],
 }
 CORE_OUTPUTS = {
+    "LoadImage": [("IMAGE", "IMAGE"), ("MASK", "MASK")],
     "PrimitiveStringMultiline": [("STRING", "STRING")],
     "StringConcatenate": [("STRING", "STRING")],
     "PreviewAny": [],
@@ -257,7 +259,31 @@ def rag() -> list[N]:
     ])
 
 
-EXAMPLES = {"comic_script": comic_script, "rag": rag, "storyboard_json": storyboard_json}
+def image_dialogue() -> list[N]:
+    """Image -> panel description -> dialogue: a vision-language model (a GGUF with its mmproj beside it
+    in models/LLM, chosen in the loader) looks at a picture (ComfyUI's input/example.png), describes it
+    as a comic panel, and the next step writes the characters' lines for that panel."""
+    text = (380, 120)
+    return arrange([
+        [N(1, "A3BLoader", "Vision-language model (pick one with its mmproj)"),
+         N(2, "LoadImage", "Panel image", {"image": "example.png"}, size=(320, 320))],
+        [N(3, "A3BGenerate", "Panel description", {
+            "max_new_tokens": 120, "temperature": 0.2, "seed": 3,
+            "system": "You describe comic panels for a script writer: who is there, where, what happens. Be brief.",
+            "prompt": "Describe this picture as one comic panel, in two or three sentences.",
+        }, links={"model": (1, 0), "image": (2, 0)}, size=text)],
+        [N(4, "A3BGenerate", "Dialogue", {
+            "max_new_tokens": 96, "temperature": 0.7, "seed": 3,
+            "system": "You are a comic book writer. Dialogue is short, one line per speaker.",
+            "prompt": "Write the dialogue for this panel: two or three lines, as 'NAME: \"...\"'.",
+        }, links={"model": (1, 0), "context": (3, 0)}, size=text)],
+        [N(5, "PreviewAny", "Panel", links={"source": (3, 0)}, size=(360, 160)),
+         N(6, "PreviewAny", "Dialogue", links={"source": (4, 0)}, size=(360, 160))],
+    ])
+
+
+EXAMPLES = {"comic_script": comic_script, "rag": rag, "storyboard_json": storyboard_json,
+            "image_dialogue": image_dialogue}
 
 
 def main() -> None:

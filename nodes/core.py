@@ -45,7 +45,10 @@ def model_choices() -> list[str]:
     then every .gguf in the model folders."""
     from ..runtime.remote import listed
 
-    return [DEFAULT_CHOICE] + listed() + [m for m in list_models() if not m.startswith("loras/")]
+    from .images import is_projector
+
+    return [DEFAULT_CHOICE] + listed() + [m for m in list_models()
+                                          if not m.startswith("loras/") and not is_projector(m)]
 
 
 def lora_choices(folders: Sequence[str | os.PathLike] = ()) -> list[str]:
@@ -291,8 +294,9 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
              confidence_threshold: float = ConfidenceConfig.threshold,
              hooks: GenerateHooks | None = None, thinking: str = THINKING.default,
              reasoning_budget: int | None = REASONING_BUDGET.default,
-             json_schema: str | dict | None = None) -> Generated:
-    """Run one chat generation on the handle's model, streaming through `hooks`.
+             json_schema: str | dict | None = None, images: Sequence[Any] = ()) -> Generated:
+    """Run one chat generation on the handle's model, streaming through `hooks`; `images` (image
+    parts) go into the user message before its text.
 
     Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
     stream is cancelled between two tokens.
@@ -306,7 +310,10 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     rt = get_runtime()
     from ..runtime import chat as chatmod
 
-    prompt = ChatPrompt(chatmod.messages(text_in, system.strip() if system and system.strip() else None))
+    msgs = chatmod.messages(text_in, system.strip() if system and system.strip() else None)
+    if images:
+        msgs[-1] = {**msgs[-1], "content": (*images, msgs[-1]["content"])}
+    prompt = ChatPrompt(msgs)
     check_budget(spec, rt.count_tokens(prompt, model=spec), max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)

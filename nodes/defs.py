@@ -15,6 +15,7 @@ from ..runtime import options as opt
 from ..runtime.errors import Cancelled
 from ..runtime.options import Option
 from . import comfy, core
+from . import images as nodeimages
 
 #: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto"): see `widget`
 AUTO_GPU_LAYERS = opt.N_GPU_LAYERS.min - 1
@@ -143,9 +144,10 @@ def _first(x: Any) -> Any:
 
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
-                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0):
+                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0,
+                mmproj="auto"):
     comfy.register_model_folders()
-    spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads,
+    spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads, mmproj=nodeimages.resolve_mmproj(mmproj),
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
@@ -155,9 +157,15 @@ def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_
     return (spec,), {"text": [core.describe(spec)]}
 
 
-def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep=1.0, **_):
+def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep=1.0,
+                        mmproj="auto", **_):
     return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps,
-                                  heads_keep, experts_keep)
+                                  heads_keep, experts_keep, mmproj)
+
+
+def _mmproj_options() -> list[str]:
+    comfy.register_model_folders()
+    return nodeimages.mmproj_choices()
 
 
 def _model_options() -> list[str]:
@@ -192,6 +200,8 @@ LOADER = NodeDef(
         widget(opt.SERVE_AS_OPTION, optional=True),
         widget(HEADS_KEEP, optional=True),
         widget(EXPERTS_KEEP, optional=True),
+        In("mmproj", "COMBO", "auto", optional=True, options=_mmproj_options,
+           tooltip=opt.MMPROJ.help + " The files listed are the mmproj*.gguf found in models/LLM."),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,
@@ -199,7 +209,17 @@ LOADER = NodeDef(
 
 
 # -- A3BGenerate ------------------------------------------------------------------------------------------
-def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
+def _run_generate(node_id, *, image=None, image_mode=nodeimages.ALL_IN_ONE, **inputs):
+    parts = nodeimages.tensor_images(image) if image is not None else []
+    if image_mode == nodeimages.ONE_EACH and len(parts) > 1:   # one answer per image, one after another
+        outs = [_generate_one(node_id, [p], **inputs)[0] for p in parts]
+        text = "\n\n".join(o[0] for o in outs)
+        spans = "[" + ", ".join(o[1] for o in outs) + "]"
+        return (text, spans, "\n\n".join(o[2] for o in outs)), {"text": [text]}
+    return _generate_one(node_id, parts, **inputs)
+
+
+def _generate_one(node_id, images, *, model, prompt, system, max_new_tokens, temperature, top_p, top_k, min_p,
                   repeat_penalty, seed, stop, confidence_aware, confidence_threshold, context=None,
                   thinking=opt.THINKING.default, reasoning_budget=NO_BUDGET, json_schema=""):
     bar = comfy.progress_bar(max_new_tokens, node_id)
@@ -222,7 +242,7 @@ def _run_generate(node_id, *, model, prompt, system, max_new_tokens, temperature
                           confidence_aware=confidence_aware, confidence_threshold=confidence_threshold,
                           hooks=hooks, thinking=thinking,
                           reasoning_budget=None if reasoning_budget == NO_BUDGET else reasoning_budget,
-                          json_schema=json_schema)
+                          json_schema=json_schema, images=images)
     except Cancelled:
         comfy.send(comfy.EVENT_DONE, {"node": node_id, "interrupted": True})
         comfy.raise_interrupted()  # ComfyUI reports "interrupted" rather than an error
@@ -268,6 +288,11 @@ GENERATE = NodeDef(
         widget(opt.JSON_SCHEMA, optional=True, multiline=True,
                note="Paste a schema (empty = free text); the text output is then JSON, e.g. a storyboard as a list "
                     "of panels."),
+        In("image", "IMAGE", optional=True,
+           tooltip="Images the model looks at before the prompt (needs the model's projector: A3BLoader's mmproj)."),
+        In("image_mode", "COMBO", nodeimages.ALL_IN_ONE, optional=True, options=list(nodeimages.IMAGE_MODES),
+           tooltip="A batch of images: all in one prompt, or one request per image (the answers one after "
+                   "another, a blank line between; the spans output a list per image)."),
     ],
     outputs=[Out("text", "STRING", "The answer (without the reasoning of a thinking model)."),
              Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy)."),

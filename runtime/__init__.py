@@ -39,27 +39,31 @@ else:
     from .core import Runtime, get_runtime
     from .engine import Engine, Model, ModelInfo, register_engine, unregister_engine
     from .errors import (A3BError, Cancelled, ChecksumMismatch, ContextTooLarge, CorruptGGUF, EmbeddingsUnsupported,
-                         InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound, ModelUnloaded,
-                         NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError, RemoteProtocolError,
-                         RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture)
+                         InvalidImage, InvalidRequest, LlamaCppUnavailable, ModelLoadFailed, ModelNotFound,
+                         ModelUnloaded, NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError,
+                         RemoteProtocolError, RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture,
+                         VisionUnavailable)
     from .generation import (PRESETS, ConfidenceConfig, GenerationResult, GenerationStream, LowConfidenceSpan,
                              SamplingParams, TokenEvent, preset)
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
     from .locate import add_model_dir, default_model_path, list_models, resolve_model
     from .options import LoadSpec
-    from .requests import ChatPrompt, ContextChunk, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
+    from .requests import (ChatPrompt, ContextChunk, GenerationRequest, ImagePart, InfillPrompt, Prompt, TextPrompt,
+                           TokenPrompt)
     from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
     from .worker import LoadedModel
 
     __all__ = [
         "A3BError", "Cancelled", "ChatPrompt", "ChecksumMismatch", "ConfidenceConfig", "ContextChunk",
         "ContextTooLarge", "CorruptGGUF", "EmbeddingsUnsupported", "Engine", "GGUFInfo", "GenerationRequest",
-        "GenerationResult", "GenerationStream", "InfillPrompt", "InvalidRequest", "LlamaCppUnavailable", "LoadSpec",
+        "GenerationResult", "GenerationStream", "ImagePart", "InfillPrompt", "InvalidImage", "InvalidRequest",
+        "LlamaCppUnavailable", "LoadSpec",
         "LoadedModel", "LowConfidenceSpan", "Model", "ModelInfo", "ModelLoadFailed", "ModelNotFound",
         "ModelUnloaded", "NotGGUF", "PRESETS", "Prompt", "TextPrompt", "TokenPrompt",
         "PRIORITY_BATCH", "PRIORITY_INTERACTIVE", "PathNotAllowed", "PromptTooLong", "RemoteAuthFailed",
         "RemoteError", "RemoteProtocolError", "RemoteUnreachable", "Runtime",
-        "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "add_model_dir",
+        "SamplingParams", "TokenEvent", "TruncatedGGUF", "UnsupportedArchitecture", "VisionUnavailable",
+        "add_model_dir",
         "default_model_path", "get_runtime", "inspect_gguf", "list_models", "preset", "register_engine",
         "resolve_model", "sha256_file", "unregister_engine", "verify_sha256",
     ]

@@ -102,15 +102,22 @@ class Runtime:
                 variables: Mapping[str, Any] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                 sampling: SamplingParams | None = None, stop: Sequence[str] = (), priority: int = PRIORITY_BATCH,
                 confidence: ConfidenceConfig | None = None, prompt_tokens: Sequence[int] | None = None,
-                logprobs: int | None = None, tools: Sequence[dict] = (), **thinking: Any) -> GenerationRequest:
+                logprobs: int | None = None, tools: Sequence[dict] = (), images: Sequence[Any] = (),
+                **thinking: Any) -> GenerationRequest:
         """A GenerationRequest from the conveniences callers use: a typed prompt as it is; else token
         ids (`prompt_tokens`), chat `messages`, or `prompt` text, which `chat` (the default) sends as
-        one user message after `system`, and chat=False as plain text to continue. `thinking` holds
+        one user message after `system` (with `images`, ImageParts, before its text), and chat=False
+        as plain text to continue. `thinking` holds
         the request's other fields by name (thinking, reasoning_budget, max_total_tokens,
         json_schema, grammar)."""
         unknown = set(thinking) - THINKING_FIELDS
         if unknown:
             raise InvalidRequest(f"Unknown request setting(s): {', '.join(sorted(unknown))}.")
+        images = tuple(images or ())
+        if images and (not chat or messages is not None or isinstance(prompt, PROMPT_TYPES)
+                       or prompt_tokens is not None):
+            raise InvalidRequest("Images go with a chat prompt given as text (chat=True); in chat messages or a "
+                                 "ChatPrompt, put them in a message's content parts instead.")
         if isinstance(prompt, PROMPT_TYPES):
             if system or messages is not None or prompt_tokens is not None or template or variables or tools:
                 raise InvalidRequest("A typed prompt carries its own messages, template and variables: give them "
@@ -126,6 +133,8 @@ class Runtime:
                 if not isinstance(prompt, str) or not prompt.strip():
                     raise InvalidRequest("The prompt is empty; give some text to answer.")
                 messages = chatmod.messages(prompt, system)
+                if images:
+                    messages[-1] = {**messages[-1], "content": (*images, messages[-1]["content"])}
             p = ChatPrompt(tuple(dict(m) if isinstance(m, Mapping) else m for m in messages), template=template or None,
                            variables=variables or {}, tools=tuple(tools))
         else:

@@ -44,6 +44,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("A3B_VET", "on", "off: no crash isolation for unseen GGUF files", ("runtime/vet.py",)),
     Variable("A3B_VET_DECODE_MAX_GB", "4", "files larger than this many GiB are not decoded while vetted",
              ("runtime/vet.py",)),
+    Variable("A3B_IMAGE_MAX_PIXELS", None, "largest image taken, in pixels (default 50000000)",
+             ("runtime/images.py",)),
+    Variable("A3B_IMAGE_MAX_BYTES", None, "largest encoded image file taken, in bytes (default 33554432)",
+             ("runtime/images.py",)),
     Variable("A3B_CPU_REPACK", "on", "off: no llama.cpp CPU weight repacking", ("runtime/vet.py",)),
     Variable("A3B_SAMPLE_THREADS", None, "threads sampling the rows of one decode step (default: the CPU cores, "
              "at most 16; 0 or 1: off)", ("runtime/llama/backend.py",)),

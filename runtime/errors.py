@@ -65,6 +65,14 @@ class InvalidRequest(A3BError):
     code = "invalid_request"
 
 
+class InvalidImage(InvalidRequest):
+    """An image that cannot be used: not an image, damaged, empty, too large, a bad tensor."""
+
+
+class VisionUnavailable(InvalidRequest):
+    """Images were sent to a model that has no multimodal projector loaded."""
+
+
 class Cancelled(A3BError):
     code = "cancelled"
 

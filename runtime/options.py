@@ -232,6 +232,9 @@ SERVE_AS_OPTION = Option("serve_as", str, "as-is",
 EMBED_N_CTX = Option("embed_n_ctx", int, 256,
                      "Longest text the embedding context takes, in tokens (longer texts are refused).",
                      min=8, max=1 << 16)
+MMPROJ = Option("mmproj", str, "auto",
+                "The multimodal projector (mmproj GGUF) that lets the model see images: auto = the mmproj*.gguf "
+                "beside the model file, a path, or off.")
 CTX_POLICY = Option("ctx_policy", str, "warn",
                     "When the context asked for exceeds the model's trained context: load and log a warning "
                     "(warn), or stop with an error (refuse).", choices=CTX_POLICIES)
@@ -309,16 +312,26 @@ LSP_TOKEN = Option("token", str, None, "Shared secret TCP/WebSocket editors must
 SERVE_TOKEN = Option("token", str, None, "Bearer token every request must carry.", nullable=True,
                      env="A3B_SERVE_TOKEN")
 
+# -- images (images.py) ----------------------------------------------------------------------------------
+IMAGE_MAX_PIXELS = Option("image_max_pixels", int, 50_000_000,
+                          "Largest image taken, in pixels (width x height), checked before it is decoded; the "
+                          "projector then resizes it to what its model was trained on.", min=1, max=1 << 31,
+                          env="A3B_IMAGE_MAX_PIXELS")
+IMAGE_MAX_BYTES = Option("image_max_bytes", int, 32 << 20,
+                         "Largest encoded image file taken (PNG, JPEG, ...), in bytes.", min=1, max=1 << 31,
+                         env="A3B_IMAGE_MAX_BYTES")
+
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
-                                     USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, CTX_POLICY)}
+                                     USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
+                                     CTX_POLICY)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
                                         JSON_SCHEMA)}
 #: every option above, by name
 OPTIONS = {**LOAD_OPTIONS, **SAMPLING_OPTIONS, **CONFIDENCE_OPTIONS, **REQUEST_OPTIONS, POOLING.name: POOLING,
-           NORMALIZE.name: NORMALIZE}
+           NORMALIZE.name: NORMALIZE, IMAGE_MAX_PIXELS.name: IMAGE_MAX_PIXELS, IMAGE_MAX_BYTES.name: IMAGE_MAX_BYTES}
 
 
 def check_fields(obj: Any, options: dict[str, Option]) -> None:
@@ -347,6 +360,8 @@ class LoadSpec:
     #: see llama/reencode.py
     serve_as: str = SERVE_AS_OPTION.default
     embed_n_ctx: int = EMBED_N_CTX.default
+    #: the multimodal projector: "auto" (beside the model), a path, or "off"
+    mmproj: str = MMPROJ.default
     #: "warn" loads, logs a warning and reports it in status; "refuse" raises ContextTooLarge
     ctx_policy: str = CTX_POLICY.default
 

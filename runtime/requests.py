@@ -6,7 +6,8 @@ These are the types of the request-level seam (engine.py's `Model.submit` takes 
 * `TextPrompt`: plain text to continue;
 * `TokenPrompt`: token ids of the model's own vocabulary (OpenAI's /v1/completions takes a list);
 * `ChatPrompt`: chat messages, rendered with the model's chat template (or a named one), with
-  template variables (what an OpenAI-compatible server calls chat_template_kwargs);
+  template variables (what an OpenAI-compatible server calls chat_template_kwargs); a message's
+  content is text, or a sequence of parts: text and `ImagePart`s (images, in their place);
 * `InfillPrompt`: fill-in-the-middle, the text before and after the cursor, the text typed at the
   cursor (`middle`) and context chunks from other files.
 
@@ -27,7 +28,7 @@ from .generation import ConfidenceConfig, SamplingParams, check_stops
 from .options import JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
 from .scheduler import PRIORITY_BATCH
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 #: Tokens generated when a caller does not say (the max_tokens option's default).
 DEFAULT_MAX_TOKENS = MAX_TOKENS.default
@@ -74,6 +75,64 @@ class TokenPrompt:
             raise InvalidRequest(f"Token ids must be integers, got {bad[:5]!r}")
 
 
+@dataclass(frozen=True, eq=False)
+class ImagePart:
+    """An image in a chat message: an encoded image file (`data`: PNG, JPEG, WebP, ... bytes) or
+    decoded 8-bit RGB pixels (`rgb`, row by row, with `width` and `height`). images.py decodes and
+    checks it; the model's projector resizes it as that model was trained to see images."""
+
+    data: bytes | None = None
+    rgb: bytes | None = None
+    width: int = 0
+    height: int = 0
+    #: the data URL's or file's media type where one was given ("image/png"); only a label
+    mime: str | None = None
+
+    def check(self) -> None:
+        if (self.data is None) == (self.rgb is None):
+            raise InvalidRequest("An image part needs either encoded image bytes (data) or RGB pixels (rgb).")
+        if self.data is not None:
+            if not isinstance(self.data, (bytes, bytearray, memoryview)):
+                raise InvalidRequest(f"An image's data must be bytes, got {type(self.data).__name__}.")
+            if not len(self.data):
+                raise InvalidRequest("The image is empty (0 bytes).")
+            return
+        if not isinstance(self.rgb, (bytes, bytearray, memoryview)):
+            raise InvalidRequest(f"An image's rgb pixels must be bytes, got {type(self.rgb).__name__}.")
+        for name in ("width", "height"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise InvalidRequest(f"The image's {name} must be a positive integer, got {v!r}.")
+        if len(self.rgb) != self.width * self.height * 3:
+            raise InvalidRequest(f"The image's rgb pixels hold {len(self.rgb)} bytes; a {self.width}x{self.height} "
+                                 f"RGB image has {self.width * self.height * 3}.")
+
+    def __repr__(self) -> str:
+        what = f"{len(self.data)} bytes" if self.data is not None else f"{self.width}x{self.height} RGB"
+        return f"ImagePart({what})"
+
+
+Part = str | ImagePart
+
+
+def content_parts(content: Any) -> tuple[Part, ...]:
+    """A message's content as parts: text stays one part."""
+    return (content,) if isinstance(content, str) else tuple(content)
+
+
+def message_images(messages: Any) -> list[ImagePart]:
+    """The images of chat messages, in order."""
+    return [p for m in messages if not isinstance(m.get("content"), str)
+            for p in m["content"] if isinstance(p, ImagePart)]
+
+
+def message_text(content: Any, image_text: str = "") -> str:
+    """A message's content as text, each image written as `image_text`."""
+    if isinstance(content, str):
+        return content
+    return "".join(p if isinstance(p, str) else image_text for p in content)
+
+
 @dataclass(frozen=True)
 class ChatPrompt:
     """Chat messages ({"role", "content"}), answered as the assistant's next message."""
@@ -88,7 +147,11 @@ class ChatPrompt:
     tools: tuple[dict, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "messages", tuple(self.messages))
+        msgs = tuple(self.messages)
+        # content parts as a tuple (a list from JSON would make the prompt unhashable and mutable)
+        msgs = tuple({**m, "content": tuple(m["content"])} if isinstance(m, dict) and isinstance(
+            m.get("content"), (list, tuple)) else m for m in msgs)
+        object.__setattr__(self, "messages", msgs)
         object.__setattr__(self, "variables", dict(self.variables or {}))
         object.__setattr__(self, "tools", tuple(self.tools or ()))
 
@@ -96,9 +159,18 @@ class ChatPrompt:
         if not self.messages:
             raise InvalidRequest("No chat messages given.")
         for i, m in enumerate(self.messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise InvalidRequest(f"A chat message needs string 'role' and 'content': {m!r}")
-            check_text(f"Message #{i}", m["content"])
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), (str, tuple)):
+                raise InvalidRequest(f"A chat message needs string 'role' and 'content' (text, or text and image "
+                                     f"parts): {str(m)[:200]!r}")
+            for part in content_parts(m["content"]):
+                if isinstance(part, ImagePart):
+                    part.check()
+                elif isinstance(part, str):
+                    check_text(f"Message #{i}", part)
+                else:
+                    raise InvalidRequest(f"Message #{i} has a content part that is neither text nor an image: "
+                                         f"{type(part).__name__}")
         if self.template is not None and not isinstance(self.template, str):
             raise InvalidRequest(f"The chat template must be a name, got {self.template!r}")
         for k in self.variables:
@@ -233,11 +305,17 @@ def prompt_texts(prompt: Prompt) -> list[str]:
     if isinstance(prompt, TextPrompt):
         return [prompt.text]
     if isinstance(prompt, ChatPrompt):
-        return [m.get("content", "") for m in prompt.messages]
+        return [message_text(m.get("content", "")) for m in prompt.messages]
     if isinstance(prompt, InfillPrompt):
         return [c.text for c in prompt.chunks] + [prompt.prefix, prompt.middle, prompt.suffix]
     return []
 
 
-__all__ = ["ChatPrompt", "ContextChunk", "DEFAULT_MAX_TOKENS", "GenerationRequest", "InfillPrompt", "Message",
-           "PROMPT_TYPES", "Prompt", "TextPrompt", "TokenPrompt", "check_text", "prompt_texts"]
+def prompt_images(prompt: Prompt) -> list[ImagePart]:
+    """The images of a prompt, in order (only chat prompts carry images)."""
+    return message_images(prompt.messages) if isinstance(prompt, ChatPrompt) else []
+
+
+__all__ = ["ChatPrompt", "ContextChunk", "DEFAULT_MAX_TOKENS", "GenerationRequest", "ImagePart", "InfillPrompt",
+           "Message", "PROMPT_TYPES", "Part", "Prompt", "TextPrompt", "TokenPrompt", "check_text", "content_parts",
+           "message_images", "message_text", "prompt_images", "prompt_texts"]

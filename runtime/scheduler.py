@@ -24,6 +24,9 @@ Rules, in the order they apply:
   `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
   (64 tokens: about 0.2 s on two CPU cores) instead of a full batch (256: about 0.8 s). Reading in
   64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
+* **Units** (units.py: an image) are fed whole as embeddings, in an entry that takes no row of the
+  token batch; text stops at a unit's start. A unit beyond the chunk size is still one unit (an editor
+  waits for at most one); entries and trims carry positions (M-RoPE units take fewer than their tokens).
 * **Embeddings** run one small pack of texts per step. Work of the same priority class takes turns
   (a pack, then a decode step); work of a lower class waits.
 * **Editors wait for one small pack at most.** The class that runs is the highest among running,
@@ -47,6 +50,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .units import Units
 
 #: Priorities: higher runs first.
 PRIORITY_BATCH = 0
@@ -76,7 +81,7 @@ class Job:
     """
 
     def __init__(self, prompt_tokens: list[int], priority: int = PRIORITY_BATCH,
-                 cancelled: Callable[[], bool] = lambda: False):
+                 cancelled: Callable[[], bool] = lambda: False, units: dict[int, Any] | None = None):
         self.id = next(_job_ids)
         self.priority = priority           # raised to PRIORITY_INTERACTIVE when the job is promoted
         self.base_priority = priority
@@ -89,6 +94,12 @@ class Job:
         self.n_cached: int | None = None   # prompt tokens found in the slot's cache at first placement
         self.is_cancelled = cancelled
         self.batch_waited = False          # an interactive job: it has had its one wait for batch work
+        #: units of the prompt fed as embeddings: {index in seq: unit with n_tokens and n_pos}
+        self.units = Units(units)
+
+    def position(self, index: int) -> int:
+        """The position of `seq[index]` (units.py)."""
+        return self.units.position(index)
 
     @property
     def promoted(self) -> bool:
@@ -130,6 +141,12 @@ class Trim:
 
     seq_id: int
     keep: int
+    #: the position `keep` stands at, where it differs (units with fewer positions than tokens)
+    pos: int | None = None
+
+    @property
+    def position(self) -> int:
+        return self.keep if self.pos is None else self.pos
 
 
 @dataclass
@@ -144,6 +161,14 @@ class Entry:
     start: int
     count: int
     output: int | None = None
+    #: the position of the first token (None: `start`)
+    pos: int | None = None
+    #: a unit fed as embeddings (an image) instead of token ids
+    unit: Any = None
+
+    @property
+    def position(self) -> int:
+        return self.start if self.pos is None else self.pos
 
     def tokens(self) -> list[int]:
         return self.job.seq[self.start:self.start + self.count]
@@ -285,9 +310,12 @@ class Policy:
         best = max(free, key=lambda s: (common_prefix(s.tokens, job.seq), s.last_used))
         # keep at least one token to decode: its logits give the next token
         common = min(common_prefix(best.tokens, job.seq), len(job.seq) - 1)
+        inside = job.units.covering(common) if job.units else None
+        if inside is not None:   # a unit is cached whole or not at all
+            common = inside[0]
         trim = None
         if common < len(best.tokens):
-            trim = Trim(best.seq_id, common)
+            trim = Trim(best.seq_id, common, job.position(common) if job.units else None)
             del best.tokens[common:]
         job.fed = common
         job.waiting_since = self._clock()   # from now on: time since its last step
@@ -388,10 +416,16 @@ class Policy:
             take = min(job.remaining, budget, limit)
             if take <= 0:
                 break
-            e = Entry(job, job.fed, take)
-            row += take
-            if take == job.remaining:
-                e.output = row - 1
+            unit = None
+            if job.units:
+                take, unit = job.units.segment(job.fed, take)
+                if unit is not None and entries and take > budget:
+                    continue   # a unit larger than what is left of this step: whole, in a later one
+            e = Entry(job, job.fed, take, pos=job.position(job.fed) if job.units else None, unit=unit)
+            if unit is None:   # a unit is decoded apart: it takes no row of the token batch
+                row += take
+                if take == job.remaining:
+                    e.output = row - 1
             entries.append(e)
             job.took = take
             budget -= take

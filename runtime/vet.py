@@ -55,6 +55,10 @@ def decode_max_bytes() -> int:
     return int(env_number("A3B_VET_DECODE_MAX_GB") * (1 << 30))
 
 
+#: projectors up to this size encode one small image while vetted (a CPU encode with one thread of
+#: a large vision tower takes seconds); larger ones are loaded only
+MMPROJ_ENCODE_MAX_BYTES = 256 << 20
+
 _lock = threading.Lock()
 _server: subprocess.Popen | None = None
 #: what vetting cost, for status and the benchmark: [(path, seconds, verdict)]
@@ -169,13 +173,14 @@ def _start_server() -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
-def _ask(path: Path, size: int, repack: bool = True) -> dict:
+def _ask(path: Path, size: int, repack: bool = True, kind: str = "model") -> dict:
     """One request to the vetting server (started, or restarted, on demand)."""
     global _server
     for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
-        req = {"path": str(path), "decode": size <= decode_max_bytes(), "repack": repack,
+        decode = size <= (decode_max_bytes() if kind == "model" else MMPROJ_ENCODE_MAX_BYTES)
+        req = {"path": str(path), "decode": decode, "repack": repack, "kind": kind,
                "timeout": 120 + 10 * size / (1 << 30), "mem_limit": size + (4 << 30) + size // 4}
         try:
             _server.stdin.write(json.dumps(req) + "\n")
@@ -256,24 +261,27 @@ def _record_repack(works: bool, why: str = "") -> None:
     VERDICTS.save_disk()
 
 
-def check_file(path: str | os.PathLike) -> None:
-    """Raise a typed error if llama.cpp could crash on `path`; return at once for a vetted file."""
+def check_file(path: str | os.PathLike, kind: str = "model") -> None:
+    """Raise a typed error if llama.cpp could crash on `path`; return at once for a vetted file.
+    `kind`: "model" (a llama_model), or "mmproj" (a multimodal projector, loaded by libmtmd's
+    clip loader in the child, which encodes one small image with it where the file is small)."""
     if not enabled():
         return
     p = Path(path)
-    key = _key(p)
+    # a file is vetted for what it is loaded as: a model's verdict says nothing of the clip loader
+    key = _key(p) + ((kind,) if kind != "model" else ())
     v = VERDICTS.get(key)
     if v is None:
         with _lock:
             VERDICTS.load_disk()
             v = VERDICTS.get(key)
             if v is None:
-                v = _vet(p, key)
+                v = _vet(p, key, kind)
     if not v.get("ok"):
         raise CorruptGGUF(_message(p, v))
 
 
-def _vet(p: Path, key: tuple) -> dict:
+def _vet(p: Path, key: tuple, kind: str = "model") -> dict:
     t0 = time.perf_counter()
     try:
         scan_header(p)   # structure first: cheap, bounded, and raises its own typed errors
@@ -281,7 +289,7 @@ def _vet(p: Path, key: tuple) -> dict:
         v = {"ok": False, "status": "structure", "log": str(e)}
     else:
         try:
-            v = _ask_repack_aware(p, key[1])
+            v = _ask(p, key[1], kind=kind) if kind != "model" else _ask_repack_aware(p, key[1])
         except (OSError, ValueError) as e:
             # vetting itself is broken here (no way to start a child): say so once and go on
             log.warning("could not vet %s in a child process (%s); loading it without that check", p.name, e)

@@ -21,18 +21,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import chat as chatmod
-from . import fim, memory, reasoning, thinking
+from . import fim, imageprompt, memory, reasoning, thinking
 from .engine import Backend, DecodeFailed, LocalWeights, Model
-from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
+from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong, VisionUnavailable
 from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
 from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
-from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
+from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt, prompt_images
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
 
 log = logging.getLogger("a3b.worker")
@@ -42,8 +43,8 @@ class GenJob(Job):
     """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
 
     def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int, asm: ChannelAssembler,
-                 budget: int | None = None, grammar: str | None = None):
-        super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled)
+                 budget: int | None = None, grammar: str | None = None, units: dict[int, Any] | None = None):
+        super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled, units=units)
         self.stream = stream
         self.req: GenerationRequest = stream.request
         self.seed = seed
@@ -81,6 +82,12 @@ class LoadedModel(Model):
         self.spec = spec
         self.name = self.info.name
         self.n_ctx_seq = backend.n_ctx_seq
+        vision = getattr(backend, "vision", None)
+        if vision is not None:
+            self.features["vision"] = True
+            info = getattr(vision, "info", None)
+            if info is not None:
+                self.features["projector"] = Path(info.path).name
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
         self._lock = threading.Condition()
         self._closing: str | None = None
@@ -103,10 +110,19 @@ class LoadedModel(Model):
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_bos=add_bos, special=special)
 
-    def render_chat(self, prompt: ChatPrompt) -> str:
-        """The chat as the prompt text the model reads (its own template, or the named one)."""
+    @property
+    def vision(self) -> Any:
+        """The projector that lets the model see images (llama/vision.py), or None."""
+        return getattr(self.backend, "vision", None)
+
+    def render_chat(self, prompt: ChatPrompt, messages: list | None = None) -> str:
+        """The chat as the prompt text the model reads (its own template, or the named one); images
+        as the projector's marker."""
         v = self.vocab
-        return chatmod.render(list(prompt.messages), gguf_template=self.info.chat_template, template=prompt.template,
+        if messages is None:   # images as the marker; a text-only chat's text is text, marker or not
+            vision = self.vision if prompt_images(prompt) else None
+            messages = imageprompt.render_messages(prompt, vision.marker if vision else "")[0]
+        return chatmod.render(list(messages), gguf_template=self.info.chat_template, template=prompt.template,
                               bos=v.token_text(v.bos) if v.bos >= 0 else "",
                               eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
                               variables=prompt.variables, tools=prompt.tools)
@@ -114,20 +130,31 @@ class LoadedModel(Model):
     def prompt_tokens(self, prompt: Prompt, max_tokens: int = 0) -> list[int]:
         """The token ids `prompt` becomes for this model (an infill prompt fitted beside
         `max_tokens`), as submit feeds them."""
-        return self._prompt(prompt, max_tokens)[0]
+        tokens, _, units = self._prompt(prompt, max_tokens)
+        imageprompt.free_units(units)
+        return tokens
 
-    def _prompt(self, prompt: Prompt, max_tokens: int = 0) -> tuple[list[int], str]:
-        """(token ids, the rendered chat text or "") of `prompt`."""
+    def _prompt(self, prompt: Prompt, max_tokens: int = 0) -> tuple[list[int], str, dict[int, Any]]:
+        """(token ids, the rendered chat text or "", the images: {index: unit}) of `prompt`; an
+        image's tokens are placeholders (imageprompt.py). The caller frees the units."""
         v = self.vocab
         if isinstance(prompt, TokenPrompt):
-            return list(prompt.tokens), ""
+            return list(prompt.tokens), "", {}
         if isinstance(prompt, TextPrompt):
-            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special), ""
+            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special), "", {}
         if isinstance(prompt, ChatPrompt):
-            text = self.render_chat(prompt)
-            return v.tokenize(text, add_bos=v.add_bos, special=True), text
+            if not prompt_images(prompt):
+                text = self.render_chat(prompt)
+                return v.tokenize(text, add_bos=v.add_bos, special=True), text, {}
+            vision = self.vision
+            if vision is None:
+                raise VisionUnavailable(imageprompt.no_vision_message(self.name))
+            messages, parts = imageprompt.render_messages(prompt, vision.marker)
+            text = self.render_chat(prompt, messages)
+            tokens, units = imageprompt.tokens_with_images(vision, text, parts, v.add_bos, self.spec.n_batch)
+            return tokens, text, units
         if isinstance(prompt, InfillPrompt):
-            return fim.build(prompt, v, self.n_ctx_seq, max_tokens), ""
+            return fim.build(prompt, v, self.n_ctx_seq, max_tokens), "", {}
         raise InvalidRequest(f"Not a prompt: {type(prompt).__name__}")
 
     def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
@@ -139,7 +166,14 @@ class LoadedModel(Model):
         how = thinking.plan(self.info.chat_template, request)
         grammar = self.backend.compile_grammar(request.json_schema, request.grammar) \
             if request.json_schema is not None or request.grammar is not None else None
-        tokens, text = self._prompt(how.prompt, request.max_tokens)
+        tokens, text, units = self._prompt(how.prompt, request.max_tokens)
+        try:
+            return self._submit(request, on_token, how, grammar, tokens, text, units)
+        except BaseException:
+            imageprompt.free_units(units)
+            raise
+
+    def _submit(self, request, on_token, how, grammar, tokens, text, units) -> GenerationStream:
         asm = ChannelAssembler(how.format, request.stop, request.confidence,
                                reasoning.start_state(how.format, text))
         if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
@@ -151,7 +185,11 @@ class LoadedModel(Model):
             raise PromptTooLong(f"The prompt has {len(tokens)} tokens but the context holds {self.n_ctx_seq} "
                                 "(including the answer). Shorten the prompt or load the model with a larger n_ctx.")
         n_vocab = self.info.n_vocab
-        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        covered = {i for start, u in units.items() for i in range(start, start + u.n_tokens)}
+        if len(tokens) - 1 in covered:
+            raise InvalidRequest("The prompt ends with an image; the model needs text after it (the chat "
+                                 "template's generation prompt).")
+        bad = [t for i, t in enumerate(tokens) if not 0 <= t < n_vocab and i not in covered]
         if bad:
             raise InvalidRequest(f"Token ids outside the vocabulary (0..{n_vocab - 1}): {bad[:5]}")
         stream = GenerationStream(request, on_token)
@@ -160,7 +198,9 @@ class LoadedModel(Model):
         stream.warnings = how.warnings
         sp = request.sampling
         job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32), asm, how.budget,
-                     grammar)
+                     grammar, units)
+        if units:
+            self.stats["images"] += len(units)
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -262,7 +302,7 @@ class LoadedModel(Model):
 
     def _apply(self, adm: Admission) -> None:
         for trim in adm.trims:
-            self.backend.trim(trim.seq_id, trim.keep)
+            self.backend.trim(trim.seq_id, trim.position)
         self.stats["preempted"] += len(adm.preempted)
         self.stats["promoted"] = self.policy.promotions
         for job in adm.dropped:
@@ -276,9 +316,32 @@ class LoadedModel(Model):
 
     def _trim(self, trim: Trim | None) -> None:
         if trim is not None:
-            self.backend.trim(trim.seq_id, trim.keep)
+            self.backend.trim(trim.seq_id, trim.position)
+
+    def _encode_images(self, step: DecodeStep) -> None:
+        """Encode the step's images before its decode (or find them in the projector's cache); a
+        request whose image fails ends with that error, the others go on. A request cancelled while
+        it waited for its turn is not encoded for."""
+        for e in [e for e in step.entries if e.unit is not None]:
+            if e.job.is_cancelled():
+                step.entries.remove(e)
+                continue
+            try:
+                self.vision.embedding(e.unit)
+            except Exception as err:  # noqa: BLE001 - the request gets the error, the worker goes on
+                step.entries.remove(e)
+                with self._lock:
+                    trim = self.policy.release(e.job, keep_cache=False)
+                self._trim(trim)
+                self._finish(e.job, "error", err)
 
     def _decode(self, step: DecodeStep) -> None:
+        if any(e.unit is not None for e in step.entries):
+            self._encode_images(step)
+            if not step.entries:
+                with self._lock:
+                    self.policy.decoded(step)
+                return
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
@@ -365,6 +428,7 @@ class LoadedModel(Model):
         self._finish(job, reason)
 
     def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
+        imageprompt.free_units(job.units)
         if job.sampler is not None:
             self.backend.free_sampler(job.sampler)
             job.sampler = None

@@ -150,15 +150,18 @@ class Api:
 
     async def models(self, request: Request) -> Response:
         spec = self.cfg.spec
+        loaded = self.rt.loaded(spec)   # whether it sees images is known once it is loaded
+        vision = bool(loaded is not None and loaded.features.get("vision"))
         return JSONResponse({"object": "list", "data": [{
             "id": self.cfg.model_id, "object": "model", "created": int(self.rt.created), "owned_by": "a3b",
-            "meta": {"n_ctx": spec.n_ctx, "n_parallel": spec.n_parallel}}]})
+            "vision": vision, "meta": {"n_ctx": spec.n_ctx, "n_parallel": spec.n_parallel, "vision": vision}}]})
 
     async def props(self, request: Request) -> Response:
         m = await asyncio.get_running_loop().run_in_executor(None, self.rt.load, self.cfg.spec)
         return JSONResponse({"default_generation_settings": {"n_ctx": m.n_ctx_seq},
                              "total_slots": self.cfg.spec.n_parallel,
                              "chat_template": m.info.chat_template or "", "model_alias": self.cfg.model_id,
+                             "modalities": {"vision": bool(m.features.get("vision")), "audio": False},
                              "a3b": True})
 
     async def tokenize(self, request: Request) -> Response:

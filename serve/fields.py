@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from ..runtime import options as opt
 from ..runtime.errors import InvalidRequest
+from ..runtime.images import from_data_url
 from ..runtime.generation import MAX_STOP_STRINGS, SamplingParams, check_stops
 from ..runtime.options import Option, check, wrap_seed
 
@@ -79,7 +80,9 @@ def stops_of(body: dict) -> tuple[str, ...]:
     return check_stops(s for s in stop if s)
 
 
-def messages_of(body: dict) -> list[dict[str, str]]:
+def messages_of(body: dict) -> list[dict]:
+    """The chat messages of a request: text content, or OpenAI's content parts (text, and images as
+    `image_url` data URLs: the server fetches nothing)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
@@ -88,19 +91,37 @@ def messages_of(body: dict) -> list[dict[str, str]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
         content = m.get("content")
-        if isinstance(content, list):   # content parts: only text is understood
-            parts = []
-            for p in content:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported.")
-                parts.append(p["text"])
-            content = "".join(parts)
+        if isinstance(content, list):
+            content = content_parts_of(content, f"messages[{i}]")
         if content is None:
             content = ""
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts.")
+        if not isinstance(content, (str, tuple)):
+            raise InvalidRequest(f"messages[{i}].content must be a string or a list of content parts.")
         out.append({"role": m["role"], "content": content})
     return out
+
+
+def content_parts_of(parts: list, where: str) -> str | tuple:
+    """Content parts as the runtime's: text alone stays one string; with images, a tuple of text and
+    ImageParts in their order."""
+    out: list = []
+    for j, p in enumerate(parts):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "text" and isinstance(p.get("text"), str):
+            if out and isinstance(out[-1], str):
+                out[-1] += p["text"]
+            else:
+                out.append(p["text"])
+        elif kind == "image_url":
+            url = p.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            out.append(from_data_url(url, f"{where}.content[{j}]"))
+        else:
+            raise InvalidRequest(f"{where}.content[{j}]: only text and image_url content parts are supported, got "
+                                 f"{str(kind or p)[:40]!r}.")
+    if all(isinstance(x, str) for x in out):
+        return "".join(out)
+    return tuple(out)
 
 
 def logprobs_of(body: dict, chat: bool) -> int | None:

@@ -26,6 +26,10 @@ Model references: `fake://NAME[?key=value&...]` with keys
                       (the block's tags byte by byte, so they split across tokens everywhere); what
                       it writes follows the sequence, so a block the runtime closes is answered too
     think_loop=1      ... and reasons forever (only a budget ends the block)
+    vision=1          a projector: chat messages may carry images (each one `image_tokens` tokens,
+                      default 4); what the model writes is shifted by the images it has read, so
+                      another image gives other text
+    encode_ms=N       sleep this long in every image encode (a slow vision tower)
 """
 from __future__ import annotations
 
@@ -70,6 +74,9 @@ class FakeSettings:
     template: str = "chatml"
     think: str | None = None
     think_loop: bool = False
+    vision: bool = False
+    image_tokens: int = 4
+    encode_ms: float = 0.0
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -84,7 +91,8 @@ class FakeSettings:
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
                    gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
-                   think=q.get("think"), think_loop=q.get("think_loop") == "1")
+                   think=q.get("think"), think_loop=q.get("think_loop") == "1", vision=q.get("vision") == "1",
+                   image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)))
 
 
 class FakeVocab:
@@ -154,6 +162,55 @@ class FakeWeights:
         self.freed = self.vocab.freed = True
 
 
+class FakeChunk:
+    """An image as the fake projector prepared it (freed when its request ends)."""
+
+    def __init__(self, digest: str, n_tokens: int):
+        self.digest, self.n_tokens, self.n_pos = digest, n_tokens, n_tokens
+        self.freed = False
+
+    def free(self) -> None:
+        self.freed = True
+
+
+class FakeVision:
+    """A projector: splits the rendered text at its marker, an image becomes a FakeChunk; encodes are
+    counted and cached by digest as the real one does."""
+
+    marker = "<__media__>"
+
+    def __init__(self, vocab: FakeVocab, settings: FakeSettings):
+        self.vocab, self.settings = vocab, settings
+        self.cache: dict[str, np.ndarray] = {}
+        self.encoded: list[str] = []
+        self.tokenized_threads: set[str] = set()
+        self.chunks: list[FakeChunk] = []
+
+    def tokenize(self, text: str, images, add_special: bool) -> list:
+        self.tokenized_threads.add(threading.current_thread().name)
+        out: list = []
+        parts = text.split(self.marker)
+        for i, part in enumerate(parts):
+            out.extend(self.vocab.tokenize(part, add_bos=add_special and i == 0, special=True))
+            if i < len(images):
+                c = FakeChunk(images[i].digest, self.settings.image_tokens)
+                self.chunks.append(c)
+                out.append(c)
+        return out
+
+    def non_causal(self, chunk) -> bool:
+        return False
+
+    def embedding(self, chunk, *, count: bool = True) -> np.ndarray:
+        assert not chunk.freed, "an image chunk was used after it was freed"
+        if chunk.digest not in self.cache:
+            if self.settings.encode_ms:
+                time.sleep(self.settings.encode_ms / 1000.0)
+            self.encoded.append(chunk.digest)
+            self.cache[chunk.digest] = np.full((chunk.n_tokens, N_EMBD), int(chunk.digest[:4], 16), np.float32)
+        return self.cache[chunk.digest]
+
+
 class FakeBackend:
     """Decodes by bookkeeping: the KV cache is the list of tokens each sequence holds."""
 
@@ -175,6 +232,9 @@ class FakeBackend:
         self.grammar_starts: list[str] = []
         self.closed = False
         self.thread: threading.Thread | None = None
+        self.vision = FakeVision(weights.vocab, self.settings) if self.settings.vision else None
+        #: unit entries decoded: (seq_id, start, digest)
+        self.images_decoded: list[tuple[int, int, str]] = []
 
     def _same_thread(self) -> None:
         # the worker thread is the only caller of a backend: fail loudly otherwise
@@ -200,8 +260,16 @@ class FakeBackend:
         for e in step.entries:
             kv = self.kv[e.job.slot.seq_id]
             assert e.start == len(kv), f"decode at position {e.start} but the sequence holds {len(kv)} tokens"
+            assert e.position == e.start, "the fake's images take one position per token"
             kv.extend(e.tokens())
             assert len(kv) <= self.n_ctx_seq, "a sequence outgrew its slot"
+            if e.unit is not None:
+                assert self.vision is not None and e.unit.digest in self.vision.cache, "an image decoded unencoded"
+                assert e.output is None, "an image entry has no logits row"
+                assert all(t < 0 for t in e.tokens()), "an image entry over text tokens"
+                self.images_decoded.append((e.job.slot.seq_id, e.start, e.unit.digest))
+                continue
+            assert all(t >= 0 for t in e.tokens()), "a text entry over an image's placeholders"
             n += e.count
             if e.output is not None:
                 assert e.output == n - 1, "an output row that is not the entry's last token"
@@ -225,8 +293,9 @@ class FakeBackend:
         if s.eos_after is not None and n_gen >= s.eos_after:
             return EOS
         data = s.text.encode("utf-8")
-        if s.think is None:
-            return OFFSET + data[n_gen % len(data)]
+        if s.think is None:   # images read shift the text: another image, other text
+            shift = sum(-t for t in history if t < 0) % len(data)
+            return OFFSET + data[(n_gen + shift) % len(data)]
         return OFFSET + self._thinking(self._generated(history), data)
 
     def _generated(self, history: list[int]) -> bytes:

@@ -195,7 +195,8 @@ def test_the_prune_flags_take_prune_configs_defaults_and_bounds():
 NODE_OWN = {("A3BLoader", "model"), ("A3BLoader", "lora"), ("A3BLoader", "prune_method"),
             ("A3BLoader", "recover_steps"), ("A3BGenerate", "prompt"), ("A3BGenerate", "system"),
             ("A3BGenerate", "stop"), ("A3BGenerate", "confidence_aware"), ("A3BEmbed", "text"),
-            ("A3BTopK", "top_k"), ("A3BTopK", "separator"), ("A3BUnload", "unload_all")}
+            ("A3BTopK", "top_k"), ("A3BTopK", "separator"), ("A3BUnload", "unload_all"), ("A3BLoader", "mmproj"),
+            ("A3BGenerate", "image_mode")}
 #: the loader's pruning widgets: 1 (no pruning) by default, PruneConfig's bounds
 NODE_RATIOS = {defs.KEEP_RATIO.name: prune_config.KEEP, defs.HEADS_KEEP.name: prune_config.HEADS_KEEP,
                defs.EXPERTS_KEEP.name: prune_config.EXPERTS_KEEP}

@@ -45,7 +45,7 @@ def _build_examples():
     return sys.modules["build_examples"]
 
 
-@pytest.mark.parametrize("name", ["rag", "comic_script", "storyboard_json"])
+@pytest.mark.parametrize("name", ["rag", "comic_script", "storyboard_json", "image_dialogue"])
 def test_the_example_workflows_are_current_and_open_with_nothing_covered(name):
     """The files are what examples/build_examples.py writes from today's node declarations, every node
     is at least as large as the editor draws its widgets, and no node (title bar included) covers another."""

@@ -1,5 +1,5 @@
-"""Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen3 / qwen35 /
-gemma3 / qwen3moe / qwen35moe shapes.
+"""Tiny GGUF files written with the `gguf` package: random weights, llama / qwen2 / qwen2vl / qwen3 /
+qwen35 / gemma3 / qwen3moe / qwen35moe shapes (qwen2vl: qwen2's layers with M-RoPE, for projectors).
 
 They load in llama.cpp in milliseconds and cover architectures and broken files the embedded model
 cannot: an unknown architecture, a truncated copy, a file that is not GGUF at all.
@@ -79,6 +79,8 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
         w.add_value_length(head_dim)
     if arch == "gemma3":
         w.add_sliding_window(64)
+    if arch == "qwen2vl":   # M-RoPE sections of the rotary half: temporal, height, width
+        w.add_array(f"{arch}.rope.dimension_sections", [head_dim // 8, head_dim * 3 // 16, head_dim * 3 // 16, 0])
     if hybrid:  # linear attention: 2 key heads and 4 value heads of 8, conv kernel 4
         w.add_uint32(f"{arch}.ssm.conv_kernel", 4)
         w.add_uint32(f"{arch}.ssm.inner_size", 32)
@@ -153,7 +155,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
             t(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
             t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
             t(p + "attn_output.weight", n_embd, n_head * head_dim)
-            if arch == "qwen2":
+            if arch in ("qwen2", "qwen2vl"):
                 w.add_tensor(p + "attn_q.bias", np.zeros(n_head * head_dim, dtype=np.float32))
                 w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))
                 w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * head_dim, dtype=np.float32))

@@ -6,6 +6,7 @@ cxxruntime.py    llama.cpp's libraries loaded before the C++ runtime where we ca
 binding.py       llama-cpp-python imported once, llama.cpp's log captured, the batch helper
 weights.py       one loaded llama_model and its vocabulary; load-error classification
 backend.py       contexts for one LoadSpec: decode, sample, embed
+vision.py        the multimodal projector (libmtmd): images into the model's embedding space
 grammar.py       structured output: llama.cpp's grammar sampler
 offload.py       n_gpu_layers="auto" and the main-memory check before a load; devices.py the GPUs
 vetchild.py      the vetting server that loads unseen files in a child process (runtime/vet.py)

@@ -144,12 +144,26 @@ class LlamaBackend:
     def trim(self, seq_id: int, keep: int) -> None:
         llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1)
 
+    @property
+    def vision(self):
+        """The weights' projector (llama/vision.py), or None: images need one."""
+        return self.weights.projector
+
     def decode(self, step: DecodeStep) -> None:
         L = llama()
-        fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
-                                for e in step.entries for k, t in enumerate(e.tokens())))
-        tokens = sum(e.count for e in step.entries)
-        chunk = any(e.count > 1 for e in step.entries)
+        texts = [e for e in step.entries if e.unit is None]
+        for e in step.entries:
+            if e.unit is not None:   # an image: its embeddings, by libmtmd's helper (M-RoPE, causality)
+                rc = self.vision.decode(e.unit, self.ctx, e.position, e.job.slot.seq_id, max(self.spec.n_batch, 1))
+                if rc != 0:
+                    raise DecodeFailed(f"llama.cpp could not read an image into the context (code {rc})",
+                                       fatal=rc < -1)
+        if not texts:
+            return
+        fill_batch(self.batch, ((t, e.position + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
+                                for e in texts for k, t in enumerate(e.tokens())))
+        tokens = sum(e.count for e in texts)
+        chunk = any(e.count > 1 for e in texts)
         want = self.tuner.choose(tokens, chunk)
         if want != self._batch_threads:
             L.llama_set_n_threads(self.ctx, self.threads[0], want)

@@ -60,6 +60,50 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
     return {"ok": True, "loads": True, "decoded": rc == 0}
 
 
+def _check_mmproj(path: str, encode: bool) -> dict:
+    """A projector: libmtmd's clip loader reads it without a text model (so its width is not compared
+    here: the host does that, and refuses cleanly), then, for a small file, encodes one small image."""
+    import ctypes
+
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")   # libmtmd beside libllama, as the host takes it
+    if lib_dir and not os.environ.get("MTMD_CPP_LIB") and os.path.exists(os.path.join(lib_dir, "libmtmd.so")):
+        os.environ["MTMD_CPP_LIB"] = lib_dir
+    import llama_cpp as L
+    from llama_cpp import mtmd_cpp as M
+
+    @L.llama_log_callback
+    def _log(level, text, user_data):
+        os.write(2, text)
+
+    L.llama_log_set(_log, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    p = M.mtmd_context_params_default()
+    p.use_gpu = False
+    p.n_threads = 1
+    p.warmup = False
+    p.print_timings = False
+    ctx = M.mtmd_init_from_file(path.encode("utf-8"), None, p)
+    if not ctx:
+        return {"ok": True, "loads": False}
+    if not encode or not M.mtmd_support_vision(ctx):
+        return {"ok": True, "loads": True, "decoded": False}
+    side = 64
+    rgb = (ctypes.c_ubyte * (side * side * 3))(*([128] * (side * side * 3)))
+    bitmap = M.mtmd_bitmap_init(side, side, rgb)
+    marker = M.mtmd_default_marker()
+    text = b"look: " + marker
+    inp = M.mtmd_input_text(text, len(text), False, True)
+    chunks = M.mtmd_input_chunks_init()
+    arr = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+    if M.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), arr, 1) != 0:
+        return {"ok": True, "loads": True, "decoded": False}
+    for i in range(M.mtmd_input_chunks_size(chunks)):
+        c = M.mtmd_input_chunks_get(chunks, i)
+        if M.mtmd_input_chunk_get_type(c) == 1:
+            return {"ok": True, "loads": True, "decoded": M.mtmd_encode_chunk(ctx, c) == 0}
+    return {"ok": True, "loads": True, "decoded": False}
+
+
 def _address_space() -> int:
     """Bytes of address space this process has mapped now (Linux; 0 where unknown)."""
     try:
@@ -69,7 +113,8 @@ def _address_space() -> int:
         return 0
 
 
-def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int, w: int) -> None:
+def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int, w: int,
+           kind: str = "model") -> None:
     os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
     os.dup2(w, 1)
     signal.alarm(max(1, int(timeout)))
@@ -83,7 +128,7 @@ def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int
         except (ValueError, OSError):
             pass
     try:
-        result = _check(path, decode, repack)
+        result = _check_mmproj(path, decode) if kind == "mmproj" else _check(path, decode, repack)
     except BaseException as e:  # noqa: BLE001 - a Python error in the check is not the file's fault
         result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
     os.write(w, b"\n" + RESULT + json.dumps(result).encode() + b"\n")
@@ -100,7 +145,7 @@ def _vet(req: dict) -> dict:
         os.close(r)
         try:
             _child(path, bool(req.get("decode", True)), bool(req.get("repack", True)), timeout,
-                   int(req.get("mem_limit", 0)), w)
+                   int(req.get("mem_limit", 0)), w, str(req.get("kind", "model")))
         finally:
             os._exit(70)
     os.close(w)

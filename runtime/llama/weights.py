@@ -118,6 +118,8 @@ class Weights:
         self._buf = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
         self._adapters: dict[str, object] = {}
+        #: the multimodal projector (vision.py), attached by the engine after the load
+        self.projector = None
         arch = self.meta("general.architecture") or "unknown"
         ftype = self.meta("general.file_type")
         self.info = ModelInfo(
@@ -157,6 +159,9 @@ class Weights:
             if not self.ptr:
                 return
             L = llama()
+            if self.projector is not None:
+                self.projector.free()
+                self.projector = None
             for a in self._adapters.values():
                 L.llama_adapter_lora_free(a)
             self._adapters.clear()

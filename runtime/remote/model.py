@@ -29,11 +29,11 @@ import numpy as np
 
 from ..engine import Engine, Model
 from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong, RemoteProtocolError, \
-    RemoteUnreachable
+    RemoteUnreachable, VisionUnavailable
 from ..generation import GenerationStream, TokenEvent
 from ..reasoning import NONE, THINK, ChannelAssembler
 from ..options import POOLINGS, LoadSpec
-from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_texts
+from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_images, prompt_texts
 from . import wire
 from .client import DONE, KEEPALIVE, TIMEOUT_ENV, check_allowed, parse_ref, timeout
 from .probe import RemoteWeights, probe
@@ -119,7 +119,10 @@ class RemoteModel(Model):
         if isinstance(prompt, TokenPrompt):
             return len(prompt.tokens), True
         if exact and self.features.get("tokenize"):
-            overhead = wire.CHAT_TOKENS_PER_MESSAGE * len(prompt.messages) if isinstance(prompt, ChatPrompt) else 0
+            overhead = 0
+            if isinstance(prompt, ChatPrompt):
+                overhead = (wire.CHAT_TOKENS_PER_MESSAGE * len(prompt.messages)
+                            + wire.IMAGE_TOKENS_ESTIMATE * len(prompt_images(prompt)))
             try:
                 return len(self.tokenize("\n".join(t for t in prompt_texts(prompt) if t))) + overhead, not overhead
             except A3BError as e:
@@ -130,6 +133,11 @@ class RemoteModel(Model):
     def submit(self, request: GenerationRequest,
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
+        if prompt_images(request.prompt) and self.features.get("server") == "llama-server" \
+                and not self.features.get("vision"):   # its /props says it has no projector
+            raise VisionUnavailable(f"The model served at {self.client.ref.base} does not see images (the server "
+                                    "reports no vision). Start llama-server with the model's projector (--mmproj "
+                                    "FILE), or send text only.")
         route, root, body = wire.request_body(request, self.name, self.supports_fim)
         n_prompt, exact = self._count(request.prompt, True)
         if n_prompt >= self.n_ctx_seq:

@@ -49,6 +49,9 @@ def probe(ref: RemoteRef) -> RemoteWeights:
             "tokenize": tokenize,
             "n_ctx": n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else 0,
         }
+        modalities = props.get("modalities")
+        if isinstance(modalities, dict) and modalities.get("vision") is True:   # llama-server with --mmproj
+            features["vision"] = True
         template = props.get("chat_template")
         info = ModelInfo(name=name, path=ref.url, architecture="remote", file_type=None, n_ctx_train=0,
                          n_vocab=0, n_embd=0, n_layer=0, size_bytes=0,

@@ -6,8 +6,10 @@ servers without a tokenize endpoint.
 Prompts map to endpoints as follows:
 
 * `ChatPrompt` -> `/v1/chat/completions` with its messages, so the server applies the model's own
-  template; template variables travel as `chat_template_kwargs` (llama-server, vLLM, SGLang). A
-  named llama.cpp template is applied here instead, and the text completed;
+  template; template variables travel as `chat_template_kwargs` (llama-server, vLLM, SGLang); a
+  message with images as OpenAI's content parts (text, and `image_url` with a data URL: a file's
+  bytes as they are, pixels as PNG). A named llama.cpp template is applied here instead, and the
+  text completed (a prompt with images cannot go that way);
 * `InfillPrompt` -> llama-server's `/infill` (prefix, suffix, the middle as `prompt`, the chunks as
   `input_extra`) where the server has it and its model fills in (probe.py), else the completion
   of `chunks prefix middle`;
@@ -25,7 +27,9 @@ import numpy as np
 from .. import chat as chatmod
 from .. import fim
 from ..errors import InvalidRequest, RemoteProtocolError
-from ..requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TokenPrompt, prompt_texts
+from ..images import data_url
+from ..requests import ChatPrompt, GenerationRequest, ImagePart, InfillPrompt, Prompt, TokenPrompt, prompt_images
+from ..requests import prompt_texts
 
 #: Pieces as a pre-tokenizer cuts text: a word (or up to 8 letters of one) with its leading space, up
 #: to 3 digits, one punctuation mark, a run of spaces. Their count is the token estimate for servers
@@ -33,6 +37,9 @@ from ..requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, Toke
 _PIECE = re.compile(r" ?[^\W\d_]{1,8}| ?\d{1,3}| ?[^\w\s]|\s+(?!\S)|\s|.", re.S)
 #: Tokens a chat template adds around each message (role markers, separators), for the estimate.
 CHAT_TOKENS_PER_MESSAGE = 4
+#: Tokens an image takes on a server, for the estimate: Qwen-VL's at 448x448 and Gemma 3's are 256
+#: (a server resizes each image to its model's own size; LLaVA-1.5 takes 576)
+IMAGE_TOKENS_ESTIMATE = 256
 
 #: (log-probability of the sampled token, the top alternatives as (text, log-probability))
 Logprobs = tuple[float, list[tuple[str, float]]]
@@ -49,8 +56,18 @@ def estimate_prompt(prompt: Prompt) -> int:
         return len(prompt.tokens)
     n = sum(estimate_tokens(t) for t in prompt_texts(prompt))
     if isinstance(prompt, ChatPrompt):
-        n += CHAT_TOKENS_PER_MESSAGE * len(prompt.messages)
+        n += CHAT_TOKENS_PER_MESSAGE * len(prompt.messages) + IMAGE_TOKENS_ESTIMATE * len(prompt_images(prompt))
     return n
+
+
+def wire_message(m: dict) -> dict:
+    """A chat message as the OpenAI API takes it: text content as it is, content parts as a list."""
+    content = m["content"]
+    if isinstance(content, str):
+        return dict(m)
+    parts = [{"type": "image_url", "image_url": {"url": data_url(p)}} if isinstance(p, ImagePart)
+             else {"type": "text", "text": p} for p in content]
+    return {**m, "content": parts}
 
 
 def request_body(req: GenerationRequest, model: str, infill: bool) -> tuple[str, bool, dict]:
@@ -81,9 +98,12 @@ def request_body(req: GenerationRequest, model: str, infill: bool) -> tuple[str,
         return "/infill", True, body
     if isinstance(p, ChatPrompt):
         if p.template:
+            if prompt_images(p):
+                raise InvalidRequest("A named chat template renders text only; a prompt with images goes to the "
+                                     "server's own template. Leave the template empty.")
             text = chatmod.render(list(p.messages), gguf_template=None, template=p.template, bos="", eos="")
             return _completion(body, text, n_top)
-        body["messages"] = [dict(m) for m in p.messages]
+        body["messages"] = [wire_message(m) for m in p.messages]
         variables = thinking_variables(req, p)
         if variables:
             body["chat_template_kwargs"] = variables
