@@ -30,7 +30,8 @@ from .store import ModelStore
 log = logging.getLogger("a3b")
 
 #: GenerationRequest fields `Runtime.request` passes on by name
-THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar"})
+THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar",
+                             "speculative", "draft_max"})
 
 
 class Runtime:
@@ -107,7 +108,7 @@ class Runtime:
         ids (`prompt_tokens`), chat `messages`, or `prompt` text, which `chat` (the default) sends as
         one user message after `system`, and chat=False as plain text to continue. `thinking` holds
         the request's other fields by name (thinking, reasoning_budget, max_total_tokens,
-        json_schema, grammar)."""
+        json_schema, grammar, speculative, draft_max)."""
         unknown = set(thinking) - THINKING_FIELDS
         if unknown:
             raise InvalidRequest(f"Unknown request setting(s): {', '.join(sorted(unknown))}.")

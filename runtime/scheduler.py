@@ -24,6 +24,9 @@ Rules, in the order they apply:
   `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
   (64 tokens: about 0.2 s on two CPU cores) instead of a full batch (256: about 0.8 s). Reading in
   64-token chunks costs about 10% of prompt speed on the CPU, so workflows alone keep full batches.
+* **Speculation** (speculative.py) takes only the batch room left once every job has its share
+  (`_grant_drafts`); riders beside editors draft nothing, and while editors are active batch work
+  drafts at most `yield_tokens` a step: one small pack. Rejected drafts are trimmed (`settle`).
 * **Embeddings** run one small pack of texts per step. Work of the same priority class takes turns
   (a pack, then a decode step); work of a lower class waits.
 * **Editors wait for one small pack at most.** The class that runs is the highest among running,
@@ -89,6 +92,12 @@ class Job:
         self.n_cached: int | None = None   # prompt tokens found in the slot's cache at first placement
         self.is_cancelled = cancelled
         self.batch_waited = False          # an interactive job: it has had its one wait for batch work
+        self.drafted = 0                   # speculative decoding: tokens drafted, and accepted
+        self.accepted = 0
+
+    def draft_room(self) -> int:
+        """Tokens this job would like to draft beside its next token (speculative decoding; 0: none)."""
+        return 0
 
     @property
     def promoted(self) -> bool:
@@ -137,16 +146,20 @@ class Entry:
     """One job's share of a decode step: tokens `job.seq[start:start + count]` at their positions.
 
     `output` is the row of the step's logits for the job's last token when the step ends its prompt
-    (or it is decoding), else None: only those rows are sampled.
+    (or it is decoding), else None: only those rows are sampled. A decoding job may also carry
+    `draft`: tokens proposed after its last one (at most `room`, which the policy grants), decoded
+    in the same step at the following positions, with logits rows `output + 1 ...` to verify them.
     """
 
     job: Job
     start: int
     count: int
     output: int | None = None
+    room: int = 0
+    draft: list[int] = field(default_factory=list)
 
     def tokens(self) -> list[int]:
-        return self.job.seq[self.start:self.start + self.count]
+        return self.job.seq[self.start:self.start + self.count] + self.draft
 
 
 @dataclass
@@ -155,7 +168,14 @@ class DecodeStep:
 
     @property
     def n_tokens(self) -> int:
-        return sum(e.count for e in self.entries)
+        return sum(e.count + len(e.draft) for e in self.entries)
+
+    def number_rows(self) -> None:   # once drafts are in: each entry's rows follow the previous one's
+        row = 0
+        for e in self.entries:
+            row += e.count + len(e.draft)
+            if e.output is not None:
+                e.output = row - 1 - len(e.draft)
 
 
 @dataclass
@@ -395,7 +415,34 @@ class Policy:
             entries.append(e)
             job.took = take
             budget -= take
+        self._grant_drafts(entries, gens, budget, top)
         return DecodeStep(entries) if entries else None
+
+    def _grant_drafts(self, entries: list[Entry], gens: list[Job], budget: int, top: int) -> None:
+        """Speculative decoding takes only what the batch has left once every planned job has its
+        share, the higher class first, then the oldest; riders beside editors draft nothing, and
+        while editors are active the batch class drafts at most `yield_tokens` a step in all."""
+        if top < PRIORITY_INTERACTIVE and self.editors_active():
+            budget = min(budget, self.yield_tokens)
+        top_jobs = set(map(id, gens))
+        for e in sorted(entries, key=lambda e: (-e.job.priority, e.job.id)):
+            if budget <= 0:
+                break
+            if e.output is None or e.count != 1 or id(e.job) not in top_jobs:
+                continue
+            e.room = max(0, min(e.job.draft_room(), budget))
+            budget -= e.room
+
+    def settle(self, job: Job, slot: Slot | None, accepted: int) -> Trim | None:
+        """After a step with drafts: `accepted` of `job`'s drafted tokens are its own now, the rest
+        leave its slot. `slot`: where the step decoded it (released meanwhile: its cache stays as is)."""
+        if slot is None or job.slot is not slot:
+            return None
+        job.fed += accepted
+        if len(slot.tokens) <= job.fed:
+            return None
+        del slot.tokens[job.fed:]
+        return Trim(slot.seq_id, job.fed)
 
     def embedded(self, step: EmbedStep) -> bool:
         """Record a finished pack; True when the job has embedded all its texts."""
@@ -442,13 +489,9 @@ def _holds_batch_unit(step: DecodeStep | EmbedStep | None) -> bool:
     token is not one: it adds a row to a batch that runs anyway)."""
     if isinstance(step, EmbedStep):
         return step.job.base_priority < PRIORITY_INTERACTIVE
-    return step is not None and any(e.job.base_priority < PRIORITY_INTERACTIVE and e.count > 1
+    return step is not None and any(e.job.base_priority < PRIORITY_INTERACTIVE and (e.count > 1 or e.room > 0)
                                     for e in step.entries)
 
 
 def common_prefix(a: list[Any], b: list[Any]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

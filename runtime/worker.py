@@ -33,7 +33,9 @@ from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
 from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
 from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
-from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
+from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Entry, Job, Policy, Trim
+from .speculative import SpecControl
+from . import drafting
 
 log = logging.getLogger("a3b.worker")
 
@@ -57,6 +59,26 @@ class GenJob(Job):
         self.grammar_live = False
         self.t_first: float | None = None
         self.t_last: float | None = None
+        #: speculative decoding: the drafter (None: none) and its K policy (speculative.py)
+        self.drafter: Any = None
+        self.control: SpecControl | None = None
+        self.n_ctx_seq = 0
+
+    def draft_room(self) -> int:
+        """What the K policy asks, within what the request can still use: no draft reaches past the
+        context, max_tokens, max_total_tokens or the reasoning budget (the token that reaches a limit
+        is the last one sampled anyway)."""
+        if self.control is None:
+            return 0
+        asm, req = self.asm, self.req
+        room = min(self.control.room(), self.n_ctx_seq - len(self.seq) - 1)
+        if asm.split.answering or not asm.in_reasoning:
+            room = min(room, req.max_tokens - asm.n_answer - 1)
+        if req.max_total_tokens is not None:
+            room = min(room, req.max_total_tokens - self.n_gen - 1)
+        if asm.in_reasoning and self.budget is not None:
+            room = min(room, self.budget - asm.n_reasoning - 1)
+        return max(0, room)
 
 
 @dataclass(eq=False)
@@ -161,6 +183,8 @@ class LoadedModel(Model):
         sp = request.sampling
         job = GenJob(stream, tokens, sp.seed if sp.seed is not None else random.randrange(2**32), asm, how.budget,
                      grammar)
+        job.n_ctx_seq = self.n_ctx_seq
+        job.drafter, job.control = drafting.for_request(self, request)
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -246,6 +270,8 @@ class LoadedModel(Model):
                         self.policy.release(job)
                     step = self.policy.next_step()
                 self._apply(adm)
+                if isinstance(step, DecodeStep):
+                    drafting.fill(step)
                 memory.release(busy=True)   # rate-limited: a few ms every half minute
                 if isinstance(step, EmbedStep):
                     self._embed(step)
@@ -299,18 +325,53 @@ class LoadedModel(Model):
         self.stats["decode_calls"] += 1
         self.stats["decoded_tokens"] += step.n_tokens
         now = time.perf_counter()
-        outs = [e for e in step.entries if e.output is not None]
+        self._verify([e for e in step.entries if e.output is not None], now)
+
+    def _verify(self, outs: list[Entry], now: float) -> None:
+        """Sample every output row of the step, and verify drafts: round r samples row `output + r` of
+        each entry still verifying, in order, with the request's own sampler (speculative.py says why
+        that is exact); an entry goes on while its draw equals its r-th drafted token and nothing ended
+        or changed the request (a stop, a limit, a closed reasoning block). Then the rejected drafts
+        leave the KV cache."""
+        slots = {id(e): e.job.slot for e in outs}
+        matched = dict.fromkeys(map(id, outs), 0)
+        made = dict.fromkeys(map(id, outs), 0)
+        active, r = outs, 0
+        while active:
+            for e in active:
+                if e.job.sampler is None:
+                    e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
+                    e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
+                                                             e.job.grammar if e.job.grammar_live else None)
+            sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
+                                                for e in active])
+            going = []
+            for e, (tok, ent) in zip(active, sampled):
+                job = e.job
+                lp = None
+                if job.req.logprobs is not None and not self.vocab.is_eog(tok):
+                    lp = self.backend.logprobs(e.output + r, tok, job.req.logprobs)
+                n_seq = len(job.seq)
+                hit = r < len(e.draft) and tok == e.draft[r]
+                if r == 0:
+                    job.drafted += len(e.draft)
+                if hit:   # counted before _took: the result may be made there
+                    matched[id(e)] += 1
+                    job.accepted += 1
+                self._took(job, tok, ent, now, lp)
+                made[id(e)] += 1
+                if hit and job.slot is not None and len(job.seq) == n_seq + 1:
+                    going.append(e)
+            active, r = going, r + 1
         for e in outs:
-            if e.job.sampler is None:
-                e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
-                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
-                                                         e.job.grammar if e.job.grammar_live else None)
-        sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
-        for e, (tok, ent) in zip(outs, sampled):
-            lp = None
-            if e.job.req.logprobs is not None and not self.vocab.is_eog(tok):
-                lp = self.backend.logprobs(e.output, tok, e.job.req.logprobs)
-            self._took(e.job, tok, ent, now, lp)
+            if e.draft:
+                with self._lock:
+                    trim = self.policy.settle(e.job, slots[id(e)], matched[id(e)])
+                self._trim(trim)
+                self.stats["drafted_tokens"] += len(e.draft)
+                self.stats["accepted_tokens"] += matched[id(e)]
+            if e.job.control is not None:
+                e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
 
     def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
               lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
@@ -373,7 +434,7 @@ class LoadedModel(Model):
         gen = job.seq[len(job.prompt_tokens):]
         job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
                              n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
-                             t_first=job.t_first, t_last=job.t_last)
+                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted)
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:

@@ -26,6 +26,9 @@ Model references: `fake://NAME[?key=value&...]` with keys
                       (the block's tags byte by byte, so they split across tokens everywhere); what
                       it writes follows the sequence, so a block the runtime closes is answered too
     think_loop=1      ... and reasons forever (only a budget ends the block)
+    speculative=MODE  load it with this speculative setting whatever the spec says (its text repeats,
+                      so n-gram drafts make a slow fake fast: tests that time a long generation
+                      turn that off)
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import hashlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -70,6 +73,7 @@ class FakeSettings:
     template: str = "chatml"
     think: str | None = None
     think_loop: bool = False
+    speculative: str | None = None
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -84,7 +88,7 @@ class FakeSettings:
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
                    gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
-                   think=q.get("think"), think_loop=q.get("think_loop") == "1")
+                   think=q.get("think"), think_loop=q.get("think_loop") == "1", speculative=q.get("speculative"))
 
 
 class FakeVocab:
@@ -202,10 +206,13 @@ class FakeBackend:
             assert e.start == len(kv), f"decode at position {e.start} but the sequence holds {len(kv)} tokens"
             kv.extend(e.tokens())
             assert len(kv) <= self.n_ctx_seq, "a sequence outgrew its slot"
-            n += e.count
+            n += e.count + len(e.draft)
             if e.output is not None:
-                assert e.output == n - 1, "an output row that is not the entry's last token"
-                self.rows[e.output] = list(kv)
+                assert e.output == n - 1 - len(e.draft), "an output row that is not the entry's last token"
+                for j in range(len(e.draft) + 1):   # the last token's row, then one per drafted token
+                    self.rows[e.output + j] = kv[:len(kv) - len(e.draft) + j]
+            else:
+                assert not e.draft, "drafts on an entry without an output row"
 
     def _history(self, row: int) -> list[int]:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
@@ -328,6 +335,8 @@ class FakeEngine(Engine):
     def open_model(self, weights: FakeWeights, spec) -> LoadedModel:
         b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
+        if weights.settings.speculative is not None:
+            spec = replace(spec, speculative=weights.settings.speculative)
         return LoadedModel(weights, b, spec)
 
     def kv_bytes(self, weights, spec) -> int:

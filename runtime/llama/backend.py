@@ -151,7 +151,8 @@ class LlamaBackend:
 
     def decode(self, step: DecodeStep) -> None:
         L = llama()
-        fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
+        # logits for an entry's last token and for each token drafted after it (speculative decoding)
+        fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k >= e.count - 1)
                                 for e in step.entries for k, t in enumerate(e.tokens())))
         want = batch_threads(step, *self.threads)
         if want != self._batch_threads:

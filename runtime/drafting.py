@@ -1,0 +1,51 @@
+"""Which drafter a request gets, and filling a decode step's drafts (speculative decoding).
+
+The worker asks `for_request` once per request: the request's `speculative` setting (else the
+model's LoadSpec) picks n-gram lookup, the model's draft model (loaded with the model, see
+`LoadedModel.draft_source`), or nothing. `fill` runs on the worker thread between planning a step
+and decoding it: every entry the policy granted room gets that many drafted tokens at most.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidRequest
+from .scheduler import DecodeStep
+from .speculative import NgramDrafter, SpecControl, parse_mode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .requests import GenerationRequest
+
+#: K a request starts with: short drafts until its text shows that it repeats (SpecControl doubles
+#: K while every draft is accepted)
+K_START = 4
+
+
+def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecControl | None]:
+    """(drafter, K policy) for `request` on `model` (a LoadedModel), or (None, None): no speculation."""
+    spec = model.spec
+    mode, draft = parse_mode(request.speculative if request.speculative is not None else spec.speculative)
+    k_max = request.draft_max if request.draft_max is not None else spec.draft_max
+    if mode == "off":
+        return None, None
+    source = getattr(model, "draft_source", None)
+    if mode in ("draft", "mtp"):
+        if source is None or source.mode != mode or (mode == "draft" and draft != source.model):
+            loaded = spec.speculative
+            raise InvalidRequest(f"speculative={request.speculative or spec.speculative!r} needs the model loaded "
+                                 f"with it (it was loaded with speculative={loaded!r}); load it with "
+                                 f"speculative={mode if mode == 'mtp' else 'draft:' + str(draft)!r}.")
+        return source.new_drafter(), SpecControl(k_max, min(K_START, k_max))
+    if mode == "auto" and source is not None:   # the model was loaded with a drafter: use it
+        return source.new_drafter(), SpecControl(k_max, min(K_START, k_max))
+    return NgramDrafter(), SpecControl(k_max, min(K_START, k_max))
+
+
+def fill(step: DecodeStep) -> None:
+    """Draft for every entry of `step` that the policy granted room."""
+    for e in step.entries:
+        if e.room > 0 and e.job.drafter is not None:
+            d = e.job.drafter
+            d.extend(e.job.seq)
+            e.draft = list(d.propose(e.room))[:e.room]
+    step.number_rows()
