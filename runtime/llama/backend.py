@@ -59,7 +59,7 @@ def batch_threads(step: DecodeStep, decode: int, prompt: int) -> int:
     more than one token, so several requests decoding together (one token each, memory-bound like a
     single token) would run on all cores: on 2 shared cores that made a 4-token request beside a long
     one take 6-8 s instead of 0.1 s. Only a batch that reads a prompt chunk gets the prompt threads."""
-    return prompt if any(e.count > 1 for e in step.entries) else decode
+    return prompt if any(e.count + len(e.draft) > 1 for e in step.entries) else decode
 
 
 def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "mean"):

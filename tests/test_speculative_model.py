@@ -1,0 +1,44 @@
+"""Speculative decoding on the real embedded model (slow tier): the same tokens with and without it."""
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import pytest
+
+from comfyui_a3b.runtime import Runtime, SamplingParams, preset
+from comfyui_a3b.runtime.generation import ConfidenceConfig
+
+pytestmark = pytest.mark.slow
+
+
+def _rewrite_prompt() -> str:
+    """A function to copy with one name changed: most of the answer is in the prompt."""
+    import json.decoder as source   # read as text only
+
+    src = textwrap.dedent(inspect.getsource(source.JSONDecoder.raw_decode))
+    head = src.split("\n")[0].replace("idx", "start")
+    return f"Original code:\n```python\n{src}```\n\nThe same code with `idx` renamed to `start`:\n```python\n{head}\n"
+
+
+@pytest.fixture(scope="module")
+def rt():
+    r = Runtime()
+    yield r
+    r.unload()
+
+
+@pytest.mark.parametrize("sampling", [preset("greedy"), SamplingParams(temperature=0.3, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)], ids=["greedy", "sampled"])
+def test_ngram_speculation_gives_the_tokens_decoding_alone_gives(rt, sampling):
+    prompt = _rewrite_prompt()
+    out = {}
+    for mode in ("off", "ngram"):
+        spec = rt.spec(None, speculative=mode, n_parallel=2)
+        out[mode] = rt.submit(prompt, model=spec, chat=False, sampling=sampling, max_tokens=160,
+                              confidence=ConfidenceConfig(threshold=2.0, min_run=3)).result()
+    a, b = out["off"], out["ngram"]
+    assert b.tokens == a.tokens and b.text == a.text
+    assert [s.as_dict() for s in a.spans] == [s.as_dict() for s in b.spans]
+    # the same seed draws the same tokens: one draw per generated token, drafts or not
+    assert b.n_drafted_tokens > 20 and b.n_accepted_tokens > b.n_drafted_tokens / 3
+    assert a.n_drafted_tokens == 0
