@@ -28,7 +28,10 @@ def rt():
     r.unload()
 
 
-@pytest.mark.parametrize("sampling", [preset("greedy"), SamplingParams(temperature=0.3, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)], ids=["greedy", "sampled"])
+SAMPLED = SamplingParams(temperature=0.3, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)
+
+
+@pytest.mark.parametrize("sampling", [preset("greedy"), SAMPLED], ids=["greedy", "sampled"])
 def test_ngram_speculation_gives_the_tokens_decoding_alone_gives(rt, sampling):
     prompt = _rewrite_prompt()
     out = {}
