@@ -63,11 +63,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.N_THREADS, "--threads", metavar="N")
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
+    add_argument(p, opt.SPECULATIVE, metavar="MODE")
+    add_argument(p, opt.DRAFT_MAX, metavar="N")
 
 
 def _spec(rt, args):
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                   ctx_policy=args.ctx_policy)
+                   ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max)
 
 
 def _one_line(error: BaseException) -> str:

@@ -16,10 +16,6 @@ from .speculative import NgramDrafter, SpecControl, parse_mode
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import GenerationRequest
 
-#: K a request starts with: short drafts until its text shows that it repeats (SpecControl doubles
-#: K while every draft is accepted)
-K_START = 4
-
 
 def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecControl | None]:
     """(drafter, K policy) for `request` on `model` (a LoadedModel), or (None, None): no speculation."""
@@ -35,10 +31,10 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
             raise InvalidRequest(f"speculative={request.speculative or spec.speculative!r} needs the model loaded "
                                  f"with it (it was loaded with speculative={loaded!r}); load it with "
                                  f"speculative={mode if mode == 'mtp' else 'draft:' + str(draft)!r}.")
-        return source.new_drafter(), SpecControl(k_max, min(K_START, k_max))
+        return source.new_drafter(), SpecControl(k_max, model.step_cost)
     if mode == "auto" and source is not None:   # the model was loaded with a drafter: use it
-        return source.new_drafter(), SpecControl(k_max, min(K_START, k_max))
-    return NgramDrafter(), SpecControl(k_max, min(K_START, k_max))
+        return source.new_drafter(), SpecControl(k_max, model.step_cost)
+    return NgramDrafter(), SpecControl(k_max, model.step_cost)
 
 
 def fill(step: DecodeStep) -> None:

@@ -20,9 +20,9 @@ Drafters here are pure Python: `NgramDrafter` (prompt lookup: the tokens that fo
 earlier occurrence of the sequence's last n tokens). A drafter that runs a model is driven by the
 worker through the same `propose` call.
 
-`SpecControl` adapts K (drafted tokens per step) per request from its recent acceptance: doubling
-while every draft is accepted, shrinking to what was accepted otherwise, and pausing speculation
-for a while (longer each time) when acceptance stays low, so a request whose text does not repeat
+`SpecControl` adapts K (drafted tokens per step) per request from its recent acceptance and what an
+extra token costs in a step on this model here (`StepCost`, measured by the worker), and pauses
+speculation for a while (longer each time) when no K pays, so a request whose text does not repeat
 costs next to nothing.
 """
 from __future__ import annotations
@@ -83,52 +83,104 @@ class NgramDrafter:
         return []
 
 
-class SpecControl:
-    """Per request: the draft length K and the acceptance statistics it is adapted from."""
+class StepCost:
+    """What a decode step costs on this model here, learnt from the steps the worker times: the time
+    of a step of one token per sequence (`base`) and what each extra token adds (`per_token`),
+    exponential moving averages of the two. On a GPU an extra token costs a few percent of a step;
+    on a CPU with a small model it can cost half a step or more, so the best K differs by an order
+    of magnitude between machines and is measured, not assumed."""
 
-    #: acceptance below this (accepted / drafted over the recent window) pauses speculation
-    LOW = 0.25
-    WINDOW = 16           # drafted tokens the acceptance is judged over
+    ALPHA = 0.1
+    MIN_S = 1e-3
+
+    def __init__(self, extra: float = 0.25):
+        self.base: float | None = None       # seconds of a step with one token per sequence
+        self.per_token: float | None = None  # seconds each further token adds
+        self._prior = extra
+
+    def record(self, n_tokens: int, n_rows: int, seconds: float) -> None:
+        """A decode step of `n_tokens` tokens for `n_rows` sequences took `seconds`. Steps under
+        MIN_S are not timed: there the clock and the interpreter say more than the model."""
+        if seconds < self.MIN_S:
+            return
+        if n_tokens <= n_rows:
+            self.base = seconds if self.base is None else self.base + self.ALPHA * (seconds - self.base)
+        elif self.base is not None:
+            slope = max(0.0, seconds - self.base) / (n_tokens - n_rows)
+            self.per_token = slope if self.per_token is None else \
+                self.per_token + self.ALPHA * (slope - self.per_token)
+
+    @property
+    def extra(self) -> float:
+        """An extra token's cost as a fraction of a step (the prior until both are measured)."""
+        if not self.base or self.per_token is None:
+            return self._prior
+        return self.per_token / self.base
+
+
+def best_k(accept: float, extra: float, k_max: int) -> int:
+    """The draft length that maximises expected tokens per unit of time: with each drafted token
+    accepted with probability `accept` (given the ones before it were), K drafts yield
+    (1 - accept**(K+1)) / (1 - accept) tokens for a step that costs 1 + K * extra; 0 when no K beats
+    decoding alone."""
+    best, value = 0, 1.0
+    for k in range(1, k_max + 1):
+        tokens = k + 1 if accept >= 1 else (1 - accept ** (k + 1)) / (1 - accept)
+        v = tokens / (1 + k * extra)
+        if v > value * 1.02:   # a clear gain only: a measured cost is noisy
+            best, value = k, v
+    return best
+
+
+class SpecControl:
+    """Per request: the draft length K, from the request's acceptance and the model's step cost.
+
+    Acceptance is estimated per drafted position (accepted / positions tried, an exponential moving
+    average that starts optimistic), K is `best_k` for it and the measured cost (`StepCost`). When
+    no K pays, speculation pauses for a while (longer each time), then tries one token again."""
+
+    ALPHA = 0.3
     PAUSE = 8             # generated tokens of the first pause; doubles each time, at most MAX_PAUSE
     MAX_PAUSE = 256
 
-    def __init__(self, k_max: int, k_start: int | None = None):
+    def __init__(self, k_max: int, cost: StepCost | None = None, accept: float = 0.8):
         self.k_max = check_k(k_max)
-        self.k = min(self.k_max, k_start or self.k_max)
+        self.cost = cost or StepCost()
+        self.rate = accept
         self.drafted = 0
         self.accepted = 0
         self.steps = 0
-        self._win_drafted = 0
-        self._win_accepted = 0
         self._pause_len = self.PAUSE
         self.paused_for = 0   # generated tokens left without drafting
+        self._probe = False
 
     def room(self) -> int:
         """Tokens this request would like to draft in the next step (0: none now)."""
-        return 0 if self.paused_for > 0 else self.k
+        if self.paused_for > 0:
+            return 0
+        if self._probe:
+            return 1
+        return best_k(self.rate, self.cost.extra, self.k_max)
 
     def record(self, drafted: int, accepted: int, generated: int) -> None:
         """A verified step: `drafted` proposals, `accepted` of them taken, `generated` tokens out."""
         if drafted <= 0:
+            was = self.paused_for
             self.paused_for = max(0, self.paused_for - generated)
+            self._probe = self._probe or (was > 0 and self.paused_for == 0)
             return
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
-        self._win_drafted += drafted
-        self._win_accepted += accepted
-        if accepted == drafted:
-            self.k = min(self.k_max, max(self.k, drafted) * 2)
-        else:
-            self.k = max(1, accepted + 1)
-        if self._win_drafted >= self.WINDOW:
-            if self._win_accepted < self.LOW * self._win_drafted:
-                self.paused_for = self._pause_len
-                self._pause_len = min(self.MAX_PAUSE, self._pause_len * 2)
-                self.k = 1
-            else:
-                self._pause_len = self.PAUSE
-            self._win_drafted = self._win_accepted = 0
+        tried = accepted + (1 if accepted < drafted else 0)
+        self.rate += self.ALPHA * (accepted / tried - self.rate)
+        probed, self._probe = self._probe, False
+        if (probed and accepted == 0) or best_k(self.rate, self.cost.extra, self.k_max) == 0:
+            self.paused_for = self._pause_len
+            self._pause_len = min(self.MAX_PAUSE, self._pause_len * 2)
+            self.rate = max(self.rate, 0.5)   # the probe after the pause starts from a fair guess
+        elif accepted == drafted:
+            self._pause_len = self.PAUSE
 
 
 def accept_drafts(p: np.ndarray, q: np.ndarray, draft: Sequence[int], rng: np.random.Generator) -> list[int]:

@@ -34,7 +34,7 @@ from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
 from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Entry, Job, Policy, Trim
-from .speculative import SpecControl
+from .speculative import SpecControl, StepCost
 from . import drafting
 
 log = logging.getLogger("a3b.worker")
@@ -104,6 +104,8 @@ class LoadedModel(Model):
         self.name = self.info.name
         self.n_ctx_seq = backend.n_ctx_seq
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
+        #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
+        self.step_cost = StepCost()
         self._lock = threading.Condition()
         self._closing: str | None = None
         self.closed = threading.Event()
@@ -305,6 +307,7 @@ class LoadedModel(Model):
             self.backend.trim(trim.seq_id, trim.keep)
 
     def _decode(self, step: DecodeStep) -> None:
+        t0 = time.perf_counter()
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
@@ -320,6 +323,8 @@ class LoadedModel(Model):
                 with self._lock:
                     self._closing = self._closing or f"decode failed: {e}"
             return
+        if all(e.count == 1 for e in step.entries):   # decoding rows (and drafts), no prompt chunk
+            self.step_cost.record(step.n_tokens, len(step.entries), time.perf_counter() - t0)
         with self._lock:
             self.policy.decoded(step)
         self.stats["decode_calls"] += 1

@@ -11,7 +11,8 @@ from comfyui_a3b.runtime import InvalidRequest, Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig
 from comfyui_a3b.runtime.options import LoadSpec
 from comfyui_a3b.runtime.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy, Trim
-from comfyui_a3b.runtime.speculative import NgramDrafter, SpecControl, accept_drafts, check_k, parse_mode
+from comfyui_a3b.runtime.speculative import (NgramDrafter, SpecControl, StepCost, accept_drafts, best_k, check_k,
+                                             parse_mode)
 
 GREEDY = preset("greedy")
 
@@ -51,26 +52,32 @@ def test_ngram_index_grows_linearly():
     assert d.propose(4) == [0, 1, 2, 3] or len(d.propose(4)) == 4
 
 
-def test_k_doubles_while_accepted_shrinks_on_rejection_and_pauses_when_acceptance_is_low():
-    c = SpecControl(8, 2)
-    assert c.room() == 2
-    c.record(2, 2, 3)
-    assert c.room() == 4
-    c.record(4, 4, 5)
-    assert c.room() == 8
-    c.record(8, 8, 9)
-    assert c.room() == 8   # at most k_max
-    c.record(8, 3, 4)
-    assert c.room() == 4   # what was accepted, and one more
-    low = SpecControl(4, 4)
-    for _ in range(4):
-        low.record(4, 0, 1)
-    assert low.room() == 0 and low.paused_for == SpecControl.PAUSE
-    low.record(0, 0, SpecControl.PAUSE)   # tokens generated without drafting end the pause
-    assert low.room() == 1
-    for _ in range(16):
-        low.record(1, 0, 1)
-    assert low.paused_for == 2 * SpecControl.PAUSE   # the next pause is longer
+def test_k_follows_acceptance_and_step_cost_and_pauses_when_no_k_pays():
+    assert best_k(0.0, 0.1, 8) == 0
+    assert best_k(1.0, 0.05, 8) == 8            # a GPU: an extra token costs 5% of a step
+    assert best_k(0.8, 0.05, 16) > best_k(0.8, 0.5, 16) >= 1   # a CPU: fewer
+    assert best_k(0.9, 1.2, 8) == 0             # an extra token costs more than a step: never
+    cost = StepCost()
+    for _ in range(50):
+        cost.record(2, 2, 0.010)                # two sequences, one token each: 10 ms
+        cost.record(10, 2, 0.030)               # eight more tokens: 20 ms more
+    assert abs(cost.extra - 0.25) < 0.01
+    cost.record(1, 1, 1e-5)                     # too short to tell: not counted
+    assert abs(cost.extra - 0.25) < 0.01
+    c = SpecControl(8, cost, accept=0.8)
+    k0 = c.room()
+    for _ in range(10):
+        c.record(c.room(), c.room(), c.room() + 1)
+    assert c.room() > k0 and c.rate > 0.95      # every draft accepted: longer drafts
+    for _ in range(10):
+        if c.room() == 0:
+            break
+        c.record(c.room(), 0, 1)
+    assert c.room() == 0 and c.paused_for == SpecControl.PAUSE   # nothing accepted: paused
+    c.record(0, 0, SpecControl.PAUSE)           # tokens generated without drafting end the pause
+    assert c.room() == 1                        # then one token is tried
+    c.record(1, 0, 1)
+    assert c.room() == 0 and c.paused_for == 2 * SpecControl.PAUSE   # the next pause is longer
 
 
 def test_bad_speculative_settings_are_clear_errors():
