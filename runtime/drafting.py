@@ -7,6 +7,7 @@ and decoding it: every entry the policy granted room gets that many drafted toke
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidRequest
@@ -26,7 +27,7 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
         return None, None
     source = getattr(model, "draft_source", None)
     if mode in ("draft", "mtp"):
-        if source is None or source.mode != mode or (mode == "draft" and draft != source.model):
+        if source is None or source.mode != mode or (mode == "draft" and Path(draft).name != Path(source.model).name):
             loaded = spec.speculative
             raise InvalidRequest(f"speculative={request.speculative or spec.speculative!r} needs the model loaded "
                                  f"with it (it was loaded with speculative={loaded!r}); load it with "
@@ -39,9 +40,12 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
 
 def fill(step: DecodeStep) -> None:
     """Draft for every entry of `step` that the policy granted room."""
-    for e in step.entries:
-        if e.room > 0 and e.job.drafter is not None:
-            d = e.job.drafter
-            d.extend(e.job.seq)
-            e.draft = list(d.propose(e.room))[:e.room]
+    todo = [e for e in step.entries if e.room > 0 and e.job.drafter is not None]
+    for e in todo:   # a draft model drafts for every request at once: all begin, then all end
+        e.job.drafter.extend(e.job.seq)
+        if hasattr(e.job.drafter, "begin"):
+            e.job.drafter.begin(e.room, e.job.priority)
+    for e in todo:
+        d = e.job.drafter
+        e.draft = list(d.end() if hasattr(d, "begin") else d.propose(e.room))[:e.room]
     step.number_rows()

@@ -28,6 +28,7 @@ from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
 from .options import LoadSpec
+from .draftmodel import attach_draft, draft_spec
 
 log = logging.getLogger("a3b.store")
 #: the n_gpu_layers that leaves the placement to the runtime
@@ -217,6 +218,13 @@ class ModelStore:
         self._refs[key] += 1
         self.context_creations += 1
         self._entries[spec] = _Entry(spec, model, key, kv, warnings)
+        dspec = draft_spec(spec)
+        if dspec is not None:   # speculative decoding with a draft model: an entry of its own
+            try:
+                attach_draft(model, dspec, lambda: self.get(dspec))
+            except BaseException:
+                self._drop(spec, "its draft model could not be used")
+                raise
         self._notify("loaded", spec)
         return model
 

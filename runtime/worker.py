@@ -106,6 +106,8 @@ class LoadedModel(Model):
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
+        #: the draft model this one drafts with (draftmodel.py), set by the store; None: none
+        self.draft_source: Any = None
         self._lock = threading.Condition()
         self._closing: str | None = None
         self.closed = threading.Event()

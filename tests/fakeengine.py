@@ -26,6 +26,9 @@ Model references: `fake://NAME[?key=value&...]` with keys
                       (the block's tags byte by byte, so they split across tokens everywhere); what
                       it writes follows the sequence, so a block the runtime closes is answered too
     think_loop=1      ... and reasons forever (only a budget ends the block)
+    position=1        the text follows the sequence's length, not the tokens generated: two such models
+                      agree on what comes next whatever prompt they read (a draft model's test)
+    n_vocab=N         report a vocabulary of N tokens (a draft model that does not fit)
     speculative=MODE  load it with this speculative setting whatever the spec says (its text repeats,
                       so n-gram drafts make a slow fake fast: tests that time a long generation
                       turn that off)
@@ -74,6 +77,8 @@ class FakeSettings:
     think: str | None = None
     think_loop: bool = False
     speculative: str | None = None
+    position: bool = False
+    n_vocab: int = N_VOCAB
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -88,7 +93,8 @@ class FakeSettings:
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
                    gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
-                   think=q.get("think"), think_loop=q.get("think_loop") == "1", speculative=q.get("speculative"))
+                   think=q.get("think"), think_loop=q.get("think_loop") == "1", speculative=q.get("speculative"),
+                   position=q.get("position") == "1", n_vocab=int(q.get("n_vocab", N_VOCAB)))
 
 
 class FakeVocab:
@@ -145,9 +151,10 @@ class FakeWeights:
     def __init__(self, spec, settings: FakeSettings):
         self.settings = settings
         self.vocab = FakeVocab(settings.fim)
+        self.vocab.n_vocab = settings.n_vocab
         self.size_bytes = 1 << 20
         self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
-                              n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
+                              n_ctx_train=settings.n_ctx_train, n_vocab=settings.n_vocab, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes,
                               chat_template=templates.BY_NAME.get(settings.template, CHATML),
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
@@ -232,6 +239,8 @@ class FakeBackend:
         if s.eos_after is not None and n_gen >= s.eos_after:
             return EOS
         data = s.text.encode("utf-8")
+        if s.position:
+            return OFFSET + data[len(history) % len(data)]
         if s.think is None:
             return OFFSET + data[n_gen % len(data)]
         return OFFSET + self._thinking(self._generated(history), data)

@@ -330,3 +330,34 @@ def test_speculation_leaves_a_second_request_its_tokens(rt, fake_engine):
     r1, r2 = s1.result(), s2.result()
     assert r1.text == r2.text and r1.n_tokens == r2.n_tokens == 150
     assert max(fake_engine.backends[-1].batch_sizes) <= 16
+
+
+# -- a draft model through the store ---------------------------------------------------------------------------
+def test_a_model_as_its_own_draft_has_every_draft_accepted_and_one_copy_of_the_weights(rt, fake_engine):
+    target = "fake://self?position=1"
+    plain = run(rt, target + "&x=0", "off", max_tokens=120)
+    spec = rt.spec(target, speculative=f"draft:{target}", n_parallel=2)
+    loads = fake_engine.loads
+    r = rt.submit("Hello", model=spec, chat=False, sampling=GREEDY, max_tokens=120).result()
+    assert r.tokens == plain.tokens
+    assert r.n_drafted_tokens > 60 and r.n_accepted_tokens == r.n_drafted_tokens
+    assert fake_engine.loads == loads + 1   # the draft entry shares the target's weights
+    models = {m["spec"]["speculative"]: m for m in rt.status()["models"] if m["path"] == target}
+    assert set(models) == {f"draft:{target}", "off"}   # the draft: an ordinary entry of its own
+    assert models["off"]["spec"]["n_parallel"] == 2
+
+
+def test_a_different_draft_model_keeps_the_text_and_is_judged_by_its_acceptance(rt):
+    target = "fake://t2?position=1"
+    plain = run(rt, target, "off", max_tokens=150)
+    other = "fake://d2?position=1&text=The quick brown cat naps under the lazy dog. "
+    spec = rt.spec(target, speculative=f"draft:{other}")
+    r = rt.submit("Hello", model=spec, chat=False, sampling=GREEDY, max_tokens=150).result()
+    assert r.tokens == plain.tokens
+    assert 0 < r.n_accepted_tokens < r.n_drafted_tokens
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_naming_both(rt):
+    with pytest.raises(InvalidRequest, match=r"draft model d3 does not share the vocabulary of t3 \(264 and 300"):
+        rt.load(rt.spec("fake://t3", speculative="draft:fake://d3?n_vocab=300"))
+    assert not [m for m in rt.status()["models"] if m["path"] == "fake://t3"]   # the target did not stay

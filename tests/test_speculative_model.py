@@ -45,3 +45,16 @@ def test_ngram_speculation_gives_the_tokens_decoding_alone_gives(rt, sampling):
     # the same seed draws the same tokens: one draw per generated token, drafts or not
     assert b.n_drafted_tokens > 20 and b.n_accepted_tokens > b.n_drafted_tokens / 3
     assert a.n_drafted_tokens == 0
+
+
+def test_the_embedded_model_as_its_own_draft_has_every_draft_accepted(rt):
+    from comfyui_a3b.runtime.locate import default_model_path
+
+    path = str(default_model_path())
+    prompt = "Write a short story about a lighthouse keeper."
+    plain = rt.submit(prompt, model=rt.spec(None, speculative="off"), sampling=preset("greedy"),
+                      max_tokens=80).result()
+    r = rt.submit(prompt, model=rt.spec(None, speculative=f"draft:{path}"), sampling=preset("greedy"),
+                  max_tokens=80).result()
+    assert r.tokens == plain.tokens
+    assert r.n_drafted_tokens > 30 and r.n_accepted_tokens == r.n_drafted_tokens
