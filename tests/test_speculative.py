@@ -361,3 +361,14 @@ def test_a_draft_model_with_another_vocabulary_is_refused_naming_both(rt):
     with pytest.raises(InvalidRequest, match=r"draft model d3 does not share the vocabulary of t3 \(264 and 300"):
         rt.load(rt.spec("fake://t3", speculative="draft:fake://d3?n_vocab=300"))
     assert not [m for m in rt.status()["models"] if m["path"] == "fake://t3"]   # the target did not stay
+
+
+def test_drafts_never_run_past_the_context(rt):
+    """A generation that fills its context: no draft reaches past it (the fake checks every sequence
+    against its slot), and it ends where it ends without speculation."""
+    out = {}
+    for mode in ("off", "ngram"):
+        out[mode] = rt.submit("Hello", model=rt.spec("fake://ctx", speculative=mode, n_ctx=150), chat=False,
+                              sampling=GREEDY, max_tokens=500).result()
+    assert out["ngram"].tokens == out["off"].tokens and out["ngram"].finish_reason == "length"
+    assert out["ngram"].n_drafted_tokens > 0
