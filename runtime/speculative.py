@@ -27,7 +27,9 @@ costs next to nothing.
 """
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -85,17 +87,19 @@ class NgramDrafter:
 
 class StepCost:
     """What a decode step costs on this model here, learnt from the steps the worker times: the time
-    of a step of one token per sequence (`base`) and what each extra token adds (`per_token`),
-    exponential moving averages of the two. On a GPU an extra token costs a few percent of a step;
-    on a CPU with a small model it can cost half a step or more, so the best K differs by an order
-    of magnitude between machines and is measured, not assumed."""
+    of a step of one token per sequence (`base`) and what each extra token adds (`per_token`), each
+    the median of the last WINDOW steps of its kind. On a GPU an extra token costs a few percent of
+    a step; on a CPU with a small model it can cost half a step or more, so the best K differs by an
+    order of magnitude between machines and is measured, not assumed. Medians, because the first
+    step of a new batch size also builds its compute graph (many times a step), and a busy machine
+    stalls a step now and then: an average would remember those for long."""
 
-    ALPHA = 0.1
+    WINDOW = 15
     MIN_S = 1e-3
 
     def __init__(self, extra: float = 0.25):
-        self.base: float | None = None       # seconds of a step with one token per sequence
-        self.per_token: float | None = None  # seconds each further token adds
+        self._base: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        self._slope: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
         self._prior = extra
 
     def record(self, n_tokens: int, n_rows: int, seconds: float) -> None:
@@ -104,18 +108,21 @@ class StepCost:
         if seconds < self.MIN_S:
             return
         if n_tokens <= n_rows:
-            self.base = seconds if self.base is None else self.base + self.ALPHA * (seconds - self.base)
-        elif self.base is not None:
-            slope = max(0.0, seconds - self.base) / (n_tokens - n_rows)
-            self.per_token = slope if self.per_token is None else \
-                self.per_token + self.ALPHA * (slope - self.per_token)
+            self._base.append(seconds)
+        elif self._base:
+            self._slope.append(max(0.0, seconds - self.base) / (n_tokens - n_rows))
+
+    @property
+    def base(self) -> float | None:
+        return statistics.median(self._base) if self._base else None
 
     @property
     def extra(self) -> float:
         """An extra token's cost as a fraction of a step (the prior until both are measured)."""
-        if not self.base or self.per_token is None:
+        base = self.base
+        if not base or not self._slope:
             return self._prior
-        return self.per_token / self.base
+        return statistics.median(self._slope) / base
 
 
 def best_k(accept: float, extra: float, k_max: int) -> int:

@@ -63,6 +63,7 @@ def test_k_follows_acceptance_and_step_cost_and_pauses_when_no_k_pays():
         cost.record(10, 2, 0.030)               # eight more tokens: 20 ms more
     assert abs(cost.extra - 0.25) < 0.01
     cost.record(1, 1, 1e-5)                     # too short to tell: not counted
+    cost.record(10, 2, 2.0)                     # a step that built its graph: an outlier, not the cost
     assert abs(cost.extra - 0.25) < 0.01
     c = SpecControl(8, cost, accept=0.8)
     k0 = c.room()
