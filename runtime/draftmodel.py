@@ -64,6 +64,17 @@ def check_vocab(target: Any, draft: Any) -> None:
                              "speculative=ngram.")
 
 
+def check_mtp(model: Any) -> None:
+    """speculative=mtp: a message either way (drafting with a model's own multi-token-prediction
+    layers through llama.cpp's MTP context is not implemented here), naming what the file has."""
+    n = int(getattr(getattr(model, "weights", None), "n_layer_nextn", 0) or 0)
+    if n <= 0:
+        raise InvalidRequest(f"{model.name} ({model.info.architecture}) has no multi-token-prediction layers, so "
+                             "speculative=mtp cannot draft with them; use speculative=ngram or draft:MODEL.")
+    raise InvalidRequest(f"{model.name} has {n} multi-token-prediction layer(s), but drafting with them is not "
+                         "supported by this runtime yet; use speculative=ngram or draft:MODEL.")
+
+
 def attach_draft(model: Any, dspec: LoadSpec, get: Callable[[], Any]) -> None:
     """Give target `model` its draft model (loaded now through `get`, checked for its vocabulary)."""
     if not hasattr(model, "draft_source"):

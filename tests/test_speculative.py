@@ -373,3 +373,9 @@ def test_drafts_never_run_past_the_context(rt):
                               sampling=GREEDY, max_tokens=500).result()
     assert out["ngram"].tokens == out["off"].tokens and out["ngram"].finish_reason == "length"
     assert out["ngram"].n_drafted_tokens > 0
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_a_message(rt):
+    with pytest.raises(InvalidRequest, match="has no multi-token-prediction layers"):
+        rt.load(rt.spec("fake://plain", speculative="mtp"))
+    assert not [m for m in rt.status()["models"] if m["path"] == "fake://plain"]
