@@ -84,7 +84,7 @@ def attach_draft(model: Any, dspec: LoadSpec, get: Callable[[], Any]) -> None:
     if not hasattr(draft, "vocab"):
         raise InvalidRequest(f"The draft model {draft.name} runs in another engine; a draft model must run here.")
     check_vocab(model, draft)
-    model.draft_source = DraftSource(dspec.path, get)
+    model.draft_source = DraftSource(dspec.path, lambda: get() if model.alive else None)
 
 
 class DraftSource:
@@ -94,7 +94,9 @@ class DraftSource:
 
     def __init__(self, model: str, get: Callable[[], Any]):
         self.model = model      # the draft file, as the target's speculative setting names it
-        self._get = get         # the draft Model from the store (loads it again after an unload)
+        #: the draft Model from the store (loads it again after an eviction); None once the target
+        #: is closing, so that an unload does not load the draft model again
+        self._get = get
 
     def new_drafter(self) -> ModelDrafter:
         return ModelDrafter(self)
@@ -123,7 +125,8 @@ class ModelDrafter:
         try:
             req = GenerationRequest(TokenPrompt(tuple(self.seq)), max_tokens=k, sampling=replace(GREEDY, seed=0),
                                     confidence=NO_CONFIDENCE, priority=priority, speculative="off")
-            self._stream = self.source.model_now().submit(req)
+            draft = self.source.model_now()
+            self._stream = draft.submit(req) if draft is not None else None
         except A3BError as e:
             self._fail(e)
 
