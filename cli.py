@@ -22,7 +22,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
@@ -65,24 +64,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
     add_argument(p, opt.MMPROJ, metavar="FILE|auto|off")
+    add_argument(p, opt.SPECULATIVE, metavar="MODE")
+    add_argument(p, opt.DRAFT_MAX, metavar="N")
 
 
 def _spec(rt, args):
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                   ctx_policy=args.ctx_policy, **({"mmproj": args.mmproj} if getattr(args, "mmproj", None) else {}))
-
-
-def _images(paths: Sequence[str] | None) -> tuple:
-    """--image FILE arguments as image parts (read now: a missing file is a usage error)."""
-    from .runtime.requests import ImagePart
-
-    parts = []
-    for path in paths or ():
-        try:
-            parts.append(ImagePart(data=Path(path).expanduser().read_bytes()))
-        except OSError as e:
-            raise InvalidRequest(f"Cannot read the image {path}: {e.strerror or e}.") from None
-    return tuple(parts)
+                   ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max,
+                   **({"mmproj": args.mmproj} if getattr(args, "mmproj", None) else {}))
 
 
 def _one_line(error: BaseException) -> str:
@@ -112,7 +101,7 @@ def cmd_generate(args) -> int:
                             insert_marker=args.mark_low_confidence)
     prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
     t0 = time.perf_counter()
-    images = _images(args.image)
+    images = cliwords.read_images(args.image)
     stream = rt.submit(prompt, model=spec, system=args.system, chat=not args.raw, max_tokens=args.max_tokens,
                        sampling=sampling, stop=args.stop or (), confidence=conf, template=args.template,
                        images=images, **cli_reasoning.request_kwargs(args))

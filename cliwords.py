@@ -12,6 +12,8 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from .runtime.errors import InvalidRequest
 
@@ -83,9 +85,11 @@ def summary(result, seconds: float) -> str:
     """The line after a streamed generation: tokens, speed, first token, prompt, seed, finish reason,
     low-confidence spans, reasoning tokens (of a thinking model) and the time in all."""
     reasoning = f"{result.n_reasoning_tokens} reasoning tokens, " if result.n_reasoning_tokens else ""
+    drafted = getattr(result, "n_drafted_tokens", 0)
+    drafts = f"{result.n_accepted_tokens} of {drafted} drafted tokens accepted, " if drafted else ""
     return (f"[{result.n_tokens} tokens, {result.tokens_per_second:.1f} tokens/s, time to first token "
             f"{result.time_to_first_token * 1000:.0f} ms, prompt {result.n_prompt_tokens} tokens, "
-            f"seed {result.seed}, {result.finish_reason}, {spans(len(result.spans))}, {reasoning}"
+            f"seed {result.seed}, {result.finish_reason}, {spans(len(result.spans))}, {reasoning}{drafts}"
             f"total {seconds:.2f} s]")
 
 
@@ -163,3 +167,16 @@ def model_file(ref: str) -> str:
         return str(resolve_model(ref))
     except ModelNotFound:
         return ref
+
+
+def read_images(paths: Sequence[str] | None) -> tuple:
+    """--image FILE arguments as image parts (read now: a missing file is a usage error)."""
+    from .runtime.requests import ImagePart
+
+    parts = []
+    for path in paths or ():
+        try:
+            parts.append(ImagePart(data=Path(path).expanduser().read_bytes()))
+        except OSError as e:
+            raise InvalidRequest(f"Cannot read the image {path}: {e.strerror or e}.") from None
+    return tuple(parts)

@@ -32,7 +32,8 @@ class ModelActions:
         conf = ConfidenceConfig(enabled=confidence, threshold=s.settings.confidence_threshold)
         stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens, confidence=conf,
                                     sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
-                                    thinking=s.settings.thinking, reasoning_budget=s.settings.reasoning_budget)
+                                    thinking=s.settings.thinking, reasoning_budget=s.settings.reasoning_budget,
+                                    speculative=s.settings.speculative)
         result = asyncio.get_running_loop().run_in_executor(s.engine.executor, stream.result)
         try:
             return await asyncio.shield(result)

@@ -202,7 +202,7 @@ class Completer:
             prompt.sent, model=self.spec(), max_tokens=max_tokens,
             sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE, thinking="off",
             confidence=ConfidenceConfig(enabled=True, threshold=s.confidence_threshold),
-            on_token=g.on_token)
+            speculative=s.speculative, on_token=g.on_token)
         self.gen = g
         self.engine.stats.count("generations")
         fut = loop.run_in_executor(self.engine.executor, _wait_stream, g.stream)

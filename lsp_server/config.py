@@ -38,6 +38,7 @@ MAX_DOCUMENT_BYTES = Option("max_document_bytes", int, 32 * 1024 * 1024, "Larger
 WARM = Option("warm", bool, True, "Read a completion's prompt in the background when the cursor rests.")
 #: A quick fix waits for its reasoning: thinking is off unless asked for, and bounded when on.
 THINKING = replace(opt.THINKING, default="off")
+SPECULATIVE = opt.SPECULATIVE.or_none()
 REASONING_BUDGET = replace(opt.REASONING_BUDGET, default=256, help="With thinking on: most reasoning tokens of a "
                            "quick fix or an explanation (null = no limit but the context).")
 
@@ -71,6 +72,9 @@ class Settings:
     #: waits for them.
     thinking: str = THINKING.default
     reasoning_budget: int | None = REASONING_BUDGET.default
+    #: Speculative decoding of this editor's requests; None = as the model was loaded (n-gram
+    #: lookup unless told otherwise)
+    speculative: str | None = SPECULATIVE.default
 
 
 #: protocol name -> (field name, the option that declares it)
@@ -92,6 +96,7 @@ _KEYS: dict[str, tuple[str, Option]] = {
     "warm": ("warm", WARM),
     "thinking": ("thinking", THINKING),
     "reasoningBudget": ("reasoning_budget", REASONING_BUDGET),
+    "speculative": ("speculative", SPECULATIVE),
 }
 
 
@@ -101,6 +106,8 @@ def valid(option: Option, value: Any) -> bool:
         return True
     try:
         check(option, value)
+        if option is SPECULATIVE and value is not None:
+            opt.parse_speculative(value)
     except InvalidRequest:
         return False
     return True

@@ -22,7 +22,7 @@ from .engine import Model, engine_for, scheme_of
 from .errors import InvalidRequest, ModelUnloaded
 from .generation import ConfidenceConfig, GenerationResult, GenerationStream, PRIORITY_BATCH, SamplingParams, TokenEvent
 from .locate import resolve_model
-from .options import NORMALIZE, POOLING, LoadSpec
+from .options import NORMALIZE, POOLING, LoadSpec, parse_speculative
 from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,
                        TokenPrompt, check_text)
 from .store import ModelStore
@@ -30,7 +30,8 @@ from .store import ModelStore
 log = logging.getLogger("a3b")
 
 #: GenerationRequest fields `Runtime.request` passes on by name
-THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar"})
+THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar",
+                             "speculative", "draft_max"})
 
 
 class Runtime:
@@ -47,6 +48,8 @@ class Runtime:
              **options: Any) -> LoadSpec:
         """A LoadSpec for a model reference (path, name in a model folder, or None = default)."""
         options = {k: v for k, v in options.items() if v is not None}
+        if isinstance(options.get("speculative"), str):
+            options["speculative"] = _draft_resolved(options["speculative"], restrict)
         if isinstance(model, LoadSpec):
             spec = replace(model, **options) if options else model
             spec.validate()
@@ -109,7 +112,7 @@ class Runtime:
         one user message after `system` (with `images`, ImageParts, before its text), and chat=False
         as plain text to continue. `thinking` holds
         the request's other fields by name (thinking, reasoning_budget, max_total_tokens,
-        json_schema, grammar)."""
+        json_schema, grammar, speculative, draft_max)."""
         unknown = set(thinking) - THINKING_FIELDS
         if unknown:
             raise InvalidRequest(f"Unknown request setting(s): {', '.join(sorted(unknown))}.")
@@ -212,6 +215,17 @@ class Runtime:
             except Exception as e:  # noqa: BLE001 - a broken status provider must not fail the status report
                 out[name] = {"error": str(e)}
         return out
+
+
+def _draft_resolved(speculative: str, restrict: bool) -> str:
+    """`speculative` with a draft model's name resolved to its file, as the target's name is."""
+    mode, name = parse_speculative(speculative)
+    if mode != "draft":
+        return speculative
+    if scheme_of(name) is not None:   # another engine's model (the fake engine's in tests)
+        engine_for(name).check_reference(name, restrict)
+        return f"draft:{name}"
+    return f"draft:{resolve_model(name, restrict=restrict)}"
 
 
 _runtime: Runtime | None = None

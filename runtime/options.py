@@ -239,6 +239,37 @@ CTX_POLICY = Option("ctx_policy", str, "warn",
                     "When the context asked for exceeds the model's trained context: load and log a warning "
                     "(warn), or stop with an error (refuse).", choices=CTX_POLICIES)
 
+#: The speculative modes: no drafts; n-gram lookup in the request's prompt and output; a draft
+#: model (`draft:MODEL`); the model's own multi-token-prediction layers; auto (n-gram lookup).
+SPECULATIVE_MODES = ("off", "ngram", "draft", "mtp", "auto")
+
+
+def parse_speculative(value: str | None) -> tuple[str, str | None]:
+    """("off" | "ngram" | "draft" | "mtp" | "auto", the draft model or None) of a `speculative`
+    setting; InvalidRequest naming what is taken otherwise."""
+    if value is None:
+        return "auto", None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"speculative must be text (off, ngram, draft:MODEL, mtp, auto), got {value!r}")
+    head, sep, model = value.strip().partition(":")
+    head = head.lower()
+    if head == "draft":
+        if not sep or not model.strip():
+            raise InvalidRequest("speculative=draft needs a model: draft:MODEL (a GGUF path or name with the "
+                                 "same vocabulary).")
+        return "draft", model.strip()
+    if sep or head not in SPECULATIVE_MODES:
+        raise InvalidRequest(f"speculative must be one of off, ngram, draft:MODEL, mtp, auto; got {value!r}")
+    return head, None
+
+
+SPECULATIVE = Option("speculative", str, "auto",
+                     "Speculative decoding: off; ngram (drafts looked up in the prompt and the answer so far); "
+                     "draft:MODEL (a smaller model with the same vocabulary drafts); mtp (the model's own "
+                     "multi-token-prediction layers); auto (ngram). Greedy output is the same either way.")
+DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and step (speculative decoding).",
+                   min=1, max=64)
+
 # -- sampling (SamplingParams) ------------------------------------------------------------------------------
 TEMPERATURE = Option("temperature", float, 0.4, "Sampling temperature; 0 = always the likeliest token.",
                      min=0.0, max=2.0, step=0.05)   # OpenAI's range
@@ -324,7 +355,7 @@ IMAGE_MAX_BYTES = Option("image_max_bytes", int, 32 << 20,
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
-                                     CTX_POLICY)}
+                                     CTX_POLICY, SPECULATIVE, DRAFT_MAX)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
@@ -364,9 +395,13 @@ class LoadSpec:
     mmproj: str = MMPROJ.default
     #: "warn" loads, logs a warning and reports it in status; "refuse" raises ContextTooLarge
     ctx_policy: str = CTX_POLICY.default
+    #: see speculative.py
+    speculative: str = SPECULATIVE.default
+    draft_max: int = DRAFT_MAX.default
 
     def validate(self) -> None:
         check_fields(self, LOAD_OPTIONS)
+        parse_speculative(self.speculative)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

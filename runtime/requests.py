@@ -25,8 +25,9 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams, check_stops
-from .options import JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
+from .options import DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
 from .scheduler import PRIORITY_BATCH
+from .speculative import parse_mode
 
 Message = dict[str, Any]
 
@@ -260,6 +261,9 @@ class GenerationRequest:
     #: Structured output: a JSON schema the answer follows, or a GBNF grammar (not both)
     json_schema: dict[str, Any] | None = JSON_SCHEMA.default
     grammar: str | None = None
+    #: Speculative decoding for this request (options.py: SPECULATIVE, DRAFT_MAX); None = the model's
+    speculative: str | None = None
+    draft_max: int | None = None
 
     def __post_init__(self):
         if isinstance(self.prompt, str):
@@ -287,6 +291,9 @@ class GenerationRequest:
             raise InvalidRequest("grammar must be GBNF text.")
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidRequest("Give a json_schema or a grammar, not both.")
+        if self.speculative is not None:
+            parse_mode(self.speculative)
+        check(DRAFT_MAX.or_none(), self.draft_max)
 
 
 def check_text(what: str, text: str) -> None:

@@ -27,6 +27,9 @@ Rules, in the order they apply:
 * **Units** (units.py: an image) are fed whole as embeddings, in an entry that takes no row of the
   token batch; text stops at a unit's start. A unit beyond the chunk size is still one unit (an editor
   waits for at most one); entries and trims carry positions (M-RoPE units take fewer than their tokens).
+* **Speculation** (speculative.py) takes only the batch room left once every job has its share
+  (`_grant_drafts`); riders beside editors draft nothing, and while editors are active batch work
+  drafts at most `yield_tokens` a step: one small pack. Rejected drafts are trimmed (`settle`).
 * **Embeddings** run one small pack of texts per step. Work of the same priority class takes turns
   (a pack, then a decode step); work of a lower class waits.
 * **Editors wait for one small pack at most.** The class that runs is the highest among running,
@@ -51,7 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .steps import Admission, DecodeStep, EmbedStep, Entry, Trim
 from .units import Units
+
+__all__ = ["Admission", "DecodeStep", "EmbedJob", "EmbedStep", "Entry", "Job", "Policy", "Slot", "Trim"]
 
 #: Priorities: higher runs first.
 PRIORITY_BATCH = 0
@@ -96,10 +102,16 @@ class Job:
         self.batch_waited = False          # an interactive job: it has had its one wait for batch work
         #: units of the prompt fed as embeddings: {index in seq: unit with n_tokens and n_pos}
         self.units = Units(units)
+        self.drafted = 0                   # speculative decoding: tokens drafted, and accepted
+        self.accepted = 0
 
     def position(self, index: int) -> int:
         """The position of `seq[index]` (units.py)."""
         return self.units.position(index)
+
+    def draft_room(self) -> int:
+        """Tokens this job would like to draft beside its next token (speculative decoding; 0: none)."""
+        return 0
 
     @property
     def promoted(self) -> bool:
@@ -133,72 +145,6 @@ class EmbedJob:
     @property
     def promoted(self) -> bool:
         return self.priority > self.base_priority
-
-
-@dataclass
-class Trim:
-    """Drop a slot's KV cache from position `keep` on (`keep=0`: all of it)."""
-
-    seq_id: int
-    keep: int
-    #: the position `keep` stands at, where it differs (units with fewer positions than tokens)
-    pos: int | None = None
-
-    @property
-    def position(self) -> int:
-        return self.keep if self.pos is None else self.pos
-
-
-@dataclass
-class Entry:
-    """One job's share of a decode step: tokens `job.seq[start:start + count]` at their positions.
-
-    `output` is the row of the step's logits for the job's last token when the step ends its prompt
-    (or it is decoding), else None: only those rows are sampled.
-    """
-
-    job: Job
-    start: int
-    count: int
-    output: int | None = None
-    #: the position of the first token (None: `start`)
-    pos: int | None = None
-    #: a unit fed as embeddings (an image) instead of token ids
-    unit: Any = None
-
-    @property
-    def position(self) -> int:
-        return self.start if self.pos is None else self.pos
-
-    def tokens(self) -> list[int]:
-        return self.job.seq[self.start:self.start + self.count]
-
-
-@dataclass
-class DecodeStep:
-    entries: list[Entry]
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(e.count for e in self.entries)
-
-
-@dataclass
-class EmbedStep:
-    job: EmbedJob
-    first: int          # index of the first text of this pack
-    count: int
-
-
-@dataclass
-class Admission:
-    """What `admit` decided: trims to apply before the next decode, and jobs that left the queue."""
-
-    trims: list[Trim] = field(default_factory=list)
-    dropped: list[Job] = field(default_factory=list)      # cancelled while waiting: finish them
-    dropped_embeds: list[EmbedJob] = field(default_factory=list)   # likewise
-    preempted: list[Job] = field(default_factory=list)    # paused, back in the queue
-    first_placed: list[Job] = field(default_factory=list) # placed for the first time (n_cached is set)
 
 
 class Policy:
@@ -429,7 +375,34 @@ class Policy:
             entries.append(e)
             job.took = take
             budget -= take
+        self._grant_drafts(entries, gens, budget, top)
         return DecodeStep(entries) if entries else None
+
+    def _grant_drafts(self, entries: list[Entry], gens: list[Job], budget: int, top: int) -> None:
+        """Speculative decoding takes only what the batch has left once every planned job has its
+        share, the higher class first, then the oldest; riders beside editors draft nothing, and
+        while editors are active the batch class drafts at most `yield_tokens` a step in all."""
+        if top < PRIORITY_INTERACTIVE and self.editors_active():
+            budget = min(budget, self.yield_tokens)
+        top_jobs = set(map(id, gens))
+        for e in sorted(entries, key=lambda e: (-e.job.priority, e.job.id)):
+            if budget <= 0:
+                break
+            if e.output is None or e.count != 1 or id(e.job) not in top_jobs:
+                continue
+            e.room = max(0, min(e.job.draft_room(), budget))
+            budget -= e.room
+
+    def settle(self, job: Job, slot: Slot | None, accepted: int) -> Trim | None:
+        """After a step with drafts: `accepted` of `job`'s drafted tokens are its own now, the rest
+        leave its slot. `slot`: where the step decoded it (released meanwhile: its cache stays as is)."""
+        if slot is None or job.slot is not slot:
+            return None
+        job.fed += accepted
+        if len(slot.tokens) <= job.fed:
+            return None
+        del slot.tokens[job.fed:]
+        return Trim(slot.seq_id, job.fed, job.position(job.fed) if job.units else None)
 
     def embedded(self, step: EmbedStep) -> bool:
         """Record a finished pack; True when the job has embedded all its texts."""
@@ -476,13 +449,9 @@ def _holds_batch_unit(step: DecodeStep | EmbedStep | None) -> bool:
     token is not one: it adds a row to a batch that runs anyway)."""
     if isinstance(step, EmbedStep):
         return step.job.base_priority < PRIORITY_INTERACTIVE
-    return step is not None and any(e.job.base_priority < PRIORITY_INTERACTIVE and e.count > 1
+    return step is not None and any(e.job.base_priority < PRIORITY_INTERACTIVE and (e.count > 1 or e.room > 0)
                                     for e in step.entries)
 
 
 def common_prefix(a: list[Any], b: list[Any]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -27,7 +27,8 @@ from .engine import Engine, Model, Weights, engine_for
 from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
-from .options import LoadSpec
+from .options import LoadSpec, parse_speculative
+from .draftmodel import attach_draft, check_mtp, draft_spec
 
 log = logging.getLogger("a3b.store")
 #: the n_gpu_layers that leaves the placement to the runtime
@@ -217,6 +218,16 @@ class ModelStore:
         self._refs[key] += 1
         self.context_creations += 1
         self._entries[spec] = _Entry(spec, model, key, kv, warnings)
+        dspec = draft_spec(spec)
+        if dspec is not None or parse_speculative(spec.speculative)[0] == "mtp":
+            try:   # speculative decoding with a draft model: an entry of its own
+                if dspec is not None:
+                    attach_draft(model, dspec, lambda: self.get(dspec))
+                else:
+                    check_mtp(model)
+            except BaseException:
+                self._drop(spec, "its draft model could not be used")
+                raise
         self._notify("loaded", spec)
         return model
 

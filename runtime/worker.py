@@ -20,52 +20,24 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import chat as chatmod
-from . import fim, imageprompt, memory, reasoning, thinking
+from . import fim, imageprompt, memory, prompting, reasoning, thinking
 from .engine import Backend, DecodeFailed, LocalWeights, Model
-from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong, VisionUnavailable
+from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
 from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
-from .requests import ChatPrompt, GenerationRequest, InfillPrompt, Prompt, TextPrompt, TokenPrompt, prompt_images
-from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim
+from .requests import ChatPrompt, GenerationRequest, Prompt
+from .jobs import EmbedRequest, GenJob
+from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Entry, Policy, Trim
+from .speculative import StepCost
+from . import drafting
 
 log = logging.getLogger("a3b.worker")
-
-
-class GenJob(Job):
-    """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
-
-    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int, asm: ChannelAssembler,
-                 budget: int | None = None, grammar: str | None = None, units: dict[int, Any] | None = None):
-        super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled, units=units)
-        self.stream = stream
-        self.req: GenerationRequest = stream.request
-        self.seed = seed
-        self.sampler: Any = None   # made on the worker thread at the first sample
-        self.n_gen = 0
-        self.asm = asm
-        #: reasoning tokens after which the block is closed (None: no limit)
-        self.budget = budget
-        #: the answer's grammar (GBNF), in the sampler chain once the answer channel has begun
-        self.grammar = grammar
-        self.grammar_live = False
-        self.t_first: float | None = None
-        self.t_last: float | None = None
-
-
-@dataclass(eq=False)
-class EmbedRequest(EmbedJob):
-    normalize: bool = True
-    out: np.ndarray | None = None
-    error: BaseException | None = None
-    finished: threading.Event = field(default_factory=threading.Event)
 
 
 class LoadedModel(Model):
@@ -89,6 +61,10 @@ class LoadedModel(Model):
             if info is not None:
                 self.features["projector"] = Path(info.path).name
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
+        #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
+        self.step_cost = StepCost()
+        #: the draft model this one drafts with (draftmodel.py), set by the store; None: none
+        self.draft_source: Any = None
         self._lock = threading.Condition()
         self._closing: str | None = None
         self.closed = threading.Event()
@@ -118,44 +94,14 @@ class LoadedModel(Model):
     def render_chat(self, prompt: ChatPrompt, messages: list | None = None) -> str:
         """The chat as the prompt text the model reads (its own template, or the named one); images
         as the projector's marker."""
-        v = self.vocab
-        if messages is None:   # images as the marker; a text-only chat's text is text, marker or not
-            vision = self.vision if prompt_images(prompt) else None
-            messages = imageprompt.render_messages(prompt, vision.marker if vision else "")[0]
-        return chatmod.render(list(messages), gguf_template=self.info.chat_template, template=prompt.template,
-                              bos=v.token_text(v.bos) if v.bos >= 0 else "",
-                              eos=v.token_text(v.eos) if v.eos >= 0 else "", tokenizer_adds_bos=v.add_bos,
-                              variables=prompt.variables, tools=prompt.tools)
+        return prompting.render_chat(self, prompt, messages)
 
     def prompt_tokens(self, prompt: Prompt, max_tokens: int = 0) -> list[int]:
         """The token ids `prompt` becomes for this model (an infill prompt fitted beside
         `max_tokens`), as submit feeds them."""
-        tokens, _, units = self._prompt(prompt, max_tokens)
+        tokens, _, units = prompting.prompt(self, prompt, max_tokens)
         imageprompt.free_units(units)
         return tokens
-
-    def _prompt(self, prompt: Prompt, max_tokens: int = 0) -> tuple[list[int], str, dict[int, Any]]:
-        """(token ids, the rendered chat text or "", the images: {index: unit}) of `prompt`; an
-        image's tokens are placeholders (imageprompt.py). The caller frees the units."""
-        v = self.vocab
-        if isinstance(prompt, TokenPrompt):
-            return list(prompt.tokens), "", {}
-        if isinstance(prompt, TextPrompt):
-            return v.tokenize(prompt.text, add_bos=prompt.add_bos and v.add_bos, special=prompt.parse_special), "", {}
-        if isinstance(prompt, ChatPrompt):
-            if not prompt_images(prompt):
-                text = self.render_chat(prompt)
-                return v.tokenize(text, add_bos=v.add_bos, special=True), text, {}
-            vision = self.vision
-            if vision is None:
-                raise VisionUnavailable(imageprompt.no_vision_message(self.name))
-            messages, parts = imageprompt.render_messages(prompt, vision.marker)
-            text = self.render_chat(prompt, messages)
-            tokens, units = imageprompt.tokens_with_images(vision, text, parts, v.add_bos, self.spec.n_batch)
-            return tokens, text, units
-        if isinstance(prompt, InfillPrompt):
-            return fim.build(prompt, v, self.n_ctx_seq, max_tokens), "", {}
-        raise InvalidRequest(f"Not a prompt: {type(prompt).__name__}")
 
     def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
         return len(self.prompt_tokens(prompt))
@@ -166,7 +112,7 @@ class LoadedModel(Model):
         how = thinking.plan(self.info.chat_template, request)
         grammar = self.backend.compile_grammar(request.json_schema, request.grammar) \
             if request.json_schema is not None or request.grammar is not None else None
-        tokens, text, units = self._prompt(how.prompt, request.max_tokens)
+        tokens, text, units = prompting.prompt(self, how.prompt, request.max_tokens)
         try:
             return self._submit(request, on_token, how, grammar, tokens, text, units)
         except BaseException:
@@ -201,6 +147,9 @@ class LoadedModel(Model):
                      grammar, units)
         if units:
             self.stats["images"] += len(units)
+        job.n_ctx_seq = self.n_ctx_seq
+        # no drafts over a prompt with images: its placeholder ids are no tokens a drafter may propose
+        job.drafter, job.control = (None, None) if units else drafting.for_request(self, request)
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -286,6 +235,8 @@ class LoadedModel(Model):
                         self.policy.release(job)
                     step = self.policy.next_step()
                 self._apply(adm)
+                if isinstance(step, DecodeStep):
+                    drafting.fill(step)
                 memory.release(busy=True)   # rate-limited: a few ms every half minute
                 if isinstance(step, EmbedStep):
                     self._embed(step)
@@ -342,6 +293,7 @@ class LoadedModel(Model):
                 with self._lock:
                     self.policy.decoded(step)
                 return
+        t0 = time.perf_counter()
         try:
             self.backend.decode(step)
         except DecodeFailed as e:
@@ -357,23 +309,60 @@ class LoadedModel(Model):
                 with self._lock:
                     self._closing = self._closing or f"decode failed: {e}"
             return
+        if all(e.count == 1 for e in step.entries):   # decoding rows (and drafts), no prompt chunk
+            self.step_cost.record(step.n_tokens, len(step.entries), time.perf_counter() - t0)
         with self._lock:
             self.policy.decoded(step)
         self.stats["decode_calls"] += 1
         self.stats["decoded_tokens"] += step.n_tokens
         now = time.perf_counter()
-        outs = [e for e in step.entries if e.output is not None]
+        self._verify([e for e in step.entries if e.output is not None], now)
+
+    def _verify(self, outs: list[Entry], now: float) -> None:
+        """Sample every output row of the step, and verify drafts: round r samples row `output + r` of
+        each entry still verifying, in order, with the request's own sampler (speculative.py says why
+        that is exact); an entry goes on while its draw equals its r-th drafted token and nothing ended
+        or changed the request (a stop, a limit, a closed reasoning block). Then the rejected drafts
+        leave the KV cache."""
+        slots = {id(e): e.job.slot for e in outs}
+        matched = dict.fromkeys(map(id, outs), 0)
+        made = dict.fromkeys(map(id, outs), 0)
+        active, r = outs, 0
+        while active:
+            for e in active:
+                if e.job.sampler is None:
+                    e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
+                    e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
+                                                             e.job.grammar if e.job.grammar_live else None)
+            sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
+                                                for e in active])
+            going = []
+            for e, (tok, ent) in zip(active, sampled):
+                job = e.job
+                lp = None
+                if job.req.logprobs is not None and not self.vocab.is_eog(tok):
+                    lp = self.backend.logprobs(e.output + r, tok, job.req.logprobs)
+                n_seq = len(job.seq)
+                hit = r < len(e.draft) and tok == e.draft[r]
+                if r == 0:
+                    job.drafted += len(e.draft)
+                if hit:   # counted before _took: the result may be made there
+                    matched[id(e)] += 1
+                    job.accepted += 1
+                self._took(job, tok, ent, now, lp)
+                made[id(e)] += 1
+                if hit and job.slot is not None and len(job.seq) == n_seq + 1:
+                    going.append(e)
+            active, r = going, r + 1
         for e in outs:
-            if e.job.sampler is None:
-                e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
-                e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
-                                                         e.job.grammar if e.job.grammar_live else None)
-        sampled = self.backend.sample_rows([(e.job.sampler, e.output, e.job.req.confidence.enabled) for e in outs])
-        for e, (tok, ent) in zip(outs, sampled):
-            lp = None
-            if e.job.req.logprobs is not None and not self.vocab.is_eog(tok):
-                lp = self.backend.logprobs(e.output, tok, e.job.req.logprobs)
-            self._took(e.job, tok, ent, now, lp)
+            if e.draft:
+                with self._lock:
+                    trim = self.policy.settle(e.job, slots[id(e)], matched[id(e)])
+                self._trim(trim)
+                self.stats["drafted_tokens"] += len(e.draft)
+                self.stats["accepted_tokens"] += matched[id(e)]
+            if e.job.control is not None:
+                e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
 
     def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
               lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
@@ -437,7 +426,7 @@ class LoadedModel(Model):
         gen = job.seq[len(job.prompt_tokens):]
         job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
                              n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
-                             t_first=job.t_first, t_last=job.t_last)
+                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted)
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:

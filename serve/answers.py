@@ -59,8 +59,12 @@ def text_logprobs(events: list[TokenEvent], offset: int = 0) -> dict:
 
 
 def usage(res: GenerationResult) -> dict:
+    """OpenAI's usage object; drafted tokens the model accepted are `accepted_prediction_tokens` and the
+    rejected ones `rejected_prediction_tokens`, as OpenAI reports predicted outputs."""
     return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
-            "total_tokens": res.n_prompt_tokens + res.n_tokens}
+            "total_tokens": res.n_prompt_tokens + res.n_tokens,
+            "completion_tokens_details": {"accepted_prediction_tokens": res.n_accepted_tokens,
+                                          "rejected_prediction_tokens": res.n_drafted_tokens - res.n_accepted_tokens}}
 
 
 def final(kind: str, model_id: str, rid: str, res: GenerationResult, events: list[TokenEvent],

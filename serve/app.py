@@ -38,7 +38,7 @@ from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPromp
 from . import answers, bridge
 from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
-from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, stops_of
+from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, speculative_of, stops_of
 
 log = logging.getLogger("a3b.serve")
 
@@ -244,7 +244,7 @@ class Api:
             max_tokens = None if max_tokens in (-1, 0) else max_tokens
         return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
-                    confidence=ConfidenceConfig(enabled=True))
+                    confidence=ConfidenceConfig(enabled=True), **speculative_of(body))
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:

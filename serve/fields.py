@@ -132,3 +132,16 @@ def logprobs_of(body: dict, chat: bool) -> int | None:
     if body.get("logprobs") is None or body.get("logprobs") is False:
         return None
     return int_field(body, "logprobs", opt.LOGPROBS, 0)
+
+
+def speculative_of(body: dict) -> dict:
+    """The request's speculative decoding fields (options.py: speculative, draft_max), where given."""
+    out: dict = {}
+    value = body.get(opt.SPECULATIVE.name)
+    if value is not None:
+        check(opt.SPECULATIVE, value)
+        opt.parse_speculative(value)
+        out["speculative"] = value
+    if body.get(opt.DRAFT_MAX.name) is not None:
+        out["draft_max"] = int_field(body, opt.DRAFT_MAX.name, opt.DRAFT_MAX)
+    return out

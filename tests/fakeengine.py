@@ -30,6 +30,12 @@ Model references: `fake://NAME[?key=value&...]` with keys
                       default 4); what the model writes is shifted by the images it has read, so
                       another image gives other text
     encode_ms=N       sleep this long in every image encode (a slow vision tower)
+    position=1        the text follows the sequence's length, not the tokens generated: two such models
+                      agree on what comes next whatever prompt they read (a draft model's test)
+    n_vocab=N         report a vocabulary of N tokens (a draft model that does not fit)
+    speculative=MODE  load it with this speculative setting whatever the spec says (its text repeats,
+                      so n-gram drafts make a slow fake fast: tests that time a long generation
+                      turn that off)
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import hashlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -77,6 +83,9 @@ class FakeSettings:
     vision: bool = False
     image_tokens: int = 4
     encode_ms: float = 0.0
+    speculative: str | None = None
+    position: bool = False
+    n_vocab: int = N_VOCAB
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -92,7 +101,9 @@ class FakeSettings:
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
                    gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
                    think=q.get("think"), think_loop=q.get("think_loop") == "1", vision=q.get("vision") == "1",
-                   image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)))
+                   image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
+                   speculative=q.get("speculative"), position=q.get("position") == "1",
+                   n_vocab=int(q.get("n_vocab", N_VOCAB)))
 
 
 class FakeVocab:
@@ -149,9 +160,10 @@ class FakeWeights:
     def __init__(self, spec, settings: FakeSettings):
         self.settings = settings
         self.vocab = FakeVocab(settings.fim)
+        self.vocab.n_vocab = settings.n_vocab
         self.size_bytes = 1 << 20
         self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
-                              n_ctx_train=settings.n_ctx_train, n_vocab=N_VOCAB, n_embd=N_EMBD, n_layer=1,
+                              n_ctx_train=settings.n_ctx_train, n_vocab=settings.n_vocab, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes,
                               chat_template=templates.BY_NAME.get(settings.template, CHATML),
                               special_tokens=self.vocab.special_tokens(), add_bos=True, engine="fake",
@@ -270,10 +282,13 @@ class FakeBackend:
                 self.images_decoded.append((e.job.slot.seq_id, e.start, e.unit.digest))
                 continue
             assert all(t >= 0 for t in e.tokens()), "a text entry over an image's placeholders"
-            n += e.count
+            n += e.count + len(e.draft)
             if e.output is not None:
-                assert e.output == n - 1, "an output row that is not the entry's last token"
-                self.rows[e.output] = list(kv)
+                assert e.output == n - 1 - len(e.draft), "an output row that is not the entry's last token"
+                for j in range(len(e.draft) + 1):   # the last token's row, then one per drafted token
+                    self.rows[e.output + j] = kv[:len(kv) - len(e.draft) + j]
+            else:
+                assert not e.draft, "drafts on an entry without an output row"
 
     def _history(self, row: int) -> list[int]:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
@@ -293,6 +308,8 @@ class FakeBackend:
         if s.eos_after is not None and n_gen >= s.eos_after:
             return EOS
         data = s.text.encode("utf-8")
+        if s.position:
+            return OFFSET + data[len(history) % len(data)]
         if s.think is None:   # images read shift the text: another image, other text
             shift = sum(-t for t in history if t < 0) % len(data)
             return OFFSET + data[(n_gen + shift) % len(data)]
@@ -397,6 +414,8 @@ class FakeEngine(Engine):
     def open_model(self, weights: FakeWeights, spec) -> LoadedModel:
         b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
+        if weights.settings.speculative is not None:
+            spec = replace(spec, speculative=weights.settings.speculative)
         return LoadedModel(weights, b, spec)
 
     def kv_bytes(self, weights, spec) -> int:

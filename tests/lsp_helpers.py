@@ -16,7 +16,7 @@ SERVER = [sys.executable, "-m", "comfyui_a3b.cli", "lsp"]
 FAKE_SERVER = [sys.executable, str(Path(__file__).resolve().parent / "fakeserver.py"), "lsp"]
 #: the fake model of the language server tests writes this line (it completes "    return len"),
 #: 8 ms a token, so a long generation can be caught and cancelled
-FAKE_MODEL = "fake://code?text=(text.split())%0A&delay_ms=8"
+FAKE_MODEL = "fake://code?text=(text.split())%0A&delay_ms=8&speculative=off"
 
 
 @dataclass

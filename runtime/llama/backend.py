@@ -160,9 +160,13 @@ class LlamaBackend:
                                        fatal=rc < -1)
         if not texts:
             return
-        fill_batch(self.batch, ((t, e.position + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
+        # logits for an entry's last token and for each token drafted after it (speculative decoding)
+        fill_batch(self.batch, ((t, e.position + k, e.job.slot.seq_id, e.output is not None and k >= e.count - 1)
                                 for e in texts for k, t in enumerate(e.tokens())))
-        tokens = sum(e.count for e in texts)
+        tokens = sum(e.count + len(e.draft) for e in texts)
+        # drafted tokens are no prompt chunk: verified beside a request's token, their thread count
+        # is the tuner's (on 2 shared cores an extra drafted token cost 2 single-token steps on the
+        # prompt threads, 0.5-0.7 on the decode ones)
         chunk = any(e.count > 1 for e in texts)
         want = self.tuner.choose(tokens, chunk)
         if want != self._batch_threads:

@@ -110,6 +110,8 @@ class Weights:
             self.n_head_kv = L.llama_model_n_head_kv(ptr)
             self.size_bytes = int(L.llama_model_size(ptr))
             self.has_encoder = bool(L.llama_model_has_encoder(ptr))
+        #: multi-token-prediction ("nextn") layers the file carries (qwen35 and qwen35moe GGUFs may)
+        self.n_layer_nextn = 0 if vocab_only else int(getattr(L, "llama_model_n_layer_nextn", lambda _: 0)(ptr))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab_ptr))
         self.bos = L.llama_vocab_bos(self.vocab_ptr)
         self.eos = L.llama_vocab_eos(self.vocab_ptr)

@@ -1,0 +1,51 @@
+"""Which drafter a request gets, and filling a decode step's drafts (speculative decoding).
+
+The worker asks `for_request` once per request: the request's `speculative` setting (else the
+model's LoadSpec) picks n-gram lookup, the model's draft model (loaded with the model, see
+`LoadedModel.draft_source`), or nothing. `fill` runs on the worker thread between planning a step
+and decoding it: every entry the policy granted room gets that many drafted tokens at most.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidRequest
+from .scheduler import DecodeStep
+from .speculative import NgramDrafter, SpecControl, parse_mode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .requests import GenerationRequest
+
+
+def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecControl | None]:
+    """(drafter, K policy) for `request` on `model` (a LoadedModel), or (None, None): no speculation."""
+    spec = model.spec
+    mode, draft = parse_mode(request.speculative if request.speculative is not None else spec.speculative)
+    k_max = request.draft_max if request.draft_max is not None else spec.draft_max
+    if mode == "off":
+        return None, None
+    source = getattr(model, "draft_source", None)
+    if mode in ("draft", "mtp"):
+        if source is None or source.mode != mode or (mode == "draft" and Path(draft).name != Path(source.model).name):
+            loaded = spec.speculative
+            raise InvalidRequest(f"speculative={request.speculative or spec.speculative!r} needs the model loaded "
+                                 f"with it (it was loaded with speculative={loaded!r}); load it with "
+                                 f"speculative={mode if mode == 'mtp' else 'draft:' + str(draft)!r}.")
+        return source.new_drafter(), SpecControl(k_max, model.step_cost)
+    if mode == "auto" and source is not None:   # the model was loaded with a drafter: use it
+        return source.new_drafter(), SpecControl(k_max, model.step_cost)
+    return NgramDrafter(), SpecControl(k_max, model.step_cost)
+
+
+def fill(step: DecodeStep) -> None:
+    """Draft for every entry of `step` that the policy granted room."""
+    todo = [e for e in step.entries if e.room > 0 and e.job.drafter is not None]
+    for e in todo:   # a draft model drafts for every request at once: all begin, then all end
+        e.job.drafter.extend(e.job.seq)
+        if hasattr(e.job.drafter, "begin"):
+            e.job.drafter.begin(e.room, e.job.priority)
+    for e in todo:
+        d = e.job.drafter
+        e.draft = list(d.end() if hasattr(d, "begin") else d.propose(e.room))[:e.room]
+    step.number_rows()

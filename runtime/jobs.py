@@ -1,0 +1,64 @@
+"""A generation and an embedding as the worker holds them: the scheduling policy's view (scheduler.py's
+Job, EmbedJob) plus the request's stream, sampler, text and speculative-decoding state."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .generation import GenerationStream
+from .reasoning import ChannelAssembler
+from .requests import GenerationRequest
+from .scheduler import EmbedJob, Job
+from .speculative import SpecControl
+
+
+class GenJob(Job):
+    """A generation: the policy's view (Job) plus the request's stream, sampler and text state."""
+
+    def __init__(self, stream: GenerationStream, prompt_tokens: list[int], seed: int, asm: ChannelAssembler,
+                 budget: int | None = None, grammar: str | None = None, units: dict[int, Any] | None = None):
+        super().__init__(prompt_tokens, stream.request.priority, cancelled=lambda: stream.cancelled, units=units)
+        self.stream = stream
+        self.req: GenerationRequest = stream.request
+        self.seed = seed
+        self.sampler: Any = None   # made on the worker thread at the first sample
+        self.n_gen = 0
+        self.asm = asm
+        #: reasoning tokens after which the block is closed (None: no limit)
+        self.budget = budget
+        #: the answer's grammar (GBNF), in the sampler chain once the answer channel has begun
+        self.grammar = grammar
+        self.grammar_live = False
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        #: speculative decoding: the drafter (None: none) and its K policy (speculative.py)
+        self.drafter: Any = None
+        self.control: SpecControl | None = None
+        self.n_ctx_seq = 0
+
+    def draft_room(self) -> int:
+        """What the K policy asks, within what the request can still use: no draft reaches past the
+        context, max_tokens, max_total_tokens or the reasoning budget (the token that reaches a limit
+        is the last one sampled anyway)."""
+        if self.control is None:
+            return 0
+        asm, req = self.asm, self.req
+        room = min(self.control.room(), self.n_ctx_seq - len(self.seq) - 1)
+        if asm.split.answering or not asm.in_reasoning:
+            room = min(room, req.max_tokens - asm.n_answer - 1)
+        if req.max_total_tokens is not None:
+            room = min(room, req.max_total_tokens - self.n_gen - 1)
+        if asm.in_reasoning and self.budget is not None:
+            room = min(room, self.budget - asm.n_reasoning - 1)
+        return max(0, room)
+
+
+@dataclass(eq=False)
+class EmbedRequest(EmbedJob):
+    normalize: bool = True
+    out: np.ndarray | None = None
+    error: BaseException | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
