@@ -155,9 +155,11 @@ def main(argv=None) -> int:
         say(f"config: batch {batch} x {seq_len} tokens, gradient checkpointing {'on' if ckpt else 'off'}")
         try:
             c = measure(model, torch, device, seq_len, batch, ckpt, args.warm, args.steps, hp.n_vocab)
-            say(f"  -> {c['tokens_per_s']:.0f} tokens/s" + (f", peak {c['peak_gib']:.1f} GiB" if "peak_gib" in c else ""))
+            peak = f", peak {c['peak_gib']:.1f} GiB" if "peak_gib" in c else ""
+            say(f"  -> {c['tokens_per_s']:.0f} tokens/s{peak}")
         except Exception as e:  # noqa: BLE001 - an out-of-memory configuration is a result; the run goes on
-            c = {"seq_len": seq_len, "batch": batch, "grad_checkpointing": ckpt, "error": f"{type(e).__name__}: {e}"[:500]}
+            c = {"seq_len": seq_len, "batch": batch, "grad_checkpointing": ckpt,
+                 "error": f"{type(e).__name__}: {e}"[:500]}
             say(f"  -> failed: {c['error']}")
             traceback.print_exc(file=sys.stdout)
             if device == "cuda":
@@ -180,14 +182,16 @@ def main(argv=None) -> int:
             "|---|---|---|---|---|---|---|"]
     for c in r["configs"]:
         if "error" in c:
-            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | - | - | - | - | {c['error'][:80]} |")
+            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | - | - | - | - | "
+                        f"{c['error'][:80]} |")
         else:
             rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | {c['tokens_per_s']:.0f} | "
                         f"{c['step_s']:.3f} | {c.get('peak_gib', float('nan')):.2f} | "
                         f"{c.get('reserved_gib', float('nan')):.2f} | |")
     md = (f"# LoRA training at {args.shape} shape, random weights ({r['device_name']}, torch {r['torch']})\n\n"
           f"rank {args.rank}, alpha {2 * args.rank}, all seven matrices of every block; base "
-          f"{r['base_params'] / 1e9:.2f} B parameters, LoRA {r['lora_params'] / 1e6:.1f} M\n\n" + "\n".join(rows) + "\n")
+          f"{r['base_params'] / 1e9:.2f} B parameters, LoRA {r['lora_params'] / 1e6:.1f} M\n\n"
+          + "\n".join(rows) + "\n")
     (out / "bench_gpu_tune.md").write_text(md)
     png = draw_png(r, out / "bench_gpu_tune.png")
     say(md)
