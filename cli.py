@@ -1,4 +1,4 @@
-"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune.
+"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune, tune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
 server together, which runtime/ itself must not do. cliwords.py holds what it says around a
@@ -43,6 +43,7 @@ examples:
   a3b serve --http 127.0.0.1:8080
   a3b generate "Hello" --model http://gpu-box:8080/v1#qwen3-30b-a3b
   a3b prune model.gguf --keep 0.63 --out model.a3b.gguf
+  a3b tune ~/src/myproject --model qwen2.5-coder-1.5b.gguf --out myproject.lora.gguf
 
 `a3b COMMAND --help` documents every option of a command and its default.
 
@@ -434,6 +435,15 @@ def _add_prune(sub) -> None:
     pr.set_defaults(func=cmd_prune)
 
 
+def _add_tune(sub) -> None:
+    from .tune import cli as tune_cli   # the arguments only: no torch until the command runs
+
+    tu = _command(sub, "tune", "train a LoRA adapter on a repository's code (needs the 'prune' extra: torch)",
+                  tune_cli.DESCRIPTION)
+    tune_cli.add_arguments(tu)
+    tu.set_defaults(func=tune_cli.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=cliwords.HelpFormatter)
@@ -442,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the versions of a3b, llama-cpp-python and Python, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
-    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune):
+    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune,
+                _add_tune):
         add(sub)
     return p
 

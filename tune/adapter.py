@@ -82,11 +82,20 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, tuple[np.nd
 
 
 def check_writable(path: str | os.PathLike) -> Path:
-    """Refuse an output path that cannot be written, before any training."""
+    """Refuse an output path that cannot be written, before any training (by creating a file beside it)."""
     out = Path(path).expanduser().resolve()
     parent = out.parent
     if not parent.is_dir():
         raise InvalidRequest(f"--out {out}: the folder {parent} does not exist.")
-    if out.exists() and not os.access(out, os.W_OK) or not os.access(parent, os.W_OK):
-        raise InvalidRequest(f"--out {out}: not writable here. Choose a path in a folder you can write to.")
+    if out.is_dir():
+        raise InvalidRequest(f"--out {out} is a folder; give the adapter's file name.")
+    probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
+    try:
+        probe.open("xb").close()
+        probe.unlink()
+        if out.exists() and not os.access(out, os.W_OK):
+            raise PermissionError(13, "the file is read-only")
+    except OSError as e:
+        raise InvalidRequest(f"--out {out}: not writable ({e.strerror or e}). Choose a path in a folder you can "
+                             "write to.") from e
     return out

@@ -13,8 +13,9 @@ from ..runtime.options import Option, check
 #: The matrices an adapter may train, by their GGUF names inside a block.
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
-RANK = Option("rank", int, 8, "LoRA rank: the width of the low-rank update of each matrix.", min=1, max=1024)
-ALPHA = Option("alpha", float, 16.0, "LoRA alpha: the update is scaled by alpha / rank.", min=0.0, max=1e4,
+RANK = Option("rank", int, 8, "Rank of the LoRA update: the width of the low-rank product added to each matrix.",
+              min=1, max=1024)
+ALPHA = Option("alpha", float, 16.0, "Alpha of the LoRA update, which is scaled by alpha / rank.", min=0.0, max=1e4,
                low_open=True)
 DROPOUT = Option("dropout", float, 0.05, "Dropout on the adapter's input while training.", min=0.0, max=1.0,
                  high_open=True)
