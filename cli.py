@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
@@ -66,9 +67,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.CTX_POLICY)
 
 
+def _add_lora_args(p: argparse.ArgumentParser) -> None:
+    add_argument(p, opt.LORA_PATH, "--lora", metavar="ADAPTER.gguf", default_text="none")
+    add_argument(p, opt.LORA_SCALE, "--lora-scale", metavar="X")
+
+
 def _spec(rt, args):
+    lora = getattr(args, "lora", None)
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                   ctx_policy=args.ctx_policy)
+                   ctx_policy=args.ctx_policy, lora_path=str(Path(lora).resolve()) if lora else None,
+                   lora_scale=getattr(args, "lora_scale", None) if lora else None)
 
 
 def _one_line(error: BaseException) -> str:
@@ -324,6 +332,7 @@ def _add_generate(sub) -> None:
                  "the same text.", epilog=_presets_epilog())
     g.add_argument("prompt", help="text to answer, or to continue with --raw; - reads it from standard input")
     _add_model_args(g)
+    _add_lora_args(g)
     g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
     g.add_argument("--template", default=None, metavar="NAME",
@@ -418,6 +427,7 @@ def _add_serve(sub) -> None:
     sv.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                     help="address to listen on; a non-loopback host needs --token")
     _add_model_args(sv)
+    _add_lora_args(sv)
     add_argument(sv, opt.N_PARALLEL, "--parallel", metavar="N")
     add_argument(sv, opt.SERVE_TOKEN, default_text=f"${opt.SERVE_TOKEN.env}; without either, any local user can "
                  "connect")

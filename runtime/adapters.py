@@ -30,7 +30,7 @@ CONFIG = "a3b.tune.config"
 
 _lock = threading.Lock()
 _digests: dict[tuple, str] = {}
-_verdicts: dict[tuple, None] = {}
+_verdicts: dict[tuple, dict[str, Any]] = {}
 
 
 class AdapterMismatch(InvalidRequest):
@@ -80,11 +80,11 @@ def check(adapter: str | os.PathLike, base: str | os.PathLike) -> dict[str, Any]
     a, b = Path(adapter).resolve(), Path(base).resolve()
     if not a.is_file():
         raise ModelNotFound(f"LoRA adapter not found: {a}")
-    meta = read_meta(a)
     key = (_stamp(a), _stamp(b))
     with _lock:
         if key in _verdicts:
-            return meta
+            return _verdicts[key]
+    meta = read_meta(a)
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
         raise AdapterMismatch(f"{a.name} is not a LoRA adapter (general.type={meta.get('general.type')!r}, "
                               f"adapter.type={meta.get('adapter.type')!r}).")
@@ -102,5 +102,5 @@ def check(adapter: str | os.PathLike, base: str | os.PathLike) -> dict[str, Any]
                               "its update only means something over that exact base. Load it over that file, "
                               "or tune an adapter for this one (a3b tune DIR --model ...).")
     with _lock:
-        _verdicts[key] = None
+        _verdicts[key] = meta
     return meta

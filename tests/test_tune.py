@@ -201,3 +201,60 @@ def test_memory_check_says_how_much_is_needed(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "_available", lambda device: 1000)
     with pytest.raises(run.NotEnoughMemory, match=r"needs about .* GiB of main memory.*free"):
         run.check_memory(base, TuneConfig(), "cpu")
+
+
+def _adapter_for(base, out, rank=4, sha=None):
+    """An adapter for the tiny model `base` in the tuner's layout (random A and B)."""
+    from comfyui_a3b.prune.source import SourceModel
+    from comfyui_a3b.runtime import adapters as keys
+    from comfyui_a3b.tune import adapter
+
+    src = SourceModel(base)
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for i in range(src.hp.n_layer):
+        for t in ("attn_q", "ffn_down"):
+            rows, cols = src.weight(f"blk.{i}.{t}.weight").shape
+            tensors[f"blk.{i}.{t}.weight"] = (rng.standard_normal((rank, cols)).astype(np.float32),
+                                              rng.standard_normal((rows, rank)).astype(np.float32))
+    meta = {keys.BASE_SHA256: sha or src.sha256, keys.BASE_NAME: base.name, keys.SPLIT: {"seed": 1}}
+    return adapter.write(out, src.hp.arch, 8.0, tensors, meta), tensors
+
+
+def test_adapter_layout_is_what_llama_cpp_reads(tmp_path):
+    import gguf
+
+    from comfyui_a3b.tune import adapter
+
+    base = write_tiny_gguf(tmp_path / "l.gguf", n_embd=64, n_ff=96)
+    path, tensors = _adapter_for(base, tmp_path / "a.gguf")
+    r = gguf.GGUFReader(str(path))
+    f = {k: v.contents() for k, v in r.fields.items()}
+    assert f["general.type"] == "adapter" and f["adapter.type"] == "lora" and f["general.architecture"] == "llama"
+    assert f["adapter.lora.alpha"] == 8.0 and len(f["a3b.base.sha256"]) == 64
+    shapes = {t.name: [int(x) for x in t.shape] for t in r.tensors}   # ggml order: ne0 (the row length) first
+    assert shapes["blk.0.attn_q.weight.lora_a"] == [64, 4]      # [n_in, rank]
+    assert shapes["blk.0.attn_q.weight.lora_b"] == [4, 64]      # [rank, n_out]
+    assert shapes["blk.1.ffn_down.weight.lora_a"] == [96, 4] and shapes["blk.1.ffn_down.weight.lora_b"] == [4, 64]
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in r.tensors)
+    meta, back = adapter.read(path)
+    assert set(back) == set(tensors)
+    for k, (a, b) in tensors.items():
+        assert np.array_equal(back[k][0], a) and np.array_equal(back[k][1], b)
+    assert meta["a3b.tune.split"] == '{"seed": 1}'
+
+
+def test_an_adapter_for_another_base_is_refused(tmp_path):
+    from comfyui_a3b.runtime import adapters
+
+    a = write_tiny_gguf(tmp_path / "a.gguf", seed=1)
+    b = write_tiny_gguf(tmp_path / "b.gguf", seed=2)        # the same shapes, other weights
+    path, _ = _adapter_for(a, tmp_path / "lora.gguf")
+    assert adapters.check(path, a)["a3b.base.name"] == "a.gguf"
+    with pytest.raises(adapters.AdapterMismatch, match="trained for a.gguf.*not for b.gguf"):
+        adapters.check(path, b)
+    q = write_tiny_gguf(tmp_path / "q.gguf", "qwen2")
+    with pytest.raises(adapters.AdapterMismatch, match="'llama' model; q.gguf is 'qwen2'"):
+        adapters.check(path, q)
+    with pytest.raises(adapters.AdapterMismatch, match="not a LoRA adapter"):
+        adapters.check(a, b)

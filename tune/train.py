@@ -129,7 +129,7 @@ def train(model: Adapted, stream: Stream, heldout: Samples, *, steps: int, lr: f
             opt.step()
             sched.step()
             step += 1
-            hist.losses.append(float(loss))
+            hist.losses.append(float(loss.detach()))
             hist.tokens += int(c)
             rate = (hist.tokens - tokens0) / max(time.perf_counter() - t0, 1e-9)
             pb.update(1)
