@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..runtime.options import add_argument
+from ..runtime.options import add_argument, cli_help
 from . import options as o
 
 DESCRIPTION = ("Train a LoRA adapter on a repository's code and write it as a GGUF LoRA adapter that llama.cpp loads "
@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", default=None, metavar="ADAPTER.gguf",
                    help="where the adapter goes (default: DIR-NAME.MODEL.lora.gguf in the current folder)")
     for opt in o.OPTIONS:
-        if opt.type is bool:
-            add_argument(p, opt, action="store_true")
+        if opt.type is bool:   # a switch: off unless given
+            p.add_argument("--" + opt.name.replace("_", "-"), action="store_true", help=cli_help(opt.help))
         elif opt is o.STEPS:
             add_argument(p, opt, metavar="N", default_text="--epochs passes")
         else:
