@@ -1,7 +1,7 @@
 """`a3b tune` on a real package: held-out perplexity, next-line exact match, prose, training speed.
 
     python -m comfyui_a3b.bench.bench_tune                        # markdown_it from site-packages, a few minutes
-    python -m comfyui_a3b.bench.bench_tune --package cattrs --steps 60 --seq-len 256
+    python -m comfyui_a3b.bench.bench_tune --package cattrs --steps 200 --seq-len 256 --eval-every 50
 
 The embedded model (SmolLM2-135M) is tuned on the sources of one installed package the tests do not
 use (default markdown_it: 66 files, 240 KB), split by whole file as `a3b tune` splits it, with the
@@ -65,7 +65,7 @@ def next_line_cases(files, n: int, seed: int, min_prefix: int = 200) -> list[tup
         for i in range(1, len(lines)):
             pre, line = "".join(lines[:i]), lines[i].rstrip("\n")
             if len(pre) >= min_prefix and len(line.strip()) >= 8:
-                cases.append((pre[-1500:], line))
+                cases.append((pre[-800:], line))
     rng.shuffle(cases)
     return cases[:n]
 
@@ -86,14 +86,16 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", default="markdown_it")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rank", type=int, default=o.RANK.default)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--lines", type=int, default=40, help="next-line cases")
-    ap.add_argument("--prose", type=int, default=6, help="prose texts")
+    ap.add_argument("--eval-every", type=int, default=12)
+    ap.add_argument("--eval-samples", type=int, default=24, help="held-out samples evaluated (a seeded choice)")
+    ap.add_argument("--lines", type=int, default=24, help="next-line cases")
+    ap.add_argument("--prose", type=int, default=4, help="prose texts")
+    ap.add_argument("--prose-rows", type=int, default=16, help="prose windows evaluated (a seeded choice)")
     ap.add_argument("--out", default=None, help="the adapter (default: a temporary file)")
     args = ap.parse_args(argv)
 
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
     out = Path(args.out or Path(tmp.name) / f"{args.package}.lora.gguf")
     print(f"tuning {base.name} on {root} ({args.steps} steps of {args.batch} x {args.seq_len} tokens)", flush=True)
     t0 = time.perf_counter()
-    r = tune(root, base, out, cfg, resume=False)
+    r = tune(root, base, out, cfg, resume=False, max_eval_samples=args.eval_samples)
     tune_s = time.perf_counter() - t0
     print(f"held-out loss {r.heldout_loss_base:.4f} -> {r.heldout_loss:.4f} (x{r.ratio:.3f} perplexity)", flush=True)
 
@@ -135,6 +137,9 @@ def main(argv=None) -> int:
             [_as_file(n, t) for n, t in prose_texts(args.package, args.prose, 0)])
     finally:
         vocab.free()
+    if len(prose) > args.prose_rows:
+        keep = np.sort(np.random.default_rng(0).choice(len(prose), args.prose_rows, replace=False))
+        prose = type(prose)(prose.tokens[keep], prose.weights[keep], [prose.kinds[i] for i in keep])
     prose_tuned = evaluate(model, prose, args.batch, "cpu")
     model.detach()
     prose_base = evaluate(model, prose, args.batch, "cpu")

@@ -104,7 +104,7 @@ def check_memory(path: Path, cfg: TuneConfig, device: str) -> None:
 
 def tune(repo: str | os.PathLike, model: str | os.PathLike, out: str | os.PathLike | None = None,
          cfg: TuneConfig | None = None, *, resume: bool = True, bar: bool = True,
-         progress: Callable[[dict], None] | None = None) -> TuneResult:
+         progress: Callable[[dict], None] | None = None, max_eval_samples: int = MAX_EVAL_SAMPLES) -> TuneResult:
     from ..prune.device import resolve_device
     from ..runtime.locate import resolve_model
     from .adapter import check_writable
@@ -120,10 +120,11 @@ def tune(repo: str | os.PathLike, model: str | os.PathLike, out: str | os.PathLi
     parts = split(coll.files, cfg.holdout, cfg.seed)
     log.info("tune: %d files (%d held out), %d characters; skipped %s", len(coll.files), len(parts.heldout),
              coll.chars, coll.skipped)
-    return _train(base, coll, parts, out, cfg, device, resume=resume, bar=bar, progress=progress)
+    return _train(base, coll, parts, out, cfg, device, resume=resume, bar=bar, progress=progress,
+                  max_eval_samples=max_eval_samples)
 
 
-def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress) -> TuneResult:
+def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress, max_eval_samples) -> TuneResult:
     import numpy as np
 
     from ..prune.source import SourceModel
@@ -142,8 +143,8 @@ def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress) -> Tun
         if not len(first):
             raise NoSources(f"the training files of {coll.root} give no samples (each is under two tokens).")
         held = builder.build(parts.heldout, 0)
-        if len(held) > MAX_EVAL_SAMPLES:
-            keep = np.sort(np.random.default_rng(cfg.seed).choice(len(held), MAX_EVAL_SAMPLES, replace=False))
+        if len(held) > max_eval_samples:
+            keep = np.sort(np.random.default_rng(cfg.seed).choice(len(held), max_eval_samples, replace=False))
             held = Samples(held.tokens[keep], held.weights[keep], [held.kinds[i] for i in keep])
         cache = {0: first}
         stream = Stream(lambda e: cache.pop(e, None) or builder.build(parts.train, e), cfg.batch, cfg.seed)
