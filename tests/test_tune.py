@@ -258,3 +258,15 @@ def test_an_adapter_for_another_base_is_refused(tmp_path):
         adapters.check(path, q)
     with pytest.raises(adapters.AdapterMismatch, match="not a LoRA adapter"):
         adapters.check(a, b)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_folder_that_the_work_tree_around_it_ignores_is_walked(tmp_path):
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("lib/\n")
+    pkg = tmp_path / "lib" / "pkg"
+    pkg.mkdir(parents=True)
+    _repo(pkg, 4)
+    c = collect(pkg)
+    assert len(c.files) == 4 and c.commit is None

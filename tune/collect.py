@@ -2,16 +2,16 @@
 
 Files: inside a git work tree, what git itself lists (tracked and untracked files that .gitignore,
 .git/info/exclude and the global excludes do not ignore: git's own matcher, so every rule of the
-format holds); elsewhere a walk that reads the .gitignore files it meets (`ignore.py`). Then only
-source files, by extension (`LANGUAGES`), and none that is binary (a NUL byte, not UTF-8), huge
-(`max_file_bytes`), vendored (a folder in `VENDORED`) or generated (a marker in its first lines, or
-minified: lines far longer than code is written).
+format holds); elsewhere, and for a folder the work tree around it ignores, a walk that reads the
+.gitignore files it meets (`ignore.py`). Then only source files, by extension (`LANGUAGES`), and
+none that is binary (a NUL byte, not UTF-8), huge (`max_file_bytes`), vendored (a folder in
+`VENDORED`) or generated (a marker in its first lines, or minified: lines far longer than code is
+written).
 
 The split is by whole file: a held-out file is never seen in training, not even in part, so the
 held-out loss says how the adapter does on code it has not read (as a new file in the repository
-would be). Its size is `holdout` of the files, at least `MIN_HELDOUT`; which files, a seeded
-shuffle of the sorted paths, so the same seed gives the same split on every machine.
-"""
+would be). Its size is `holdout` of the files, at least `MIN_HELDOUT`; which files, a seeded shuffle
+of the sorted paths, so the same seed gives the same split on every machine."""
 from __future__ import annotations
 
 import hashlib
@@ -144,6 +144,8 @@ def collect(root: str | os.PathLike, max_file_bytes: int = MAX_FILE_BYTES) -> Co
     if not root.is_dir():
         raise NoSources(f"{root} is not a folder: give the repository's folder to tune on.")
     listed = _git_files(root)
+    if listed is not None and not listed and _git(root, "check-ignore", "-q", str(root)) is not None:
+        listed = None   # the folder itself is ignored by a work tree around it (a pyenv's site-packages)
     names = _walk(root) if listed is None else sorted(listed)
     files: list[SourceFile] = []
     skipped: dict[str, int] = {}
