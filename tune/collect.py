@@ -11,7 +11,8 @@ written).
 The split is by whole file: a held-out file is never seen in training, not even in part, so the
 held-out loss says how the adapter does on code it has not read (as a new file in the repository
 would be). Its size is `holdout` of the files, at least `MIN_HELDOUT`; which files, a seeded shuffle
-of the sorted paths, so the same seed gives the same split on every machine."""
+of the sorted paths, so the same seed gives the same split on every machine.
+"""
 from __future__ import annotations
 
 import hashlib
