@@ -230,9 +230,6 @@ class Weights:
         """A LoRA adapter loaded over these weights (once per path)."""
         a = self._adapters.get(path)
         if a is None:
-            from ..adapters import check
-
-            check(path, self.path)   # an adapter made for another base is refused before llama.cpp reads it
             with self.use():
                 a = llama().llama_adapter_lora_init(self.ptr, path.encode("utf-8"))
             if not a:
