@@ -43,6 +43,9 @@ class LoRA(nn.Module):
 
 
 def _sdpa(q, k, v):
+    # under bf16 autocast, q and k come out of float32 norms (qwen3) and v out of a bf16 product
+    if q.dtype != v.dtype:
+        q, k = q.to(v.dtype), k.to(v.dtype)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
