@@ -14,10 +14,10 @@ adapter), in the same run:
   METADATA), which the adapter never saw (target: at most 1.05 of the base's). Both perplexities
   are the torch reference forward's, with and without the LoRA; the slow test checks that llama.cpp
   computes the same logits with the adapter loaded;
-* next-line exact match: at seeded line starts of the held-out files, the model completes the line
-  from the text before it (greedy, through the runtime and the prompt layout the language server
-  uses for a model without FIM tokens), base and adapter over the same loaded weights (one model,
-  a context each); a hit is the whole line right;
+* next-line exact match: at seeded lines of the held-out files, the model continues the text before
+  the line (greedy, through the runtime, with the prompt a model without FIM tokens gets: the text
+  before the cursor), base and adapter over the same loaded weights (one model, a context each); a
+  hit is the newline and then the whole line right;
 * training tokens/s on this machine.
 
 Writes bench/results/bench_tune.{json,png}.
@@ -57,13 +57,18 @@ def prose_texts(exclude: str, n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def next_line_cases(files, n: int, seed: int, min_prefix: int = 200) -> list[tuple[str, str]]:
-    """(text before a line, the line) at seeded line starts of the held-out files."""
+    """(text before a line, the line) at seeded line starts of the held-out files.
+
+    The text before ends with the previous line's last character, not its newline: BPE vocabularies
+    merge a newline with the next line's indentation ("\n   "), so a prompt that ends with a bare
+    newline is a tokenization the model never read before indented code (and it answers with a tab).
+    The model writes the newline itself; the case is the line after it."""
     rng = random.Random(seed)
     cases = []
     for f in files:
         lines = f.text.splitlines(keepends=True)
         for i in range(1, len(lines)):
-            pre, line = "".join(lines[:i]), lines[i].rstrip("\n")
+            pre, line = "".join(lines[:i])[:-1], lines[i].rstrip("\n")
             if len(pre) >= min_prefix and len(line.strip()) >= 8:
                 cases.append((pre[-800:], line))
     rng.shuffle(cases)
@@ -75,9 +80,10 @@ def exact_match(rt, spec, cases, max_tokens: int) -> float:
 
     hits = 0
     for pre, line in cases:
-        res = rt.submit(TextPrompt(pre), model=spec, max_tokens=max_tokens, stop=["\n"],
+        res = rt.submit(TextPrompt(pre), model=spec, max_tokens=max_tokens,
                         sampling=preset("precise", seed=0, temperature=0.0), priority=PRIORITY_INTERACTIVE).result()
-        hits += res.text.split("\n")[0].rstrip() == line.rstrip()
+        got = res.text.split("\n")
+        hits += len(got) > 1 and got[0] == "" and got[1].rstrip() == line.rstrip()
     return hits / max(len(cases), 1)
 
 
