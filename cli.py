@@ -1,4 +1,4 @@
-"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune.
+"""The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune, tune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
 server together, which runtime/ itself must not do. cliwords.py holds what it says around a
@@ -22,8 +22,9 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from . import cli_reasoning, cliwords
+from . import cli_doctor, cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
@@ -43,6 +44,7 @@ examples:
   a3b serve --http 127.0.0.1:8080
   a3b generate "Hello" --model http://gpu-box:8080/v1#qwen3-30b-a3b
   a3b prune model.gguf --keep 0.63 --out model.a3b.gguf
+  a3b tune ~/src/myproject --model qwen2.5-coder-1.5b.gguf --out myproject.lora.gguf
 
 `a3b COMMAND --help` documents every option of a command and its default.
 
@@ -68,9 +70,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.DRAFT_MAX, metavar="N")
 
 
+def _add_lora_args(p: argparse.ArgumentParser) -> None:
+    add_argument(p, opt.LORA_PATH, "--lora", metavar="ADAPTER.gguf", default_text="none")
+    add_argument(p, opt.LORA_SCALE, "--lora-scale", metavar="X")
+
+
 def _spec(rt, args):
+    lora = getattr(args, "lora", None)
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
                    ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max,
+                   lora_path=str(Path(lora).resolve()) if lora else None,
+                   lora_scale=getattr(args, "lora_scale", None) if lora else None,
                    **({"mmproj": args.mmproj} if getattr(args, "mmproj", None) else {}))
 
 
@@ -206,68 +216,6 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def cmd_doctor(args) -> int:
-    """Each check catches whatever its step raises and reports it in its line: a broken installation
-    is what doctor is for, and every check should run rather than stop at the first failure."""
-    import platform
-
-    lines: list[tuple[str, str, bool]] = [("python", f"{platform.python_version()} ({sys.executable})", True)]
-    ok_all = True
-    try:
-        from .runtime.llama import system_info
-
-        si = system_info()
-        lines.append(("llama-cpp-python", si["llama_cpp_python"], True))
-        lines.append(("llama.cpp build", si["system_info"], True))
-        lines.append(("GPU offload compiled in", "yes" if si["gpu_offload"] else
-                      "no (CPU only build; the README's GPU section says how to install a CUDA build)", True))
-        from .runtime.llama.cxxruntime import carriers
-
-        own = carriers()
-        lines.append(("C++ runtime", f"{', '.join(own)} carry their own copy: safe only where llama.cpp loads "
-                      "before torch and numpy (docs/gpu.md)" if own else "shared with the system's (fine)", True))
-        from .runtime.llama.devices import devices
-
-        for d in devices():
-            if d.type != "cpu":
-                lines.append((f"device {d.name}", f"{d.description} ({d.type}), {d.free_bytes / 2**30:.1f} GiB free "
-                              f"of {d.total_bytes / 2**30:.1f} GiB", True))
-    except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
-        lines.append(("llama-cpp-python", str(e), False))
-        ok_all = False
-    try:
-        from .runtime import default_model_path, inspect_gguf
-
-        p = default_model_path()
-        info = inspect_gguf(p)
-        lines.append(("default model", f"{p} ({info.architecture}, {info.file_type}, {info.file_size / 1e6:.0f} MB)",
-                      True))
-    except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
-        lines.append(("default model", str(e), False))
-        ok_all = False
-    if ok_all:
-        try:
-            from .runtime import get_runtime, preset
-
-            rt = get_runtime()
-            t0 = time.perf_counter()
-            rt.load()
-            load_s = time.perf_counter() - t0
-            res = rt.generate("Say hello.", max_tokens=16, sampling=preset("greedy"))
-            lines.append(("model load", f"{load_s * 1000:.0f} ms; {rt.load().info.offload}", True))
-            lines.append(("generation", (f"{res.n_tokens} tokens at {res.tokens_per_second:.0f} tokens/s, "
-                          f"first token after {res.time_to_first_token * 1000:.0f} ms: {res.text.strip()[:60]!r}"),
-                          res.n_tokens > 0))
-            vec = rt.embed(["hello"])
-            lines.append(("embedding", f"dim {vec.shape[1]}", True))
-        except Exception as e:  # noqa: BLE001  (a failed check, reported in its line)
-            lines.append(("generation", f"{type(e).__name__}: {e}", False))
-            ok_all = False
-    for name, value, ok in lines:
-        print(f"{'ok ' if ok else 'ERR'} {name:24} {value}")
-    return 0 if ok_all and all(ok for *_, ok in lines) else 1
-
-
 def cmd_lsp(args) -> int:
     # The language server is an adapter over the runtime, imported only by this command.
     from .lsp_server import main as lsp_main
@@ -332,6 +280,7 @@ def _add_generate(sub) -> None:
                  "the same text.", epilog=_presets_epilog())
     g.add_argument("prompt", help="text to answer, or to continue with --raw; - reads it from standard input")
     _add_model_args(g)
+    _add_lora_args(g)
     g.add_argument("--system", default=None, metavar="TEXT", help="system prompt (chat mode only; default: none)")
     g.add_argument("--raw", action="store_true", help="no chat template: continue the prompt as is")
     g.add_argument("--image", action="append", metavar="FILE",
@@ -398,7 +347,7 @@ def _add_doctor(sub) -> None:
                  "Check Python, llama-cpp-python, the llama.cpp build (CPU features, GPU offload) and the "
                  "default model, then load it and run a minimal generation and embedding. Exit status 1 "
                  "when a check fails.")
-    d.set_defaults(func=cmd_doctor)
+    d.set_defaults(func=cli_doctor.cmd_doctor)
 
 
 def _add_lsp(sub) -> None:
@@ -429,6 +378,7 @@ def _add_serve(sub) -> None:
     sv.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                     help="address to listen on; a non-loopback host needs --token")
     _add_model_args(sv)
+    _add_lora_args(sv)
     add_argument(sv, opt.N_PARALLEL, "--parallel", metavar="N")
     add_argument(sv, opt.SERVE_TOKEN, default_text=f"${opt.SERVE_TOKEN.env}; without either, any local user can "
                  "connect")
@@ -446,6 +396,15 @@ def _add_prune(sub) -> None:
     pr.set_defaults(func=cmd_prune)
 
 
+def _add_tune(sub) -> None:
+    from .tune import cli as tune_cli   # the arguments only: no torch until the command runs
+
+    tu = _command(sub, "tune", "train a LoRA adapter on a repository's code (needs the 'prune' extra: torch)",
+                  tune_cli.DESCRIPTION)
+    tune_cli.add_arguments(tu)
+    tu.set_defaults(func=tune_cli.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="a3b", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=cliwords.HelpFormatter)
@@ -454,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the versions of a3b, llama-cpp-python and Python, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
-    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune):
+    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune,
+                _add_tune):
         add(sub)
     return p
 

@@ -35,6 +35,9 @@ MAX_CHUNK_SIMILARITY = Option("max_chunk_similarity", float, 0.99, "Chunks more 
                               "the cursor are left out (they make models repeat).", min=0.0, low_open=True, max=1.0)
 MAX_DOCUMENT_BYTES = Option("max_document_bytes", int, 32 * 1024 * 1024, "Larger documents are kept in sync but "
                             "not completed or indexed.", min=1024, max=1 << 31)
+LORA = Option("lora", str, None, "A GGUF LoRA adapter applied over the model for this editor (an absolute path, "
+              "e.g. what a3b tune wrote for this repository); null = none. The plain model stays loaded for "
+              "everyone else: the adapter gets a context of its own over the same weights.", nullable=True)
 WARM = Option("warm", bool, True, "Read a completion's prompt in the background when the cursor rests.")
 #: A quick fix waits for its reasoning: thinking is off unless asked for, and bounded when on.
 THINKING = replace(opt.THINKING, default="off")
@@ -66,6 +69,8 @@ class Settings:
     #: Also when the editor reports the cursor with `a3b/cursor`, so the first completion there is as
     #: fast as later ones.
     warm: bool = WARM.default
+    lora: str | None = LORA.default
+    lora_scale: float = opt.LORA_SCALE.default
     #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
     confidence_threshold: float = opt.THRESHOLD.default
     #: Thinking models in quick fixes and explanations; inline completions never think: an editor
@@ -94,6 +99,8 @@ _KEYS: dict[str, tuple[str, Option]] = {
     "maxDocumentBytes": ("max_document_bytes", MAX_DOCUMENT_BYTES),
     "confidenceThreshold": ("confidence_threshold", opt.THRESHOLD),
     "warm": ("warm", WARM),
+    "lora": ("lora", LORA),
+    "loraScale": ("lora_scale", opt.LORA_SCALE),
     "thinking": ("thinking", THINKING),
     "reasoningBudget": ("reasoning_budget", REASONING_BUDGET),
     "speculative": ("speculative", SPECULATIVE),
@@ -136,10 +143,24 @@ def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
             continue
         if name == "fim" and isinstance(value, bool):
             value = "on" if value else "off"
-        if name == "model" and isinstance(value, str) and not value.strip():
+        if name in ("model", "lora") and isinstance(value, str) and not value.strip():
             value = None
         changes[name] = value
     return replace(base, **changes), errors
+
+
+def lora_path(value: str | None) -> str | None:
+    """The adapter setting as an absolute path of an existing .gguf file (InvalidRequest otherwise)."""
+    if not value:
+        return None
+    from pathlib import Path
+
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        raise InvalidRequest(f"the lora setting must be an absolute path, got {value!r}.")
+    if p.suffix.lower() != ".gguf" or not p.is_file():
+        raise InvalidRequest(f"the lora setting names no GGUF file: {value!r}.")
+    return str(p.resolve())
 
 
 def as_dict(s: Settings) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from .documents import DocumentError, _units
 from .errors import _guard
 from .messages import Refusals, install_log_filter, strict_converter
 from .postprocess import word_before
+from . import tuning
 from .session import Engine, Session
 
 log = logging.getLogger("a3b.lsp")
@@ -215,6 +216,7 @@ class Features(ActionFeatures):
             ("a3b.fixTraceback", self.fix_traceback),
             ("a3b.fix", self.fix),
             ("a3b.completionAccepted", self.completion_accepted),
+            ("a3b.tuneWorkspace", self.tune_workspace),
         ):
             ls.command(command)(_plain(handler))
 
@@ -324,6 +326,11 @@ class Features(ActionFeatures):
             out["document"] = {"uri": d.uri, "version": d.version, "length": len(d.text), "lines": d.line_count(),
                                "sha256": hashlib.sha256(d.text.encode("utf-8", "surrogatepass")).hexdigest()}
         return out
+
+    @_guard
+    async def tune_workspace(self, *args: Any) -> dict:
+        """a3b.tuneWorkspace([folder], [options]): tune an adapter on the workspace (tuning.py)."""
+        return await tuning.tune_workspace(self.server, self.session, *args)
 
     def completion_accepted(self, *args: Any) -> None:
         """a3b.completionAccepted(uri, offset, text, spans): the client inserted a suggestion; its

@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..runtime.environment import env
@@ -51,8 +52,10 @@ class Server:
         if not is_loopback(host) and not token:
             raise InvalidRequest(f"Listening on {host} (not the loopback) needs a token: give --token or set "
                                  f"{TOKEN_ENV}, so that only your clients can use the model.")
+        # with a LoRA adapter the plain base is served too, over the same weights (a context each)
+        base = replace(spec, lora_path=None) if spec.lora_path else None
         self.cfg = ServeConfig(spec=spec, model_id=name or model_id(spec), token=token, origins=tuple(origins),
-                               loopback=is_loopback(host))
+                               loopback=is_loopback(host), others={model_id(base): base} if base else {})
         self.host, self._port = host, port
         self.overload = connections.Overload(max_connections or connections.MAX_CONNECTIONS)
         app = create_app(self.cfg)

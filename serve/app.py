@@ -54,10 +54,15 @@ class ServeConfig:
     #: that rebinds its own name to 127.0.0.1 cannot reach the server)
     loopback: bool = True
     stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "errors": 0, "disconnects": 0})
+    #: more ids over the same weights: with a LoRA adapter, the plain base beside it (id -> spec)
+    others: dict[str, LoadSpec] = field(default_factory=dict)
 
 
 def model_id(spec: LoadSpec) -> str:
-    """A model's id over the API: the file's stem, or the model name of a remote reference."""
+    """A model's id over the API: the file's stem (the adapter's, with a LoRA adapter), or the model
+    name of a remote reference."""
+    if spec.lora_path:
+        return Path(spec.lora_path).stem
     if "://" in spec.path:
         frag = spec.path.partition("#")[2]
         return frag or spec.path.split("://", 1)[1].split("/", 1)[0]
@@ -139,6 +144,8 @@ class Api:
 
     def spec_for(self, body: dict) -> LoadSpec:
         name = body.get("model")
+        if isinstance(name, str) and name in self.cfg.others:
+            return self.cfg.others[name]
         if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
             return self.cfg.spec
         raise ModelNotFound(f"This server does not serve {shown(name)}; it serves {self.cfg.model_id!r} "
@@ -154,7 +161,9 @@ class Api:
         vision = bool(loaded is not None and loaded.features.get("vision"))
         return JSONResponse({"object": "list", "data": [{
             "id": self.cfg.model_id, "object": "model", "created": int(self.rt.created), "owned_by": "a3b",
-            "vision": vision, "meta": {"n_ctx": spec.n_ctx, "n_parallel": spec.n_parallel, "vision": vision}}]})
+            "vision": vision, "meta": {"n_ctx": spec.n_ctx, "n_parallel": spec.n_parallel, "vision": vision}}] + [{
+            "id": name, "object": "model", "created": int(self.rt.created), "owned_by": "a3b",
+            "meta": {"n_ctx": o.n_ctx, "n_parallel": o.n_parallel}} for name, o in self.cfg.others.items()]})
 
     async def props(self, request: Request) -> Response:
         m = await asyncio.get_running_loop().run_in_executor(None, self.rt.load, self.cfg.spec)
@@ -249,13 +258,14 @@ class Api:
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
         spec = self.spec_for(body)
+        mid = body["model"] if spec is not self.cfg.spec else self.cfg.model_id
         common = self._common(body, kind == "chat", spec, priority)
         stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token))
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
             sse = bridge.sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out,
-                             self.cfg.model_id, self.cfg.stats)
+                             mid, self.cfg.stats)
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         events: list[TokenEvent] = []
@@ -263,7 +273,7 @@ class Api:
             while (ev := q.items.popleft() if q.items else await q.get()) is not None:
                 events.append(ev)
         res = bridge.result(stream)
-        return JSONResponse(answers.final(kind, self.cfg.model_id, rid, res, events, out))
+        return JSONResponse(answers.final(kind, mid, rid, res, events, out))
 
     # -- llama-server's /infill -------------------------------------------------------------------
     async def infill(self, request: Request) -> Response:

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from comfyui_a3b import cli
+from comfyui_a3b import cli, cli_doctor
 from comfyui_a3b.prune import cli as prune_cli
 from comfyui_a3b.prune.config import PruneConfig
 from comfyui_a3b.runtime.errors import InvalidRequest
@@ -200,7 +200,7 @@ def _raise(exc: BaseException):
 
 
 def test_typed_error_is_one_line_and_exits_2(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "cmd_doctor", _raise(InvalidRequest("first line\nsecond line")))
+    monkeypatch.setattr(cli_doctor, "cmd_doctor", _raise(InvalidRequest("first line\nsecond line")))
     assert cli.main(["doctor"]) == 2
     assert one_error_line(capsys) == "a3b: error: first line second line\n"
 
@@ -208,7 +208,7 @@ def test_typed_error_is_one_line_and_exits_2(monkeypatch, capsys):
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), ValueError("boom"), OSError("boom")],
                          ids=lambda e: type(e).__name__)
 def test_other_exceptions_are_bugs_and_propagate(monkeypatch, capsys, exc):
-    monkeypatch.setattr(cli, "cmd_doctor", _raise(exc))
+    monkeypatch.setattr(cli_doctor, "cmd_doctor", _raise(exc))
     with pytest.raises(type(exc), match="boom"):
         cli.main(["doctor"])
     assert "a3b: error" not in capsys.readouterr().err
@@ -216,9 +216,9 @@ def test_other_exceptions_are_bugs_and_propagate(monkeypatch, capsys, exc):
 
 def test_a_bug_prints_its_traceback_and_exits_1():
     code = ("import sys\n"
-            "from comfyui_a3b import cli\n"
+            "from comfyui_a3b import cli, cli_doctor\n"
             "def boom(args):\n    raise RuntimeError('boom')\n"
-            "cli.cmd_doctor = boom\n"
+            "cli_doctor.cmd_doctor = boom\n"
             "sys.exit(cli.main(['doctor']))\n")
     r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
@@ -226,7 +226,7 @@ def test_a_bug_prints_its_traceback_and_exits_1():
 
 
 def test_ctrl_c_exits_130(monkeypatch):
-    monkeypatch.setattr(cli, "cmd_doctor", _raise(KeyboardInterrupt()))
+    monkeypatch.setattr(cli_doctor, "cmd_doctor", _raise(KeyboardInterrupt()))
     assert cli.main(["doctor"]) == 130
 
 

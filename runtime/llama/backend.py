@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..adapters import check as check_adapter
 from ..engine import DecodeFailed
 from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
@@ -105,6 +106,10 @@ class Sampler:
 
 class LlamaBackend:
     def __init__(self, weights: Weights, spec: LoadSpec):
+        if spec.lora_path:
+            # an adapter made for another base is refused before llama.cpp reads it; the base is the
+            # file asked for (a serving copy re-encoded from it carries the same weights)
+            check_adapter(spec.lora_path, spec.path)
         L = llama()
         self.weights = weights
         self.spec = spec

@@ -1,0 +1,61 @@
+"""`a3b serve --lora`: the adapter's id and the plain base's, over one loaded copy of the weights."""
+from __future__ import annotations
+
+import httpx
+
+from serve_helpers import MODEL
+
+
+def test_serve_with_an_adapter_also_serves_the_base(fake_engine, tmp_path):
+    from comfyui_a3b.runtime import get_runtime
+    from comfyui_a3b.serve import Server
+    from comfyui_a3b.serve.app import model_id
+
+    rt = get_runtime()
+    adapter = tmp_path / "myrepo.lora.gguf"
+    adapter.write_bytes(b"")        # the fake engine does not read it
+    spec = rt.spec(MODEL, n_parallel=2, n_ctx=256, lora_path=str(adapter))
+    base_id = model_id(rt.spec(MODEL, n_parallel=2, n_ctx=256))
+    srv = Server(spec, "127.0.0.1", 0).start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}", timeout=20, trust_env=False) as c:
+            ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+            assert ids == ["myrepo.lora", base_id]
+            answers = {}
+            for name in (None, "myrepo.lora", base_id):
+                body = {"prompt": "hello", "max_tokens": 4, "temperature": 0}
+                if name:
+                    body["model"] = name
+                r = c.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                answers[name] = r.json()["model"]
+            assert answers == {None: "myrepo.lora", "myrepo.lora": "myrepo.lora", base_id: base_id}
+            assert c.post("/v1/completions", json={"prompt": "x", "model": "other"}).status_code == 404
+    finally:
+        srv.stop()
+    with_lora, plain = rt.loaded(spec), rt.loaded(rt.spec(MODEL, n_parallel=2, n_ctx=256))
+    assert with_lora is not None and plain is not None and with_lora is not plain   # a context each
+    weights = {e.weights_key for e in rt.store._entries.values() if e.spec.path == MODEL}
+    assert len(weights) == 1                                                      # one copy of the weights
+
+
+def test_the_editors_lora_setting(fake_engine, tmp_path):
+    from comfyui_a3b.lsp_server import config as cfg
+    from comfyui_a3b.lsp_server.session import Engine, Session
+
+    adapter = tmp_path / "ws.lora.gguf"
+    adapter.write_bytes(b"")
+    eng = Engine(default_model=MODEL)
+    s = Session(eng)
+    try:
+        assert s.configure({"a3b": {"lora": str(adapter), "loraScale": 0.5}}) == []
+        assert s.spec().lora_path == str(adapter.resolve()) and s.spec().lora_scale == 0.5
+        for bad, words in (("ws.lora.gguf", "absolute path"), (str(tmp_path / "none.gguf"), "names no GGUF file")):
+            errors = s.configure({"lora": bad})
+            assert len(errors) == 1 and words in errors[0], errors
+            assert s.spec().lora_path == str(adapter.resolve())        # the previous adapter is kept
+        assert s.configure({"lora": None}) == [] and s.spec().lora_path is None
+        assert cfg.Settings().lora is None
+    finally:
+        s.close()
+        eng.close()

@@ -1,0 +1,186 @@
+"""Training samples from source files, laid out the way the editor asks the model.
+
+The language server asks a model that has fill-in-the-middle tokens with runtime/fim.py's layout,
+
+    [BOS] <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID> middle
+
+and the model ends the middle with its end-of-generation token. A FIM sample here is that layout
+with the middle filled in and the end token after it. A model without the three tokens is asked to
+continue a prefix, so its samples are plain windows of a file (next-token prediction).
+
+Where the middle is cut: at syntactic boundaries, found from indentation (any language): the middle
+starts at the beginning of a line and runs over whole lines up to the end of the statement or block
+that starts there (the next line indented no deeper than its first, blank lines aside), or, half of
+the time, ends inside that block at the end of a line, as a cursor in the middle of a function would.
+Samples alternate between FIM and plain windows (`fim_rate`, as code models are trained), so the
+adapter learns the repository's text as well as the editor's layout.
+
+Each sample is a token window of at most `seq_len` with a weight per target: 1 for tokens learnt,
+0 for padding and for the FIM marker tokens (their place is the caller's choice, not the code's).
+Everything is seeded: the same files, seed and tokenizer give the same samples.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from collections.abc import Callable
+
+import numpy as np
+
+from .collect import SourceFile
+
+#: Tokens kept free in a FIM window for the marker tokens, BOS and the end token.
+MARKERS = 5
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """What sample building needs of a model's vocabulary."""
+
+    tokenize: Callable[[str], list[int]]     # text -> ids, special-token parsing off
+    bos: int | None                          # prepended when the model adds one
+    end: int | None                          # the end-of-generation token after a middle
+    fim: tuple[int, int, int] | None         # (prefix, suffix, middle) or None
+
+    @classmethod
+    def from_vocab(cls, vocab) -> Tokenizer:
+        """From a runtime Vocab (runtime/llama Weights): the same tokens the editor's prompts use."""
+        from ..runtime.fim import fim_ids
+
+        st = vocab.special_tokens()
+        end = st.get("eot", -1)
+        end = end if end is not None and end >= 0 else st.get("eos", -1)
+        return cls(lambda t: vocab.tokenize(t, add_bos=False, special=False),
+                   vocab.bos if vocab.add_bos and vocab.bos >= 0 else None,
+                   end if end is not None and end >= 0 else None, fim_ids(vocab))
+
+
+@dataclass
+class Samples:
+    tokens: np.ndarray    # (N, seq_len) int64
+    weights: np.ndarray   # (N, seq_len) float32: weight of predicting tokens[:, t + 1] at t; last column 0
+    kinds: list[str]      # "fim" or "plain" per row
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def targets(self) -> int:
+        return int(self.weights.sum())
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def block_end(lines: list[str], start: int) -> int:
+    """The line after the statement or block that begins at `lines[start]` (module docstring)."""
+    base = _indent(lines[start])
+    i = start + 1
+    while i < len(lines):
+        s = lines[i]
+        if s.strip() and _indent(s) <= base and not s.lstrip().startswith((")", "]", "}")):
+            break
+        i += 1
+    while i - 1 > start and not lines[i - 1].strip():   # trailing blank lines stay outside the middle
+        i -= 1
+    return i
+
+
+def _windows(lines: list[str], counts: list[int], room: int) -> list[tuple[int, int]]:
+    """Line ranges [a, b) whose token counts fit `room`, covering the file in order."""
+    out, a = [], 0
+    while a < len(lines):
+        b, used = a, 0
+        while b < len(lines) and (used + counts[b] <= room or b == a):
+            used += counts[b]
+            b += 1
+        out.append((a, b))
+        a = b
+    return out
+
+
+class Builder:
+    def __init__(self, tok: Tokenizer, seq_len: int, fim_rate: float = 0.5, seed: int = 0):
+        self.tok, self.seq_len, self.seed = tok, seq_len, seed
+        self.fim_rate = fim_rate if tok.fim is not None else 0.0
+        self._lines: dict[str, int] = {}   # token count of each distinct line, over all epochs
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok.tokenize(text) if text else []
+
+    def _count(self, line: str) -> int:
+        n = self._lines.get(line)
+        if n is None:
+            n = self._lines[line] = len(self._ids(line))
+        return n
+
+    def plain(self, ids: list[int]) -> list[tuple[list[int], list[float]]]:
+        """Next-token windows of a file's ids (each starts with BOS where the model uses one)."""
+        bos = [] if self.tok.bos is None else [self.tok.bos]
+        step = self.seq_len - len(bos)
+        out = []
+        for a in range(0, max(len(ids) - 1, 1), step):
+            w = bos + ids[a:a + step]
+            if len(w) >= 2:
+                out.append((w, [1.0] * (len(w) - 1)))
+        return out
+
+    def fim(self, lines: list[str], rng: random.Random) -> tuple[list[int], list[float]] | None:
+        """One FIM sample from a window of lines, cut at a syntactic boundary."""
+        starts = [i for i, s in enumerate(lines) if s.strip()]
+        if len(starts) < 2:
+            return None
+        a = rng.choice(starts)
+        b = block_end(lines, a)
+        if rng.random() < 0.5 and b - a > 1:   # a cursor inside the block: the middle ends at a line end
+            b = rng.randrange(a + 1, b + 1)
+        prefix, middle, suffix = "".join(lines[:a]), "".join(lines[a:b]), "".join(lines[b:])
+        pre_t, suf_t, fim_mid = self.tok.fim
+        bos = [] if self.tok.bos is None else [self.tok.bos]
+        end = [] if self.tok.end is None else [self.tok.end]
+        p, m, s = self._ids(prefix), self._ids(middle) + end, self._ids(suffix)
+        room = self.seq_len - len(bos) - 3
+        m = m[:room]
+        s = s[:max(0, (room - len(m)) // 2)] if len(p) + len(s) + len(m) > room else s
+        p = p[-(room - len(m) - len(s)):] if room - len(m) - len(s) > 0 else []
+        ids = bos + [pre_t] + p + [suf_t] + s + [fim_mid] + m
+        markers = {pre_t, suf_t, fim_mid}
+        # weight of the target ids[t + 1]: the markers are not learnt, everything else is
+        w = [0.0 if ids[t + 1] in markers else 1.0 for t in range(len(ids) - 1)]
+        return ids, w
+
+    def build(self, files: list[SourceFile], epoch: int = 0) -> Samples:
+        rows: list[tuple[list[int], list[float]]] = []
+        kinds: list[str] = []
+        for fi, f in enumerate(files):
+            rng = random.Random(f"{self.seed}:{epoch}:{fi}:{f.path}")
+            if self.fim_rate <= 0:
+                got = self.plain(self._ids(f.text))
+                rows += got
+                kinds += ["plain"] * len(got)
+                continue
+            lines = f.text.splitlines(keepends=True)
+            counts = [self._count(s) for s in lines]
+            for a, b in _windows(lines, counts, self.seq_len - MARKERS):
+                win = lines[a:b]
+                sample = self.fim(win, rng) if rng.random() < self.fim_rate else None
+                if sample is None:
+                    got = self.plain(self._ids("".join(win)))[:1]
+                    rows += got
+                    kinds += ["plain"] * len(got)
+                else:
+                    rows.append(sample)
+                    kinds.append("fim")
+        return pack(rows, kinds, self.seq_len)
+
+
+def pack(rows: list[tuple[list[int], list[float]]], kinds: list[str], seq_len: int) -> Samples:
+    n = len(rows)
+    tokens = np.zeros((n, seq_len), dtype=np.int64)
+    weights = np.zeros((n, seq_len), dtype=np.float32)
+    for i, (ids, w) in enumerate(rows):
+        ids, w = ids[:seq_len], w[:seq_len - 1]
+        tokens[i, :len(ids)] = ids
+        weights[i, :len(w)] = w
+    return Samples(tokens, weights, kinds)
