@@ -59,6 +59,9 @@ class ModelInfo:
     engine: str = "llama.cpp"
     n_gpu_layers: int = 0         # as loaded (after "auto" was resolved)
     offload: str = ""             # how that was chosen, in words
+    n_cpu_moe: int = 0            # layers whose expert (or FFN) tensors stay in main memory, as loaded
+    #: the placement plan: what went where, memory expected and measured (runtime/llama/planner.py)
+    placement: dict = field(default_factory=dict)
 
 
 class Weights(Protocol):

@@ -232,6 +232,16 @@ SERVE_AS_OPTION = Option("serve_as", str, "as-is",
 EMBED_N_CTX = Option("embed_n_ctx", int, 256,
                      "Longest text the embedding context takes, in tokens (longer texts are refused).",
                      min=8, max=1 << 16)
+CPU_MOE = Option("cpu_moe", bool, False,
+                 "Keep every expert tensor of a mixture-of-experts model in system RAM, computed on the CPU; "
+                 "attention, shared experts and the KV cache stay on the GPU.")
+N_CPU_MOE = Option("n_cpu_moe", int, 0,
+                   "Keep the expert tensors of the first N layers in system RAM (0 = none; auto GPU layers "
+                   "choose it from the free GPU memory when no placement is given).",
+                   min=0, max=512)   # llama.cpp's LLAMA_MAX_LAYERS
+OVERRIDE_TENSOR = Option("override_tensor", str, None,
+                         "Tensor placement like llama.cpp's -ot: REGEX=DEVICE, comma-separated; DEVICE is CPU or "
+                         "a GPU name a3b doctor lists (CUDA0).", nullable=True)
 CTX_POLICY = Option("ctx_policy", str, "warn",
                     "When the context asked for exceeds the model's trained context: load and log a warning "
                     "(warn), or stop with an error (refuse).", choices=CTX_POLICIES)
@@ -311,7 +321,8 @@ SERVE_TOKEN = Option("token", str, None, "Bearer token every request must carry.
 
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
-                                     USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, CTX_POLICY)}
+                                     USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, CTX_POLICY,
+                                     CPU_MOE, N_CPU_MOE, OVERRIDE_TENSOR)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
@@ -349,6 +360,10 @@ class LoadSpec:
     embed_n_ctx: int = EMBED_N_CTX.default
     #: "warn" loads, logs a warning and reports it in status; "refuse" raises ContextTooLarge
     ctx_policy: str = CTX_POLICY.default
+    #: tensor placement (runtime/llama/placement.py)
+    cpu_moe: bool = CPU_MOE.default
+    n_cpu_moe: int = N_CPU_MOE.default
+    override_tensor: str | None = OVERRIDE_TENSOR.default
 
     def validate(self) -> None:
         check_fields(self, LOAD_OPTIONS)

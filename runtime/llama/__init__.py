@@ -4,19 +4,20 @@ are worker.LoadedModel over a LlamaBackend.
 binding.py   llama-cpp-python imported once, llama.cpp's log captured, the batch helper
 weights.py   one loaded llama_model and its vocabulary; load-error classification
 backend.py   contexts for one LoadSpec: decode, sample, embed
+planner.py   where each tensor goes (pure policy); placement.py and fitting.py apply it to a load
 """
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from .. import vet
 from ..engine import Engine
-from ..errors import InvalidRequest
 from ..gguf_info import check_header
 from ..options import LoadSpec
-from . import offload
+from . import fitting, offload, placement, planner
 from .devices import gpus
 from ..serving import serving_path
 from ..worker import LoadedModel
@@ -40,7 +41,8 @@ class LlamaEngine(Engine):
 
     def weights_key(self, spec: LoadSpec) -> tuple:
         st = os.stat(spec.path)
-        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as)
+        return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as,
+                spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor)
 
     def file_bytes(self, spec: LoadSpec) -> int:
         return os.path.getsize(spec.path)
@@ -49,15 +51,29 @@ class LlamaEngine(Engine):
         # vetted before anything here reads the header's values or re-encodes the file in this process
         vet.check_file(spec.path)
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
-        n_gpu_layers, how = gpu_layers(load_path, spec)
-        offload.check_fits_in_memory(
-            offload.host_bytes(load_path, n_gpu_layers=n_gpu_layers, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
-                               kv_cache_type=spec.kv_cache_type), total_memory(), Path(spec.path).name)
-        return Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
-                       offload=how)
+        return fitting.load_planned(load_path, spec, Path(spec.path).name)
 
     def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
-        return LoadedModel(weights, LlamaBackend(weights, spec), spec)
+        n_ctx = int(weights.info.placement.get("n_ctx") or spec.n_ctx)
+        if n_ctx < spec.n_ctx:   # the planner shrank the context to fit the GPU (said in its reason)
+            log.warning("%s: n_ctx %d -> %d per slot to fit the GPU", weights.info.name, spec.n_ctx, n_ctx)
+        return LoadedModel(weights, LlamaBackend(weights, replace(spec, n_ctx=min(n_ctx, spec.n_ctx))), spec)
+
+    def smaller_placement(self, spec: LoadSpec, info, nbytes: int) -> int | None:
+        """The device memory cap of a placement holding `nbytes` less than `info`'s with every layer
+        still on the GPU (more experts in main memory), or None where there is none (runtime/handover.py)."""
+        plan = info.placement
+        if spec.n_gpu_layers != "auto" or spec.cpu_moe or not plan.get("gpu") or not plan.get("gpu_bytes"):
+            return None
+        cap = int(plan["gpu_bytes"]) - int(nbytes)
+        path = info.path
+        lay = placement.layout(path)
+        if cap <= 0 or not lay.movable_bytes():
+            return None
+        p = planner.plan(lay, free_bytes=cap + planner.MARGIN, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
+                         n_batch=spec.n_batch, kv_type=spec.kv_cache_type, flash_attn=spec.flash_attn,
+                         n_cpu_moe=spec.n_cpu_moe or None)
+        return cap if p.full and p.n_cpu_moe > info.n_cpu_moe and p.n_ctx == spec.n_ctx else None
 
     def gpus(self) -> list:
         return gpus()
@@ -73,42 +89,6 @@ class LlamaEngine(Engine):
         n_embd_kv = weights.n_embd * (weights.n_head_kv or weights.n_head) // max(weights.n_head, 1)
         per_token = weights.n_layer * 2 * n_embd_kv * offload.KV_BYTES.get(spec.kv_cache_type, 2)
         return int(per_token * spec.n_ctx * spec.n_parallel)
-
-
-def gpu_layers(path, spec: LoadSpec) -> tuple[int, str]:
-    """The n_gpu_layers to load `path` with, and a line saying why."""
-    n = spec.n_gpu_layers
-    if n == "auto":
-        found = gpus()
-        if not found:
-            why = ("CPU only: this llama-cpp-python has no GPU backend" if not llama().llama_supports_gpu_offload()
-                   else "CPU only: no GPU found")
-            return 0, why
-        p = offload.plan(path, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
-                         kv_cache_type=spec.kv_cache_type, free_bytes=found[0].free_bytes)
-        log.info("%s: %s", Path(path).name, p.describe())
-        return p.n_gpu_layers, f"auto: {p.describe()}"
-    if n != 0 and not llama().llama_supports_gpu_offload():
-        raise InvalidRequest(
-            f"n_gpu_layers={n} asks for the GPU, but the installed llama-cpp-python was built for the CPU only. "
-            "Use n_gpu_layers 0 (or 'auto'), or install a GPU build: see the README's GPU section "
-            "(CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python).")
-    if n > 0:
-        n, note = offload.clamp_layers(n, len(offload.model_sizes(path)[0]))
-        if note:
-            log.info("%s: %s", Path(path).name, note)
-            return n, note
-    return n, ("CPU only" if n == 0 else f"{'all' if n < 0 else n} layers on the GPU, as asked")
-
-
-def total_memory() -> int:
-    """This machine's main memory in bytes (0 where unknown: then nothing is refused)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - an unknown size only turns the check off
-        return 0
 
 
 ENGINE = LlamaEngine()

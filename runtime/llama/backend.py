@@ -18,6 +18,7 @@ from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
 from .weights import Weights
 
@@ -117,7 +118,7 @@ class LlamaBackend:
         self.name = weights.info.name
         mark = log_mark()
         with weights.use():
-            self.ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
+            self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, context_params(spec)))
         self.threads = thread_counts(spec.n_threads)
         self._batch_threads = self.threads[1]
         if not self.ctx:
