@@ -18,6 +18,9 @@
    memory (free before and after the load); CPU threads.
 4. At the largest budget, a hand-over as ComfyUI asks for it (runtime/handover.py): give 4 GB back
    by a smaller placement, the seconds it took, decode speed after.
+5. With ComfyUI's sources (`--comfyui DIR`, or $COMFYUI_DIR), under the largest budget, in a child
+   process: ComfyUI's real model management loading a diffusion-model-sized ModelPatcher beside the
+   LLM, the hand-over it triggers, generations in between (bench_offload_comfy.py).
 
 Every sub-measurement that fails is recorded with its error and the run goes on. Writes
 bench_offload.json, .md and (with matplotlib) .png into --out.
@@ -250,6 +253,20 @@ def measure(path: Path, budgets: list[float], args, deadline: float) -> list[dic
     return out
 
 
+def comfyui_run(path: Path, gb: float, args) -> dict:
+    """bench_offload_comfy in a child process (torch and ComfyUI there), under the budget `gb`."""
+    with Budget(gb) as b, tempfile.TemporaryDirectory() as d:
+        say(f"ComfyUI beside the LLM, budget {gb} GB: {b.note}")
+        res_path = Path(d) / "comfy.json"
+        p = subprocess.run([args.comfyui_python, "-m", "comfyui_a3b.bench.bench_offload_comfy", "--comfyui",
+                            args.comfyui, "--model", str(path), "--diffusion-gb", str(args.diffusion_gb), "--n-ctx",
+                            str(args.n_ctx), "--out", str(res_path)], capture_output=True, text=True, timeout=300)
+        say(p.stdout[-3000:])
+        if not res_path.exists():
+            return {"error": (p.stdout + p.stderr)[-2000:], "budget": b.note}
+        return {**json.loads(res_path.read_text()), "budget": b.note}
+
+
 def table(res: dict) -> str:
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -278,6 +295,18 @@ def table(res: dict) -> str:
                      f"({a['gpu_gib']:.1f} GiB) "
                      f"| ngl {b['n_gpu_layers']}, n_cpu_moe {b['n_cpu_moe']} ({b['gpu_gib']:.1f} GiB) "
                      f"| {a['layer_only_gpu_layers']} / {b['layer_only_gpu_layers']} |")
+    c = res.get("comfyui", {})
+    if c and "diffusion_load" in c:
+        lines += ["", f"ComfyUI ({c.get('device')}, {c.get('budget')}): diffusion model {c.get('diffusion_gb')} GB", "",
+                  "| step | seconds | LLM placement | decode tokens/s | hand-overs | error |",
+                  "|---|---|---|---|---|---|"]
+        for k in ("llm_load", "diffusion_load", "llm_generate", "diffusion_again", "llm_again"):
+            s = c.get(k, {})
+            llm = s.get("llm", s)
+            lines.append(f"| {k} | {f(s.get('seconds'), '{:.2f}')} | {str(llm.get('offload', '-'))[:90]} | "
+                         f"{f(s.get('decode_tps'))} | {len(s.get('handovers', []))} | {s.get('error', '')[:80]} |")
+    elif c:
+        lines += ["", f"ComfyUI: {c.get('skipped') or c.get('error', '')[:300]}"]
     return "\n".join(lines)
 
 
@@ -321,6 +350,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--handover", type=float, default=4.0, help="GB to give back at the largest budget (0: off)")
     ap.add_argument("--max-seconds", type=float, default=300, help="no new budget starts after this")
+    ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_DIR"), help="ComfyUI's sources (step 5)")
+    ap.add_argument("--comfyui-python", default=sys.executable, help="the Python with torch for step 5")
+    ap.add_argument("--diffusion-gb", type=float, default=5.1)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -346,6 +378,8 @@ def main(argv=None) -> int:
         for i, gb in enumerate(budgets):
             args.handover = ho if i == len(budgets) - 1 else 0   # the hand-over at the largest budget only
             res["runs"] += measure(path, [gb], args, deadline)
+        res["comfyui"] = attempt(comfyui_run, path, max(budgets), args) if args.comfyui else {
+            "skipped": "no ComfyUI sources (--comfyui or $COMFYUI_DIR)"}
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
