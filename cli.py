@@ -63,11 +63,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.N_THREADS, "--threads", metavar="N")
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
+    add_argument(p, opt.CPU_MOE, action="store_true")
+    add_argument(p, opt.N_CPU_MOE, metavar="N")
+    add_argument(p, opt.OVERRIDE_TENSOR, "--override-tensor", "-ot", metavar="REGEX=DEVICE", action="append",
+                 default_text="none; the flag may be repeated")
 
 
 def _spec(rt, args):
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                   ctx_policy=args.ctx_policy)
+                   ctx_policy=args.ctx_policy, cpu_moe=args.cpu_moe or None, n_cpu_moe=args.n_cpu_moe or None,
+                   override_tensor=",".join(args.override_tensor) if args.override_tensor else None)
 
 
 def _one_line(error: BaseException) -> str:

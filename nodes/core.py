@@ -192,7 +192,9 @@ def describe(spec: LoadSpec) -> str:
     name = Path(spec.path).name
     if name == DEFAULT_MODEL_NAME:
         name += " (embedded default)"
-    return f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
+    text = f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
+    loaded = get_runtime().loaded(spec)
+    return text + (f"; placed: {loaded.info.offload}" if loaded is not None and loaded.info.offload else "")
 
 
 # -- generation ----------------------------------------------------------------------------------

@@ -143,14 +143,16 @@ def _first(x: Any) -> Any:
 
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
-                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0):
+                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0,
+                cpu_moe=False, n_cpu_moe=0, override_tensor=""):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads,
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
-                           experts_keep=experts_keep, serve_as=serve_as,
+                           experts_keep=experts_keep, serve_as=serve_as, cpu_moe=bool(cpu_moe),
+                           n_cpu_moe=int(n_cpu_moe or 0), override_tensor=(override_tensor or "").strip() or None,
                            lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
     return (spec,), {"text": [core.describe(spec)]}
 
@@ -192,6 +194,9 @@ LOADER = NodeDef(
         widget(opt.SERVE_AS_OPTION, optional=True),
         widget(HEADS_KEEP, optional=True),
         widget(EXPERTS_KEEP, optional=True),
+        widget(opt.CPU_MOE, optional=True),
+        widget(opt.N_CPU_MOE, optional=True),
+        widget(opt.OVERRIDE_TENSOR, optional=True),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

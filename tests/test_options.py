@@ -158,14 +158,14 @@ def test_every_flag_of_a_runtime_option_is_its_declaration():
             help_text = _help(parser, action)
             assert help_text.startswith(" ".join(cli_help(option.help).split())), (where, help_text)
             if action.default == option.default:
-                if option.default is not None:
+                if option.default is not None and option.type is not bool:   # a switch is off when left out
                     assert f"(default: {option.default})" in help_text, (where, help_text)
             else:   # left out, a sampling flag keeps the preset's value; the default preset is the declarations
                 assert name == "generate" and option.name in cli.SAMPLING_OPTIONS and action.default is None, where
                 assert "(default: the preset's value)" in help_text, where
     assert {"n_ctx", "n_threads", "n_gpu_layers", "ctx_policy", "max_tokens", "seed", "threshold", "min_run",
             "pooling", "n_parallel", "thinking", "reasoning_budget", "max_total_tokens", "json_schema",
-            *cli.SAMPLING_OPTIONS} <= seen
+            "cpu_moe", "n_cpu_moe", "override_tensor", *cli.SAMPLING_OPTIONS} <= seen
 
 
 def test_generate_passes_the_runtimes_max_tokens_and_says_so(capsys):

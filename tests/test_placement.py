@@ -289,3 +289,37 @@ def test_experts_on_the_cpu_buffer_type_give_the_default_placements_logits(moe):
     again, _ = _events(rt, moe, cpu_moe=True)   # its prompt's KV cache is reused: the same tokens
     assert [e[0] for e in again] == [e[0] for e in default] and rt.store.weight_loads == 2   # loaded once
     rt.unload()
+
+
+# -- the surfaces: CLI, language-server settings, the loader node ------------------------------------------
+def test_the_cli_flags_reach_the_spec_and_a_bad_placement_is_one_line(dense, capsys):
+    from comfyui_a3b import cli
+
+    args = cli.build_parser().parse_args(["generate", "hi", "--cpu-moe", "--n-cpu-moe", "3", "-ot", "a=CPU",
+                                          "--override-tensor", "b=CUDA0"])
+    spec = cli._spec(get_runtime(), args)
+    assert (spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor) == (True, 3, "a=CPU,b=CUDA0")
+    plain = cli._spec(get_runtime(), cli.build_parser().parse_args(["generate", "hi"]))
+    assert (plain.cpu_moe, plain.n_cpu_moe, plain.override_tensor) == (False, 0, None)
+    assert cli.main(["generate", "hi", "--model", str(dense), "--n-cpu-moe", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("a3b: error: --n-cpu-moe=2: dense.gguf is a dense model") and "\n" not in err
+
+
+def test_the_language_server_settings_take_the_placement():
+    from comfyui_a3b.lsp_server import config as cfg
+
+    s, errors = cfg.apply(cfg.Settings(), {"cpuMoe": True, "nCpuMoe": 4, "overrideTensor": "exps=CPU"})
+    assert errors == [] and (s.cpu_moe, s.n_cpu_moe, s.override_tensor) == (True, 4, "exps=CPU")
+    _, errors = cfg.apply(cfg.Settings(), {"nCpuMoe": -1, "cpuMoe": "yes"})
+    assert len(errors) == 2 and "nCpuMoe" in errors[0] + errors[1]
+    assert set(cfg.LOAD_FIELDS) <= {f for f in LoadSpec.__dataclass_fields__}
+
+
+def test_the_loader_node_passes_the_placement(fake_engine):
+    from comfyui_a3b.nodes import defs
+
+    kw = {**defs.LOADER.defaults(), "model": "fake://moe", "cpu_moe": True, "n_cpu_moe": 2, "override_tensor": " "}
+    (spec,), _ = defs._run_loader("1", **kw)
+    assert (spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor) == (True, 2, None)
+    get_runtime().unload()
