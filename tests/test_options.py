@@ -320,3 +320,15 @@ def test_serve_answers_400_past_the_bounds(client):
         assert r.status_code == 400 and f"{said} must be" in r.json()["error"]["message"], (name, value, r.text)
     r = client.post("/infill", json={"input_prefix": "x", "t_max_predict_ms": opt.T_MAX_PREDICT_MS.max + 1})
     assert r.status_code == 400 and "t_max_predict_ms" in r.text
+
+
+def test_the_load_options_table_in_the_docs_is_the_declarations():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = text.partition("## Load options")[2].partition("\n## ")[0]
+    rows = {m[1]: (m[2].strip(), m[3].strip()) for m in re.finditer(r"^\| `(\w+)` \|([^|]*)\|(.*) \|$", table, re.M)}
+    assert set(rows) == set(opt.LOAD_OPTIONS)
+    for name, o in opt.LOAD_OPTIONS.items():
+        assert rows[name] == ("none" if o.default is None else f"`{o.default}`", o.help), name

@@ -323,3 +323,17 @@ def test_the_loader_node_passes_the_placement(fake_engine):
     (spec,), _ = defs._run_loader("1", **kw)
     assert (spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor) == (True, 2, None)
     get_runtime().unload()
+
+
+def test_a_concrete_placement_attaches_only_to_a_copy_placed_the_same_way():
+    from comfyui_a3b.runtime.store import _Entry, placed
+
+    info = types.SimpleNamespace(n_gpu_layers=5, n_layer=4, n_cpu_moe=2)
+    auto = LoadSpec("m.gguf")
+    e = _Entry(auto, types.SimpleNamespace(info=info), ("k",), 0)
+    assert placed(auto, info) == LoadSpec("m.gguf", n_gpu_layers=5, n_cpu_moe=2)
+    assert e.same_layers(auto)                                              # auto: any placement
+    assert e.same_layers(LoadSpec("m.gguf", n_gpu_layers=-1, n_cpu_moe=2))  # the placement it resolved to
+    assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=-1))            # every expert on the GPU: another
+    assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=-1, cpu_moe=True))
+    assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=3, n_cpu_moe=2))
