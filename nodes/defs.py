@@ -153,7 +153,8 @@ def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
                            experts_keep=experts_keep, serve_as=serve_as, cpu_moe=bool(cpu_moe),
                            n_cpu_moe=int(n_cpu_moe or 0), override_tensor=(override_tensor or "").strip() or None,
-                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
+                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram,
+                           vram_reserve=comfy.inference_reserve)
     return (spec,), {"text": [core.describe(spec)]}
 
 

@@ -210,8 +210,8 @@ N_CTX = Option("n_ctx", int, 2048, "Context tokens per request: prompt and answe
                min=16, max=MAX_CONTEXT, step=256)
 N_PARALLEL = Option("n_parallel", int, 2, "Sequence slots: requests decoded together.", min=1, max=64)
 N_GPU_LAYERS = Option("n_gpu_layers", int, "auto",
-                      "Layers offloaded to a GPU: auto = the planner fits layers, expert tensors and context into the free "
-                      "GPU memory (0 without a GPU), 0 = CPU only, -1 = all, N = the last N layers.",
+                      "Layers offloaded to a GPU: auto = the planner fits layers, expert tensors and context into "
+                      "the free GPU memory (0 without a GPU), 0 = CPU only, -1 = all, N = the last N layers.",
                       # any count beyond the model's layers means all of them; llama.cpp takes an int32
                       min=-1, max=2**31 - 1, words=("auto",))
 N_THREADS = Option("n_threads", int, 0,

@@ -337,3 +337,20 @@ def test_a_concrete_placement_attaches_only_to_a_copy_placed_the_same_way():
     assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=-1))            # every expert on the GPU: another
     assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=-1, cpu_moe=True))
     assert not e.same_layers(LoadSpec("m.gguf", n_gpu_layers=3, n_cpu_moe=2))
+
+
+def test_inside_comfyui_the_planner_leaves_what_comfyui_keeps_for_inference(comfy, fake_engine, monkeypatch):
+    from comfyui_a3b.nodes import comfy as comfy_glue, core
+
+    comfy.minimum_inference_memory = lambda: 1 << 30
+    comfy.extra_reserved_memory = lambda: 1 << 28
+    seen = []
+    original = fake_engine.load_weights
+
+    def load_weights(s):
+        seen.append(handover.reserve_bytes())
+        return original(s)
+
+    monkeypatch.setattr(fake_engine, "load_weights", load_weights, raising=False)
+    core.load_model("fake://reserve", vram_reserve=comfy_glue.inference_reserve)
+    assert seen == [(1 << 30) + (1 << 28)] and handover.reserve_bytes() == 0

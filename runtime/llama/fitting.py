@@ -86,6 +86,8 @@ def measure_context(weights: Weights, create):
         expected = weights.info.placement.get("gpu_bytes") or 0
         if expected:
             m["gpu_vs_expected"] = round(m["gpu_bytes"] / expected, 3)
+            log.info("%s: %.2f GiB of GPU memory measured after the load, %.2f GiB expected (%.2fx)",
+                     weights.info.name, m["gpu_bytes"] / 2**30, expected / 2**30, m["gpu_vs_expected"])
     return ctx
 
 
