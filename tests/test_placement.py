@@ -71,7 +71,7 @@ def test_a_context_is_shrunk_only_when_not_one_layer_fits_and_it_says_so(moe):
     assert planner.cost(lay, n_gpu_layers=1, n_cpu_moe=4, **{**ARGS, **big})["gpu"] > free - planner.MARGIN
     p = planner.plan(lay, free_bytes=free, **big)
     assert p.n_ctx == 4096 and p.n_gpu_layers >= 1
-    assert any("n_ctx shrunk from 16384 to 4096" in w for w in p.warnings)
+    assert [w for w in p.warnings if "shrunk" in w] == ["n_ctx shrunk from 16384 to 4096 per slot to fit the GPU"]
     nothing = planner.plan(lay, free_bytes=planner.MARGIN // 2, **big)   # nothing fits at any context
     assert (nothing.n_gpu_layers, nothing.n_ctx, nothing.speed) == (0, 16384, "cpu")
     assert not any("shrunk" in w for w in nothing.warnings)
@@ -354,3 +354,24 @@ def test_inside_comfyui_the_planner_leaves_what_comfyui_keeps_for_inference(comf
     monkeypatch.setattr(fake_engine, "load_weights", load_weights, raising=False)
     core.load_model("fake://reserve", vram_reserve=comfy_glue.inference_reserve)
     assert seen == [(1 << 30) + (1 << 28)] and handover.reserve_bytes() == 0
+
+
+def test_a_shrunk_context_reaches_the_loaded_model_and_its_status(moe, monkeypatch):
+    """The whole auto path with a pretended GPU (llama.cpp's CPU build runs what it is given on the CPU)."""
+    from comfyui_a3b.runtime import Runtime
+    from comfyui_a3b.runtime.llama import fitting
+
+    lay = placement.layout(moe)
+    big = dict(n_ctx=16384, n_parallel=8, n_batch=64)
+    free = free_for(lay, 1, 4, **dict(big, n_ctx=4096))
+    monkeypatch.setattr(fitting, "gpus", lambda: [types.SimpleNamespace(**{**GPU.__dict__, "free_bytes": free})])
+    rt = Runtime()
+    m = rt.load(str(moe), **big)
+    assert m.n_ctx_seq == 4096 and m.spec.n_ctx == 16384
+    p = rt.status()["models"][0]["placement"]
+    assert (p["n_ctx"], p["n_ctx_asked"], p["n_cpu_moe"]) == (4096, 16384, 4)
+    assert "n_ctx shrunk from 16384 to 4096 per slot to fit the GPU" in p["warnings"]
+    assert p["measured"]["overridden_tensors"] == {"CPU": 12}
+    other = rt.load(str(moe), n_ctx=128, n_parallel=1)    # the same weights, a context that was not shrunk
+    assert other.n_ctx_seq == 128 and rt.store.weight_loads == 1
+    rt.unload()

@@ -54,8 +54,10 @@ class LlamaEngine(Engine):
         return fitting.load_planned(load_path, spec, Path(spec.path).name)
 
     def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
-        n_ctx = int(weights.info.placement.get("n_ctx") or spec.n_ctx)
-        if n_ctx < spec.n_ctx:   # the planner shrank the context to fit the GPU (said in its reason)
+        plan = weights.info.placement
+        shrunk = int(plan.get("n_ctx") or 0) < int(plan.get("n_ctx_asked") or 0)
+        n_ctx = int(plan["n_ctx"]) if shrunk else spec.n_ctx
+        if n_ctx < spec.n_ctx:   # the planner shrank the context to fit the GPU (said in its warnings)
             log.warning("%s: n_ctx %d -> %d per slot to fit the GPU", weights.info.name, spec.n_ctx, n_ctx)
         return LoadedModel(weights, LlamaBackend(weights, replace(spec, n_ctx=min(n_ctx, spec.n_ctx))), spec)
 

@@ -66,6 +66,7 @@ def load_planned(path, spec: LoadSpec, name: str) -> Weights:
     after = gpu_free_bytes()
     info = w.info.placement
     info["overrides"] = [f"{pat}={dev}" for pat, dev in entries]
+    info["n_ctx_asked"] = spec.n_ctx
     info["measured"] = {**placement.measured_from_log(w.load_log), "seconds": w.load_seconds}
     if before is not None and after is not None:
         info["measured"]["gpu_weights_bytes"] = before - after

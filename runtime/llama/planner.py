@@ -194,7 +194,7 @@ def cost(layout: Layout, *, n_gpu_layers: int, n_cpu_moe: int, n_ctx: int, n_par
         if largest_host and batch >= OP_OFFLOAD_MIN_BATCH:
             compute += 2 * largest_host
     return {"gpu": gpu_w + gpu_kv + compute, "gpu_weights": gpu_w, "gpu_kv": gpu_kv, "gpu_compute": compute,
-            "host": host_w + host_kv, "non_movable_gpu": gpu_w - 0}
+            "host": host_w + host_kv}
 
 
 def _speed(layout: Layout, n_gpu_layers: int, n_cpu_moe: int, gpu: bool) -> str:
@@ -251,7 +251,7 @@ def plan(layout: Layout, *, free_bytes: int, n_ctx: int, n_parallel: int = 1, n_
             n_fixed = min(n_cpu_moe, n_layer)
             if fits(full, n_fixed, ctx):
                 return make(full, n_fixed, ctx, "every layer fits beside the placement asked")
-        if experts_first and movable and n_cpu_moe is None:
+        if experts_first and movable and n_cpu_moe is None and ctx == n_ctx:
             need = cost(layout, n_gpu_layers=full, n_cpu_moe=n_layer, n_ctx=ctx, **args)["gpu"]
             notes.append(f"even with every {'expert' if layout.moe else 'FFN tensor'} on the CPU the rest needs "
                          f"about {need / 2**30:.1f} GiB, {max(budget, 0) / 2**30:.1f} GiB usable: whole layers "
@@ -261,6 +261,7 @@ def plan(layout: Layout, *, free_bytes: int, n_ctx: int, n_parallel: int = 1, n_
                 return make(k, n_fixed, ctx, "as many layers as fit in the free memory, the first ones on the CPU")
         if ctx // 2 >= CTX_FLOOR and ctx > CTX_FLOOR:
             ctx //= 2
+            notes[:] = [x for x in notes if not x.startswith("n_ctx shrunk")]
             notes.append(f"n_ctx shrunk from {n_ctx} to {ctx} per slot to fit the GPU")
             continue
         if ctx != n_ctx:   # shrinking did not help: keep the context asked for, on the CPU
