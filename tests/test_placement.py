@@ -4,8 +4,12 @@ a tiny qwen3moe loaded with its experts on the CPU buffer type giving the defaul
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -375,3 +379,41 @@ def test_a_shrunk_context_reaches_the_loaded_model_and_its_status(moe, monkeypat
     other = rt.load(str(moe), n_ctx=128, n_parallel=1)    # the same weights, a context that was not shrunk
     assert other.n_ctx_seq == 128 and rt.store.weight_loads == 1
     rt.unload()
+
+
+@pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="set COMFYUI_DIR to a ComfyUI checkout")
+def test_comfyuis_own_free_memory_gets_a_smaller_placement_first(tmp_path):
+    """ComfyUI's real free_memory asks our entry for the bytes it lacks: a smaller placement gives them
+    and the model stays listed and loaded; asked for more than it holds, it is unloaded."""
+    tests = Path(__file__).resolve().parent
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{os.environ["COMFYUI_DIR"]!r}, {str(tests)!r}]
+        sys.argv = ["main.py", "--cpu"]
+        import comfy.options; comfy.options.enable_args_parsing()
+        import comfy.model_management as mm, folder_paths
+        import fakeengine; engine = fakeengine.install()
+        from comfyui_a3b.nodes import vram
+        from comfyui_a3b.runtime import get_runtime
+        assert vram.install()
+        rt = get_runtime()
+        spec = rt.spec("fake://gpu?gpu_layers=30")
+        rt.load(spec)
+        [entry] = mm.current_loaded_models
+        held = entry.nbytes
+        engine.smaller_placement = lambda s, info, n: held - n
+        # 1 GiB free, 2 GiB asked for: 1 GiB lacking
+        mm.get_free_memory = lambda dev=None, torch_free_too=False: (1 << 30, 0) if torch_free_too else 1 << 30
+        loads = engine.loads
+        mm.free_memory(2 << 30, mm.get_torch_device())
+        h = vram.status()["managed"][0]["handovers"]
+        print("smaller", len(mm.current_loaded_models), rt.loaded(spec) is not None, engine.loads - loads,
+              h[0]["asked_bytes"] == 1 << 30)
+        mm.free_memory(held * 4, mm.get_torch_device())
+        print("unloaded", len(mm.current_loaded_models), rt.loaded(spec) is not None)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "A3B_CACHE": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.split("\n")
+    assert "smaller 1 True 1 True" in lines and "unloaded 0 False" in lines, p.stdout
