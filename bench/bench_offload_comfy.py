@@ -70,6 +70,9 @@ def step(out: dict, name: str, fn):
 
 def run(comfyui: Path, model: Path, gb: float, n_ctx: int) -> dict:
     sys.path.insert(0, str(comfyui))
+    # our runtime first: llama.cpp's libraries load before torch's C++ runtime, the order our own
+    # processes use (inside ComfyUI torch comes first; see docs/gpu.md on the build that works there)
+    from comfyui_a3b.runtime import get_runtime
     import torch
     import comfy.cli_args
 
@@ -80,7 +83,6 @@ def run(comfyui: Path, model: Path, gb: float, n_ctx: int) -> dict:
     import folder_paths  # noqa: F401 - with model management loaded, what marks a running ComfyUI
 
     from comfyui_a3b.nodes import vram
-    from comfyui_a3b.runtime import get_runtime
 
     out: dict = {"device": str(mm.get_torch_device()), "policy": vram.policy(), "diffusion_gb": gb}
     assert vram.install()
