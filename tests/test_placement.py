@@ -417,3 +417,25 @@ def test_comfyuis_own_free_memory_gets_a_smaller_placement_first(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.split("\n")
     assert "smaller 1 True 1 True" in lines and "unloaded 0 False" in lines, p.stdout
+
+
+def test_giving_memory_back_reloads_the_real_model_with_more_experts_in_ram(moe, monkeypatch):
+    """runtime/handover.py over the llama.cpp engine, with a pretended GPU (the CPU build runs it all)."""
+    from comfyui_a3b.runtime import Runtime
+    from comfyui_a3b.runtime.llama import fitting
+
+    lay = placement.layout(moe)
+    monkeypatch.setattr(fitting, "gpus", lambda: [types.SimpleNamespace(**{**GPU.__dict__,
+                                                                          "free_bytes": free_for(lay, 5, 0)})])
+    rt = Runtime()
+    spec = rt.spec(str(moe), **ARGS)
+    m = rt.load(spec)
+    assert (m.info.n_gpu_layers, m.info.n_cpu_moe) == (5, 0)
+    give = gpu_cost(lay, 5, 0) - gpu_cost(lay, 5, 2)
+    res = handover.give_back(rt, spec, give)
+    m2 = rt.loaded(spec)
+    assert res["n_cpu_moe"] == m2.info.n_cpu_moe == 2 and res["gpu_bytes"] == gpu_cost(lay, 5, 2)
+    assert m2.info.placement["measured"]["overridden_tensors"] == {"CPU": 6} and rt.store.weight_loads == 2
+    assert handover.give_back(rt, spec, gpu_cost(lay, 5, 2)) is None     # only whole layers would free that
+    assert rt.loaded(spec) is m2
+    rt.unload()
