@@ -77,7 +77,7 @@ def test_a_context_is_shrunk_only_when_not_one_layer_fits_and_it_says_so(moe):
     assert p.n_ctx == 4096 and p.n_gpu_layers >= 1
     assert [w for w in p.warnings if "shrunk" in w] == ["n_ctx shrunk from 16384 to 4096 per slot to fit the GPU"]
     nothing = planner.plan(lay, free_bytes=planner.MARGIN // 2, **big)   # nothing fits at any context
-    assert (nothing.n_gpu_layers, nothing.n_ctx, nothing.speed) == (0, 16384, "cpu")
+    assert (nothing.n_gpu_layers, nothing.n_cpu_moe, nothing.n_ctx, nothing.speed) == (0, 0, 16384, "cpu")
     assert not any("shrunk" in w for w in nothing.warnings)
 
 

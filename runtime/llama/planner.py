@@ -266,7 +266,10 @@ def plan(layout: Layout, *, free_bytes: int, n_ctx: int, n_parallel: int = 1, n_
             continue
         if ctx != n_ctx:   # shrinking did not help: keep the context asked for, on the CPU
             notes[:] = [x for x in notes if not x.startswith("n_ctx shrunk")]
-        return make(0, n_fixed, n_ctx, "not even one layer fits next to the compute buffers")
+        # everything on the CPU: no expert overrides of the planner's own (they would only change the
+        # buffer type of tensors that are in main memory anyway)
+        return make(0, n_fixed if n_cpu_moe is not None else 0, n_ctx,
+                    "not even one layer fits next to the compute buffers")
 
 
 def layer_only(layout: Layout, **kw) -> Plan:
