@@ -8,7 +8,7 @@ are given (`--comfyui`, or $COMFYUI_DIR); needs torch and what `comfy.model_mana
 
 1. ComfyUI's model management imported, our models registered in it (nodes/vram.py `install`),
    the LLM loaded with the planner's placement, its decode tokens/s;
-2. a random-weight model of SDXL's UNet size (`--diffusion-gb`, fp16 `nn.Linear`s) wrapped in
+2. a model of SDXL's UNet size with uninitialised weights (`--diffusion-gb`, fp16 `nn.Linear`s) wrapped in
    ComfyUI's own `ModelPatcher` and loaded with `load_models_gpu`, the way ComfyUI loads a
    checkpoint: its `free_memory` asks our model for VRAM (`model_unload(memory_to_free)`), which
    first moves to a smaller placement; what the hand-over did and took;
@@ -56,7 +56,9 @@ def diffusion_model(gb: float):
     import torch
 
     n = max(1, int(gb * 1e9 / (8192 * 8192 * 2)))
-    return torch.nn.Sequential(*[torch.nn.Linear(8192, 8192, bias=False, dtype=torch.float16) for _ in range(n)])
+    meta = torch.nn.Sequential(*[torch.nn.Linear(8192, 8192, bias=False, dtype=torch.float16, device="meta")
+                                 for _ in range(n)])
+    return meta.to_empty(device="cpu")   # no initialisation pass over gigabytes: the values do not matter
 
 
 def step(out: dict, name: str, fn):
