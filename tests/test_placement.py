@@ -195,6 +195,10 @@ def test_a_smaller_placement_is_offered_only_where_experts_can_still_move(moe):
     info = types.SimpleNamespace(path=str(moe), n_cpu_moe=0, placement=full.as_dict())
     give = full.gpu_bytes - gpu_cost(lay, 5, 2)
     assert ENGINE.smaller_placement(spec, info, give) == gpu_cost(lay, 5, 2)
+    # the load measured twice what was planned: the bytes asked for are real ones, half as many planned
+    twice = types.SimpleNamespace(path=str(moe), n_cpu_moe=0,
+                                  placement={**full.as_dict(), "measured": {"gpu_vs_expected": 2.0}})
+    assert ENGINE.smaller_placement(spec, twice, 2 * give) == gpu_cost(lay, 5, 2)
     too_much = full.gpu_bytes - gpu_cost(lay, 5, 4) + 1      # would need whole layers to go: unload instead
     assert ENGINE.smaller_placement(spec, info, too_much) is None
     assert ENGINE.smaller_placement(LoadSpec(str(moe), n_gpu_layers=-1, **ARGS), info, give) is None

@@ -67,7 +67,9 @@ class LlamaEngine(Engine):
         plan = info.placement
         if spec.n_gpu_layers != "auto" or spec.cpu_moe or not plan.get("gpu") or not plan.get("gpu_bytes"):
             return None
-        cap = int(plan["gpu_bytes"]) - int(nbytes)
+        # the bytes asked for are real ones: in the plan's units where the load measured more (or less)
+        ratio = min(max(float(plan.get("measured", {}).get("gpu_vs_expected") or 1.0), 0.5), 2.0)
+        cap = int(plan["gpu_bytes"] - nbytes / ratio)
         path = info.path
         lay = placement.layout(path)
         if cap <= 0 or not lay.movable_bytes():
