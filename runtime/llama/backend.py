@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
+from .threadtune import ThreadTuner
 from .weights import Weights
 
 #: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
@@ -53,14 +55,6 @@ def thread_counts(n_threads: int = 0) -> tuple[int, int]:
         return n_threads, n_threads
     cores = os.cpu_count() or 1
     return max(1, cores // 2), cores
-
-
-def batch_threads(step: DecodeStep, decode: int, prompt: int) -> int:
-    """Threads for a batch of several tokens. llama.cpp takes its batch threads for every batch of
-    more than one token, so several requests decoding together (one token each, memory-bound like a
-    single token) would run on all cores: on 2 shared cores that made a 4-token request beside a long
-    one take 6-8 s instead of 0.1 s. Only a batch that reads a prompt chunk gets the prompt threads."""
-    return prompt if any(e.count > 1 for e in step.entries) else decode
 
 
 def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "mean"):
@@ -121,6 +115,7 @@ class LlamaBackend:
             self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, context_params(spec)))
         self.threads = thread_counts(spec.n_threads)
         self._batch_threads = self.threads[1]
+        self.tuner = ThreadTuner(*self.threads)
         if not self.ctx:
             detail = [ln.strip() for ln in log_since(mark).splitlines()
                       if "error" in ln.lower() or "fail" in ln.lower()]
@@ -154,11 +149,15 @@ class LlamaBackend:
         L = llama()
         fill_batch(self.batch, ((t, e.start + k, e.job.slot.seq_id, e.output is not None and k == e.count - 1)
                                 for e in step.entries for k, t in enumerate(e.tokens())))
-        want = batch_threads(step, *self.threads)
+        tokens = sum(e.count for e in step.entries)
+        chunk = any(e.count > 1 for e in step.entries)
+        want = self.tuner.choose(tokens, chunk)
         if want != self._batch_threads:
             L.llama_set_n_threads(self.ctx, self.threads[0], want)
             self._batch_threads = want
+        t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, self.batch)
+        self.tuner.observe(tokens, chunk, want, time.perf_counter() - t0)
         if rc != 0:
             # 1 = no KV slot (should not happen: each sequence owns n_ctx cells), 2 = aborted,
             # -1 = invalid batch, below: a backend error (a device out of memory, say), after which

@@ -1,0 +1,59 @@
+"""How many threads a batch of several requests' single tokens runs on, chosen by measuring.
+
+llama.cpp runs every batch of more than one token on its batch threads (all cores by default), one
+token on its decode threads (half of them). Several requests decoding together, one token each, lie
+in between: the weights are read once for all of them, as for one token, but the arithmetic grows
+with their number. Neither count is right everywhere:
+- on idle cores, all of them nearly doubled the aggregate speed of 4 requests decoding together
+  (2 cores, the embedded model: 133 against 61 tokens/s);
+- on a machine whose other work keeps a core busy (a ComfyUI run, a compiler), all-core batches
+  stall at every thread barrier of the graph: a 4-token request beside a long one took seconds
+  instead of a tenth of one.
+The machine's load changes while a model stays loaded, so this tuner measures instead of guessing.
+For such batches it keeps a moving average of the seconds per token of each count, per batch size
+class, runs the faster, and runs the other once every EXPLORE such batches so that a change of
+load is noticed. The cost of looking is one batch in EXPLORE at the slower count. A batch that
+reads a prompt chunk (compute-bound) always gets the prompt threads; one token, the decode threads.
+"""
+from __future__ import annotations
+
+EXPLORE = 24        # one batch in this many runs on the count that is not the faster one now
+ALPHA = 0.25        # weight of a new measurement in the moving average
+
+
+def size_class(tokens: int) -> int:
+    """2 -> 1, 3-4 -> 2, 5-8 -> 3, 9 and more -> 4: per-token cost falls with the batch's size."""
+    return min(4, (tokens - 1).bit_length())
+
+
+class ThreadTuner:
+    def __init__(self, decode: int, prompt: int):
+        self.decode, self.prompt = decode, prompt
+        self.cost: dict[tuple[int, int], float] = {}   # (size class, threads) -> seconds per token
+        self.runs: dict[int, int] = {}                 # size class -> tuned batches seen
+
+    def choose(self, tokens: int, prompt_chunk: bool) -> int:
+        """Threads for a batch of `tokens` tokens; `prompt_chunk` when some request reads its prompt."""
+        if prompt_chunk:
+            return self.prompt
+        if tokens <= 1 or self.decode == self.prompt:
+            return self.decode
+        size = size_class(tokens)
+        n = self.runs[size] = self.runs.get(size, 0) + 1
+        known = {t: self.cost[(size, t)] for t in (self.decode, self.prompt) if (size, t) in self.cost}
+        if self.decode not in known:
+            return self.decode          # the safe count first
+        if self.prompt not in known:
+            return self.prompt
+        best = min(known, key=known.__getitem__)
+        other = self.prompt if best == self.decode else self.decode
+        return other if n % EXPLORE == 0 else best
+
+    def observe(self, tokens: int, prompt_chunk: bool, threads: int, seconds: float) -> None:
+        """What a batch chosen by `choose` cost."""
+        if prompt_chunk or tokens <= 1 or self.decode == self.prompt or seconds <= 0:
+            return
+        key = (size_class(tokens), threads)
+        per_token = seconds / tokens
+        old = self.cost.get(key)
+        self.cost[key] = per_token if old is None else old + ALPHA * (per_token - old)
