@@ -233,6 +233,9 @@ class Backend(Protocol):
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
         """Pooled, unnormalised embeddings of a pack of texts, one row each."""
 
+    def idle(self) -> None:
+        """Work just ended (nothing runnable): let go of what only running work needs (CPU threads)."""
+
     def close(self) -> None: ...
 
 

@@ -21,6 +21,7 @@ from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
+from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
 
@@ -123,6 +124,7 @@ class LlamaBackend:
                                   f"{spec.n_parallel}, kv={spec.kv_cache_type}, flash_attn={spec.flash_attn}): "
                                   f"{' | '.join(detail[-2:]) or 'no detail'}. "
                                   "Try a smaller n_ctx, or kv_cache_type f16.")
+        self.pools = attach(self.ctx, *self.threads)   # None: each compute makes its own threadpool
         self.mem = L.llama_get_memory(self.ctx)
         if spec.lora_path:
             adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(spec.lora_path))
@@ -154,6 +156,8 @@ class LlamaBackend:
         want = self.tuner.choose(tokens, chunk)
         if want != self._batch_threads:
             L.llama_set_n_threads(self.ctx, self.threads[0], want)
+            if self.pools is not None:
+                self.pools.use(want)
             self._batch_threads = want
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, self.batch)
@@ -284,6 +288,10 @@ class LlamaBackend:
         return out
 
     # -- teardown -----------------------------------------------------------------------------
+    def idle(self) -> None:
+        if self.pools is not None:
+            self.pools.idle()
+
     def close(self) -> None:
         L = llama()
         if self._pool is not None:
@@ -301,3 +309,6 @@ class LlamaBackend:
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None
+        if self.pools is not None:   # after the context (threadpool.Pools.free)
+            self.pools.free()
+            self.pools = None
