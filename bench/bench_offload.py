@@ -15,7 +15,8 @@
    offload (the layer count today's planner picks for the same free memory), (c) llama-batched-bench
    from `--bin` with the same placement as (a) (`-ngl`, `--n-cpu-moe`): decode tokens/s of 1 and 4
    concurrent requests and prefill tokens/s of one 512-token prompt; predicted and measured device
-   memory (free before and after the load); CPU threads.
+   memory (free before and after the load); the CPU threads of one token and of 4 requests' tokens
+   (the runtime's tuner's pick and its milliseconds per token for each count; the threadpools attached).
 4. At the largest budget, a hand-over as ComfyUI asks for it (runtime/handover.py): give 4 GB back
    by a smaller placement, the seconds it took, decode speed after.
 5. With ComfyUI's sources (`--comfyui DIR`, or $COMFYUI_DIR), under the largest budget, in a child
@@ -159,6 +160,7 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
 
     out["decode_tps_1"] = max(run(1) for _ in range(args.reps))
     out["decode_tps_4"] = max(run(4) for _ in range(args.reps))
+    out["threads_used"] = threads_used(m.backend)
     t = time.perf_counter()
     r = rt.generate(prompt_tokens=prompt(511, 7), model=spec, chat=False, max_tokens=1, sampling=greedy, confidence=off)
     out["prefill_tps"] = r.n_prompt_tokens / (time.perf_counter() - t)
@@ -166,6 +168,19 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
         out["handover"] = handover_run(rt, spec, args)
     rt.unload()
     return out
+
+
+def threads_used(backend) -> dict:
+    """The threads of one token and of 4 requests' tokens (the tuner's pick from what it measured),
+    the tuner's milliseconds per token by thread count, and the threadpools attached."""
+    from comfyui_a3b.runtime.llama import threadpool
+    from comfyui_a3b.runtime.llama.threadtune import size_class
+
+    tuner, pools = backend.tuner, getattr(backend, "pools", None)
+    four = {t: c for (size, t), c in tuner.cost.items() if size == size_class(4)}
+    return {"decode": tuner.decode, "batch_4": min(four, key=four.__getitem__) if four else tuner.decode,
+            "prompt": tuner.prompt, "ms_per_token_4": {str(t): round(c * 1e3, 3) for t, c in four.items()},
+            "pools": list(pools.sizes) if pools else None, "openmp": threadpool.openmp()}
 
 
 def handover_run(rt, spec, args) -> dict:
@@ -203,7 +218,8 @@ def tool_run(binary: Path, path: Path, n_gpu_layers: int, n_cpu_moe: int, thread
     pp = subprocess.run(common + ["-c", "1024", "-npp", "512", "-ntg", "1", "-npl", "1"], capture_output=True,
                         text=True, timeout=300)
     pre = _rows(pp.stdout + pp.stderr)
-    out = {"command": " ".join(cmd), "decode_tps_1": rows.get(1, {}).get("speed_tg"),
+    out = {"command": " ".join(cmd), "threads_used": {"decode": threads[0], "batch_4": threads[1]},
+           "decode_tps_1": rows.get(1, {}).get("speed_tg"),
            "decode_tps_4": rows.get(4, {}).get("speed_tg"), "prefill_tps": pre.get(1, {}).get("speed_pp")}
     if not rows:
         out["error"] = (p.stdout + p.stderr)[-1200:]
@@ -271,8 +287,8 @@ def table(res: dict) -> str:
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
-    lines = ["| budget | mode | placement | GPU GiB predicted / measured | decode 1 | decode 4 | prefill | "
-             "x layer-only (decode 1) | x llama.cpp (decode 1) |", "|" + "---|" * 9]
+    lines = ["| budget | mode | placement | GPU GiB predicted / measured | threads 1 / 4 req | decode 1 | decode 4 | "
+             "prefill | x layer-only (decode 1) | x llama.cpp (decode 1) |", "|" + "---|" * 10]
     for r in res["runs"]:
         a, lo, tool = r.get("planner", {}), r.get("layer_only", {}), r.get("llama_cpp", {})
         for mode, x in (("planner", a), ("layer-only", lo), ("llama-batched-bench", tool)):
@@ -283,8 +299,10 @@ def table(res: dict) -> str:
             vs_lo = a.get("decode_tps_1") / lo["decode_tps_1"] if mode == "planner" and lo.get("decode_tps_1") else None
             vs_tool = (a.get("decode_tps_1") / tool["decode_tps_1"] if mode == "planner" and tool.get("decode_tps_1")
                        and a.get("decode_tps_1") else None)
+            th = x.get("threads_used", {})
             lines.append(f"| {r['budget_gb']} GB | {mode} | {where} | {f(pred and pred / GIB, '{:.2f}')} / "
-                         f"{f(meas and meas / GIB, '{:.2f}')} | {f(x.get('decode_tps_1'))} | "
+                         f"{f(meas and meas / GIB, '{:.2f}')} | {th.get('decode', '-')} / {th.get('batch_4', '-')} | "
+                         f"{f(x.get('decode_tps_1'))} | "
                          f"{f(x.get('decode_tps_4'))} | "
                          f"{f(x.get('prefill_tps'), '{:.0f}')} | {f(vs_lo, '{:.2f}x')} | {f(vs_tool, '{:.2f}x')} |")
     lines += ["", "| budget | planner (file) | planner (experts-keep 0.75) | layer-only GPU layers (file / 0.75) |",
