@@ -65,6 +65,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.N_THREADS, "--threads", metavar="N")
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
+    add_argument(p, opt.CPU_MOE, action="store_true")
+    add_argument(p, opt.N_CPU_MOE, metavar="N")
+    add_argument(p, opt.OVERRIDE_TENSOR, "--override-tensor", "-ot", metavar="REGEX=DEVICE", action="append",
+                 default_text="none; the flag may be repeated")
     add_argument(p, opt.MMPROJ, metavar="FILE|auto|off")
     add_argument(p, opt.SPECULATIVE, metavar="MODE")
     add_argument(p, opt.DRAFT_MAX, metavar="N")
@@ -79,6 +83,8 @@ def _spec(rt, args):
     lora = getattr(args, "lora", None)
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
                    ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max,
+                   cpu_moe=args.cpu_moe or None, n_cpu_moe=args.n_cpu_moe or None,
+                   override_tensor=",".join(args.override_tensor) if args.override_tensor else None,
                    lora_path=str(Path(lora).resolve()) if lora else None,
                    lora_scale=getattr(args, "lora_scale", None) if lora else None,
                    **({"mmproj": args.mmproj} if getattr(args, "mmproj", None) else {}))

@@ -54,7 +54,9 @@ def cmd_doctor(args) -> int:
             rt.load()
             load_s = time.perf_counter() - t0
             res = rt.generate("Say hello.", max_tokens=16, sampling=preset("greedy"))
-            lines.append(("model load", f"{load_s * 1000:.0f} ms; {rt.load().info.offload}", True))
+            measured = rt.load().info.placement.get("measured", {}).get("gpu_bytes")
+            lines.append(("model load", f"{load_s * 1000:.0f} ms; {rt.load().info.offload}"
+                          + (f"; measured {measured / 2**30:.2f} GiB on the GPU" if measured else ""), True))
             lines.append(("generation", (f"{res.n_tokens} tokens at {res.tokens_per_second:.0f} tokens/s, "
                           f"first token after {res.time_to_first_token * 1000:.0f} ms: {res.text.strip()[:60]!r}"),
                           res.n_tokens > 0))

@@ -55,6 +55,10 @@ class Settings:
     model: str | None = MODEL.default
     #: None = the runtime's default (shared with ComfyUI's nodes).
     n_ctx: int | None = None
+    #: tensor placement (None = the runtime's default: the planner chooses)
+    cpu_moe: bool | None = None
+    n_cpu_moe: int | None = None
+    override_tensor: str | None = None
     #: Single-line completions stop at the line's end, and never take more than max_tokens_single_line.
     max_tokens: int = MAX_TOKENS.default
     max_tokens_single_line: int = MAX_TOKENS_SINGLE_LINE.default
@@ -82,11 +86,18 @@ class Settings:
     speculative: str | None = SPECULATIVE.default
 
 
+#: the settings that are load options of the model (LoadSpec fields)
+LOAD_FIELDS = ("n_ctx", "cpu_moe", "n_cpu_moe", "override_tensor")
+
+
 #: protocol name -> (field name, the option that declares it)
 _KEYS: dict[str, tuple[str, Option]] = {
     "model": ("model", MODEL),
     "modelPath": ("model", MODEL),
     "nCtx": ("n_ctx", opt.N_CTX.or_none()),
+    "cpuMoe": ("cpu_moe", opt.CPU_MOE.or_none()),
+    "nCpuMoe": ("n_cpu_moe", opt.N_CPU_MOE.or_none()),
+    "overrideTensor": ("override_tensor", opt.OVERRIDE_TENSOR),
     "maxTokens": ("max_tokens", MAX_TOKENS),
     "maxTokensSingleLine": ("max_tokens_single_line", MAX_TOKENS_SINGLE_LINE),
     "debounceMs": ("debounce_ms", DEBOUNCE_MS),

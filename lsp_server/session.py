@@ -90,11 +90,13 @@ class Engine:
         self.started = time.time()
 
     def spec_for(self, settings: cfg.Settings):
+        load = {k: getattr(settings, k) for k in cfg.LOAD_FIELDS}
         lora = cfg.lora_path(settings.lora)
-        extra = {"lora_path": lora, "lora_scale": settings.lora_scale} if lora else {}
+        if lora:
+            load.update(lora_path=lora, lora_scale=settings.lora_scale)
         if settings.model is None:
-            return self.rt.spec(self.default_model, n_ctx=settings.n_ctx, **extra)
-        return self.rt.spec(settings.model, restrict=True, n_ctx=settings.n_ctx, **extra)
+            return self.rt.spec(self.default_model, **load)
+        return self.rt.spec(settings.model, restrict=True, **load)
 
     def builder(self, model) -> PromptBuilder:
         return PromptBuilder(model)   # holds nothing but the model: an unloaded model is not kept alive
@@ -140,14 +142,14 @@ class Session(Completer):
     # -- settings and model ------------------------------------------------------------------
     def configure(self, raw: Any) -> list[str]:
         new, errors = cfg.apply(self.settings, raw)
-        if (new.model, new.n_ctx, new.lora, new.lora_scale) != (self.settings.model, self.settings.n_ctx,
-                                                                 self.settings.lora, self.settings.lora_scale):
+        if any(getattr(new, k) != getattr(self.settings, k) for k in ("model", "lora", "lora_scale", *cfg.LOAD_FIELDS)):
             try:
                 spec = self.engine.spec_for(new)  # resolve now: a bad model name is reported, not kept
             except A3BError as e:
                 errors.append(f"A3B model setting rejected: {e} Keeping {self.settings.model or 'the default model'}.")
-                new = replace(new, model=self.settings.model, n_ctx=self.settings.n_ctx, lora=self.settings.lora,
-                              lora_scale=self.settings.lora_scale)
+                new = replace(new, model=self.settings.model, lora=self.settings.lora,
+                              lora_scale=self.settings.lora_scale,
+                              **{k: getattr(self.settings, k) for k in cfg.LOAD_FIELDS})
             else:
                 self._spec = spec
                 self.anchors.clear()

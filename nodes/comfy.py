@@ -122,6 +122,19 @@ def free_vram(nbytes: int) -> None:
         log.warning("a3b: ComfyUI could not free VRAM: %s", e)
 
 
+def inference_reserve() -> int:
+    """Device memory ComfyUI's model management keeps for its own inference beyond the models it holds
+    (its minimum inference memory and extra reserve): what our planner leaves free inside ComfyUI."""
+    mm = _mod("comfy.model_management")
+    if mm is None:
+        return 0
+    try:
+        return int(mm.minimum_inference_memory() + getattr(mm, "extra_reserved_memory", lambda: 0)())
+    except Exception as e:  # noqa: BLE001  (best effort: then nothing extra is kept free)
+        log.warning("a3b: ComfyUI did not say what it keeps free: %s", e)
+        return 0
+
+
 # -- "Unload models" and /free --------------------------------------------------------------------------
 _hook_lock = threading.Lock()
 

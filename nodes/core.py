@@ -22,6 +22,7 @@ from ..prune.config import EXPERTS_KEEP, HEADS_KEEP, KEEP
 from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
 from ..runtime.options import MAX_TOKENS, POOLING, REASONING_BUDGET, THINKING, check, wrap_seed
+from ..runtime import handover
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
 from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
@@ -99,7 +100,8 @@ def model_fingerprint(model: str, lora: str | None = None, keep_ratio: float = 1
 def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_strength: float | None = None,
                keep_ratio: float = 1.0, prune_method: str | None = None, recover_steps: int | None = None,
                heads_keep: float = 1.0, experts_keep: float = 1.0, lora_folders: Sequence[str | os.PathLike] = (),
-               free_vram: Callable[[int], None] | None = None, **load_options: Any) -> LoadSpec:
+               free_vram: Callable[[int], None] | None = None, vram_reserve: Callable[[], int] | None = None,
+               **load_options: Any) -> LoadSpec:
     """Load (or find cached) a model and return its handle, a LoadSpec.
 
     `load_options` are LoadSpec fields (n_ctx=..., n_gpu_layers=...); left out or None, they take
@@ -125,7 +127,8 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
     if spec.n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None \
             and not scheme_of(spec.path) and rt.gpu_available():
         free_vram(rt.estimate_gpu_bytes(spec))  # ComfyUI moves its own models out first, then we plan
-    rt.load(spec)
+    with handover.limits(reserve=vram_reserve() if vram_reserve is not None else 0):   # what ComfyUI keeps free
+        rt.load(spec)
     return spec
 
 
@@ -195,7 +198,9 @@ def describe(spec: LoadSpec) -> str:
     name = Path(spec.path).name
     if name == DEFAULT_MODEL_NAME:
         name += " (embedded default)"
-    return f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
+    text = f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
+    loaded = get_runtime().loaded(spec)
+    return text + (f"; placed: {loaded.info.offload}" if loaded is not None and loaded.info.offload else "")
 
 
 # -- generation ----------------------------------------------------------------------------------

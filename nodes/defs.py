@@ -145,7 +145,7 @@ def _first(x: Any) -> Any:
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
                 lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0,
-                mmproj="auto", speculative=None, draft_max=None):
+                mmproj="auto", speculative=None, draft_max=None, cpu_moe=False, n_cpu_moe=0, override_tensor=""):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads, mmproj=nodeimages.resolve_mmproj(mmproj),
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
@@ -153,8 +153,10 @@ def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_
                            lora_strength=lora_strength, keep_ratio=keep_ratio,
                            prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
                            experts_keep=experts_keep, serve_as=serve_as,
-                           speculative=speculative or None, draft_max=draft_max,
-                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram)
+                           speculative=speculative or None, draft_max=draft_max, cpu_moe=bool(cpu_moe),
+                           n_cpu_moe=int(n_cpu_moe or 0), override_tensor=(override_tensor or "").strip() or None,
+                           lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram,
+                           vram_reserve=comfy.inference_reserve)
     return (spec,), {"text": [core.describe(spec)]}
 
 
@@ -205,6 +207,9 @@ LOADER = NodeDef(
            tooltip=opt.MMPROJ.help + " The files listed are the mmproj*.gguf found in models/LLM."),
         widget(opt.SPECULATIVE, optional=True),
         widget(opt.DRAFT_MAX, optional=True),
+        widget(opt.CPU_MOE, optional=True),
+        widget(opt.N_CPU_MOE, optional=True),
+        widget(opt.OVERRIDE_TENSOR, optional=True),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

@@ -11,9 +11,13 @@ like ComfyUI's own `LoadedModel` (the methods and attributes `free_memory`, `loa
 `cleanup_models` use). What it does when ComfyUI asks for the memory is the policy
 (`A3B_VRAM_POLICY`, shown in the A3B sidebar):
 
-* `offload` (default): give the VRAM back: the model is unloaded, and loads again on its next
-  request, asking ComfyUI first to make room (`nodes.core.load_model`) and planning its GPU layers
-  for the memory free then. The file stays in the OS page cache, so that reload is quick.
+* `offload` (default): give the VRAM back. A mixture-of-experts model (or a dense one whose FFN
+  tensors can move) that ComfyUI asks for fewer bytes than it holds first moves to a smaller
+  placement: it is reloaded with more experts in main memory, every layer still on the GPU, and
+  keeps serving (runtime/handover.py; ComfyUI's `free_memory` passes the bytes it still lacks).
+  Otherwise the model is unloaded, and loads again on its next request, asking ComfyUI first to
+  make room (`nodes.core.load_model`) and planning its placement for the memory free then. The
+  file stays in the OS page cache, so either reload is quick.
 * `resident`: keep it: ComfyUI frees its other models instead (and falls back to its low-VRAM
   modes if that is not enough).
 * `unload-after-run`: like `offload`, and every model of ours is also unloaded after each
@@ -28,7 +32,7 @@ import os
 import threading
 from typing import Any
 
-from ..runtime import LoadSpec, get_runtime
+from ..runtime import LoadSpec, get_runtime, handover
 from ..runtime.environment import VARIABLES, env
 
 log = logging.getLogger("a3b.vram")
@@ -87,6 +91,8 @@ class ManagedLLM:
         self.model = _Handle(os.path.basename(spec.path))
         self.model_finalizer = None
         self.unloading = False       # set while ComfyUI itself unloads us (it removes the entry then)
+        self.reloading = False       # set while we reload in a smaller placement (the entry stays)
+        self.handovers: list[dict] = []   # the smaller placements moved to, for the status
         self._loaded = True
 
     # -- what free_memory / load_models_gpu / cleanup_models read -----------------------------------
@@ -116,11 +122,32 @@ class ManagedLLM:
         if policy() == "resident":
             log.info("a3b: keeping %s on the GPU (%s=resident)", self.model.name, ENV)
             return False
+        if memory_to_free is not None and 0 < memory_to_free < self.nbytes and self._smaller(memory_to_free):
+            return False
         self.unloading = True
         self._loaded = False
         n = get_runtime().unload(self.spec)
         log.info("a3b: gave %.1f GiB of VRAM back to ComfyUI (%s unloaded, %d context(s)); it reloads on its "
                  "next request", self.nbytes / 2**30, self.model.name, n)
+        return True
+
+    def _smaller(self, nbytes: int) -> bool:
+        """Give `nbytes` back by a smaller placement, staying loaded and listed; False where there is none."""
+        self.reloading = True
+        try:
+            res = handover.give_back(get_runtime(), self.spec, int(nbytes))
+        except Exception:   # the reload failed: unloading (the caller's next step) still frees the memory
+            log.exception("a3b: a smaller placement of %s failed; unloading it", self.model.name)
+            res = None
+        finally:
+            self.reloading = False
+        if res is None:
+            return False
+        before = self.nbytes
+        self.nbytes = res["gpu_bytes"]
+        self.handovers.append({**res, "asked_bytes": int(nbytes), "before_bytes": before})
+        log.info("a3b: gave %.1f GiB of VRAM back to ComfyUI by a smaller placement of %s in %.1f s: %s",
+                 (before - self.nbytes) / 2**30, self.model.name, res["seconds"], res["offload"])
         return True
 
     def __eq__(self, other) -> bool:
@@ -136,6 +163,9 @@ def _listener(event: str, spec: LoadSpec) -> None:
         return
     rt = get_runtime()
     with _lock:
+        current = REGISTRY.managed.get(spec)
+        if current is not None and current.reloading:
+            return   # a smaller placement of a listed model: its entry stays where ComfyUI has it
         if event == "loaded":
             m = rt.loaded(spec)
             if m is None or m.info.n_gpu_layers == 0 or spec in REGISTRY.managed:
@@ -154,6 +184,12 @@ def _listener(event: str, spec: LoadSpec) -> None:
 
 
 def _gpu_bytes(rt, spec: LoadSpec, m) -> int:
+    """The device memory the model holds: measured after its load where the engine says, else planned,
+    else the whole model's estimate scaled by its share of layers on the GPU."""
+    placed = m.info.placement or {}
+    held = placed.get("measured", {}).get("gpu_bytes") or placed.get("gpu_bytes")
+    if held:
+        return int(held)
     total = rt.estimate_gpu_bytes(spec)
     n_layer = max(m.info.n_layer, 1)
     share = min(m.info.n_gpu_layers if m.info.n_gpu_layers >= 0 else n_layer + 1, n_layer + 1) / (n_layer + 1)
@@ -219,5 +255,6 @@ def _hook_run_end() -> None:
 
 def status() -> dict:
     with _lock:
-        return {"policy": policy(), "managed": [{"model": e.model.name, "bytes": e.nbytes, "loaded": e._loaded}
+        return {"policy": policy(), "managed": [{"model": e.model.name, "bytes": e.nbytes, "loaded": e._loaded,
+                                                 "handovers": e.handovers[-3:]}
                                                 for e in REGISTRY.managed.values()]}

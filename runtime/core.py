@@ -198,7 +198,7 @@ class Runtime:
             models.append({
                 "name": m.name, "path": e.spec.path, "architecture": m.info.architecture, "engine": m.info.engine,
                 "file_type": m.info.file_type, "served_file": m.info.path, "n_ctx_train": m.info.n_ctx_train,
-                "n_gpu_layers": m.info.n_gpu_layers, "offload": m.info.offload,
+                "n_gpu_layers": m.info.n_gpu_layers, "offload": m.info.offload, "placement": m.info.placement,
                 "spec": e.spec.as_dict(), "weights_bytes": m.info.size_bytes, "kv_bytes": e.est_bytes,
                 "busy": m.busy(), "stats": dict(m.stats), "warnings": e.warnings,
                 "loaded_at": e.loaded_at, **({"features": m.features} if m.features else {}),

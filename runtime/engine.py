@@ -59,6 +59,9 @@ class ModelInfo:
     engine: str = "llama.cpp"
     n_gpu_layers: int = 0         # as loaded (after "auto" was resolved)
     offload: str = ""             # how that was chosen, in words
+    n_cpu_moe: int = 0            # layers whose expert (or FFN) tensors stay in main memory, as loaded
+    #: the placement plan: what went where, memory expected and measured (runtime/llama/planner.py)
+    placement: dict = field(default_factory=dict)
 
 
 class Weights(Protocol):
@@ -229,6 +232,9 @@ class Backend(Protocol):
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
         """Pooled, unnormalised embeddings of a pack of texts, one row each."""
+
+    def idle(self) -> None:
+        """Work just ended (nothing runnable): let go of what only running work needs (CPU threads)."""
 
     def close(self) -> None: ...
 

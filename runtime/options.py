@@ -210,8 +210,8 @@ N_CTX = Option("n_ctx", int, 2048, "Context tokens per request: prompt and answe
                min=16, max=MAX_CONTEXT, step=256)
 N_PARALLEL = Option("n_parallel", int, 2, "Sequence slots: requests decoded together.", min=1, max=64)
 N_GPU_LAYERS = Option("n_gpu_layers", int, "auto",
-                      "Layers offloaded to a GPU: auto = as many as fit in the free GPU memory (0 without a GPU), "
-                      "0 = CPU only, -1 = all, N = the last N layers.",
+                      "Layers offloaded to a GPU: auto = the planner fits layers, expert tensors and context into "
+                      "the free GPU memory (0 without a GPU), 0 = CPU only, -1 = all, N = the last N layers.",
                       # any count beyond the model's layers means all of them; llama.cpp takes an int32
                       min=-1, max=2**31 - 1, words=("auto",))
 N_THREADS = Option("n_threads", int, 0,
@@ -235,6 +235,16 @@ EMBED_N_CTX = Option("embed_n_ctx", int, 256,
 MMPROJ = Option("mmproj", str, "auto",
                 "The multimodal projector (mmproj GGUF) that lets the model see images: auto = the mmproj*.gguf "
                 "beside the model file, a path, or off.")
+CPU_MOE = Option("cpu_moe", bool, False,
+                 "Keep every expert tensor of a mixture-of-experts model in system RAM, computed on the CPU; "
+                 "attention, shared experts and the KV cache stay on the GPU.")
+N_CPU_MOE = Option("n_cpu_moe", int, 0,
+                   "Keep the expert tensors of the first N layers in system RAM (0 = none; auto GPU layers "
+                   "choose it from the free GPU memory when no placement is given).",
+                   min=0, max=512)   # llama.cpp's LLAMA_MAX_LAYERS
+OVERRIDE_TENSOR = Option("override_tensor", str, None,
+                         "Tensor placement like llama.cpp's -ot: REGEX=DEVICE, comma-separated; DEVICE is CPU or "
+                         "a GPU name a3b doctor lists (CUDA0).", nullable=True)
 CTX_POLICY = Option("ctx_policy", str, "warn",
                     "When the context asked for exceeds the model's trained context: load and log a warning "
                     "(warn), or stop with an error (refuse).", choices=CTX_POLICIES)
@@ -355,7 +365,7 @@ IMAGE_MAX_BYTES = Option("image_max_bytes", int, 32 << 20,
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
-                                     CTX_POLICY, SPECULATIVE, DRAFT_MAX)}
+                                     CTX_POLICY, SPECULATIVE, DRAFT_MAX, CPU_MOE, N_CPU_MOE, OVERRIDE_TENSOR)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
@@ -398,6 +408,10 @@ class LoadSpec:
     #: see speculative.py
     speculative: str = SPECULATIVE.default
     draft_max: int = DRAFT_MAX.default
+    #: tensor placement (runtime/llama/placement.py)
+    cpu_moe: bool = CPU_MOE.default
+    n_cpu_moe: int = N_CPU_MOE.default
+    override_tensor: str | None = OVERRIDE_TENSOR.default
 
     def validate(self) -> None:
         check_fields(self, LOAD_OPTIONS)

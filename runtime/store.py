@@ -47,19 +47,28 @@ class _Entry:
     @property
     def placed(self) -> LoadSpec:
         """The spec with the placement as loaded ("auto" resolved)."""
-        if self.spec.n_gpu_layers != AUTO:
-            return self.spec
-        return replace(self.spec, n_gpu_layers=self.model.info.n_gpu_layers)
+        return placed(self.spec, self.model.info)
 
-    def same_layers(self, n_gpu_layers: int | str) -> bool:
-        """Whether `n_gpu_layers` asks for this entry's placement ("auto": any placement)."""
-        if n_gpu_layers == AUTO:
+    def same_layers(self, spec: LoadSpec) -> bool:
+        """Whether `spec` asks for this entry's placement (n_gpu_layers "auto" without an expert
+        placement of its own: any placement)."""
+        if spec.n_gpu_layers == AUTO and not spec.n_cpu_moe and not spec.cpu_moe:
             return True
-        n_layer, mine = self.model.info.n_layer, self.placed.n_gpu_layers
+        n_layer, mine = self.model.info.n_layer, self.placed
 
         def on_gpu(n: int) -> int:   # -1, and any count above the layers + output, mean everything
             return n_layer + 1 if n < 0 or n > n_layer else n
-        return on_gpu(n_gpu_layers) == on_gpu(mine) if n_layer > 0 else n_gpu_layers == mine
+        if spec.n_gpu_layers != AUTO and (on_gpu(spec.n_gpu_layers) != on_gpu(mine.n_gpu_layers) if n_layer > 0
+                                          else spec.n_gpu_layers != mine.n_gpu_layers):
+            return False
+        return spec.cpu_moe == mine.cpu_moe and (spec.cpu_moe or spec.n_cpu_moe == mine.n_cpu_moe)
+
+
+def placed(spec: LoadSpec, info) -> LoadSpec:
+    """`spec` with its "auto" placement as `info` says it was loaded (layers and expert layers)."""
+    if spec.n_gpu_layers != AUTO:
+        return spec
+    return replace(spec, n_gpu_layers=info.n_gpu_layers, n_cpu_moe=getattr(info, "n_cpu_moe", spec.n_cpu_moe))
 
 
 @dataclass
@@ -101,8 +110,8 @@ class ModelStore:
         if e is not None:
             return e
         for e in reversed(self._entries.values()):   # the most recently used first
-            if (e.spec.path == spec.path and e.same_layers(spec.n_gpu_layers)
-                    and replace(spec, n_gpu_layers=e.spec.n_gpu_layers) == e.spec):
+            if (e.spec.path == spec.path and e.same_layers(spec)
+                    and replace(spec, n_gpu_layers=e.spec.n_gpu_layers, n_cpu_moe=e.spec.n_cpu_moe) == e.spec):
                 return e
         return None
 
@@ -140,9 +149,10 @@ class ModelStore:
     def _loaded_weights(self, spec: LoadSpec) -> tuple | None:
         """The key of weights already loaded that `spec` may use (module docstring), or None."""
         for e in reversed(self._entries.values()):
-            if e.spec.path == spec.path and e.same_layers(spec.n_gpu_layers) and e.weights_key in self._weights:
+            if e.spec.path == spec.path and e.same_layers(spec) and e.weights_key in self._weights:
                 try:
-                    key = self._weights_key(replace(spec, n_gpu_layers=e.placed.n_gpu_layers))
+                    key = self._weights_key(replace(spec, n_gpu_layers=e.placed.n_gpu_layers,
+                                                    n_cpu_moe=e.placed.n_cpu_moe))
                 except OSError:
                     return None
                 if key == e.weights_key:
@@ -165,7 +175,8 @@ class ModelStore:
         other = others[-1].placed
         differ = [f"n_gpu_layers {spec.n_gpu_layers} (placed {w.info.n_gpu_layers}) and {other.n_gpu_layers}"
                   if other.n_gpu_layers != w.info.n_gpu_layers else ""]
-        differ += [f"{name} {getattr(spec, name)} and {getattr(other, name)}" for name in ("use_mmap", "serve_as")
+        differ += [f"{name} {getattr(spec, name)} and {getattr(other, name)}"
+                   for name in ("use_mmap", "serve_as", "cpu_moe", "n_cpu_moe", "override_tensor")
                    if getattr(spec, name) != getattr(other, name)]
         msg = (f"{Path(spec.path).name} is loaded twice, as asked: two copies of its weights ("
                f"{'; '.join(d for d in differ if d)}). Ask for one placement (or n_gpu_layers 'auto') and the "
@@ -188,7 +199,7 @@ class ModelStore:
         if w is None:
             w = engine.load_weights(spec)
             if spec.n_gpu_layers == AUTO:   # keyed by the placement it resolved to
-                key = self._weights_key(replace(spec, n_gpu_layers=w.info.n_gpu_layers))
+                key = self._weights_key(placed(spec, w.info))
                 if key in self._weights:   # a copy so placed is loaded already (its spec was no match)
                     w.free()
                     w = self._weights[key]

@@ -222,6 +222,7 @@ class LoadedModel(Model):
                             idle = False
                             self._lock.release()
                             try:   # work just ended: give the buffers it freed back to the OS
+                                self.backend.idle()
                                 memory.release()
                             finally:
                                 self._lock.acquire()

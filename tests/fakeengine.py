@@ -387,6 +387,9 @@ class FakeBackend:
                 out[i] /= max(len(toks), 1)
         return out
 
+    def idle(self) -> None:
+        self.idles = getattr(self, "idles", 0) + 1
+
     def close(self) -> None:
         self.closed = True
 

@@ -159,14 +159,14 @@ def test_every_flag_of_a_runtime_option_is_its_declaration():
             help_text = _help(parser, action)
             assert help_text.startswith(" ".join(cli_help(option.help).split())), (where, help_text)
             if action.default == option.default:
-                if option.default is not None:
+                if option.default is not None and option.type is not bool:   # a switch is off when left out
                     assert f"(default: {option.default})" in help_text, (where, help_text)
             else:   # left out, a sampling flag keeps the preset's value; the default preset is the declarations
                 assert name == "generate" and option.name in cli.SAMPLING_OPTIONS and action.default is None, where
                 assert "(default: the preset's value)" in help_text, where
     assert {"n_ctx", "n_threads", "n_gpu_layers", "ctx_policy", "max_tokens", "seed", "threshold", "min_run",
             "pooling", "n_parallel", "thinking", "reasoning_budget", "max_total_tokens", "json_schema",
-            *cli.SAMPLING_OPTIONS} <= seen
+            "cpu_moe", "n_cpu_moe", "override_tensor", *cli.SAMPLING_OPTIONS} <= seen
 
 
 def test_generate_passes_the_runtimes_max_tokens_and_says_so(capsys):
@@ -322,3 +322,15 @@ def test_serve_answers_400_past_the_bounds(client):
         assert r.status_code == 400 and f"{said} must be" in r.json()["error"]["message"], (name, value, r.text)
     r = client.post("/infill", json={"input_prefix": "x", "t_max_predict_ms": opt.T_MAX_PREDICT_MS.max + 1})
     assert r.status_code == 400 and "t_max_predict_ms" in r.text
+
+
+def test_the_load_options_table_in_the_docs_is_the_declarations():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = text.partition("## Load options")[2].partition("\n## ")[0]
+    rows = {m[1]: (m[2].strip(), m[3].strip()) for m in re.finditer(r"^\| `(\w+)` \|([^|]*)\|(.*) \|$", table, re.M)}
+    assert set(rows) == set(opt.LOAD_OPTIONS)
+    for name, o in opt.LOAD_OPTIONS.items():
+        assert rows[name] == ("none" if o.default is None else f"`{o.default}`", o.help), name

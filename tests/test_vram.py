@@ -155,7 +155,6 @@ def test_more_gpu_layers_than_the_model_has_are_clamped_and_said():
 
 def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_path, monkeypatch):
     from comfyui_a3b.runtime import ModelLoadFailed, Runtime
-    from comfyui_a3b.runtime.llama import local_engine as engine
 
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", n_layer=4)
     args = dict(n_ctx=256, n_parallel=1, kv_cache_type="f16")
@@ -164,12 +163,16 @@ def test_a_model_larger_than_the_machines_memory_is_refused_before_loading(tmp_p
     assert cpu > sum(layers) + output                                   # weights and KV cache
     assert offload.host_bytes(path, n_gpu_layers=-1, **args) == 0       # all on the GPU: nothing on the CPU
     assert offload.host_bytes(path, n_gpu_layers=2, **args) < cpu
-    monkeypatch.setattr(engine, "total_memory", lambda: cpu - 1)
+    from comfyui_a3b.runtime.llama import fitting, placement, planner
+
+    cpu = planner.cost(placement.layout(path), n_gpu_layers=0, n_cpu_moe=0, n_ctx=256, n_parallel=1, n_batch=256,
+                       gpu=False)["host"]       # what the loader checks: token_embd included
+    monkeypatch.setattr(fitting, "total_memory", lambda: cpu - 1)
     rt = Runtime()
     with pytest.raises(ModelLoadFailed, match=r"main memory .* more than this machine's"):
         rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
     assert rt.store.loaded() == []
-    monkeypatch.setattr(engine, "total_memory", lambda: cpu + 1)
+    monkeypatch.setattr(fitting, "total_memory", lambda: cpu + 1)
     rt.load(str(path), n_gpu_layers=0, n_ctx=256, n_parallel=1)
     rt.unload()
 

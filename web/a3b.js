@@ -81,6 +81,16 @@ function escapeHtml(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
+// The placement of a model: what went where, device memory expected against measured after the load.
+export function placementLine(p) {
+  if (!p || !p.gpu) return "";
+  const m = p.measured || {};
+  const moved = p.n_cpu_moe ? `, ${p.moe ? "experts" : "FFN tensors"} of ${p.n_cpu_moe}/${p.n_layer} layers in RAM` : "";
+  const measured = m.gpu_bytes != null ? `, measured ${fmtBytes(m.gpu_bytes)}` : "";
+  return `placement: ${Math.min(p.n_gpu_layers, p.n_layer)}/${p.n_layer} layers on the GPU${moved} (${escapeHtml(p.speed)});`
+    + ` VRAM expected ${fmtBytes(p.gpu_bytes)}${measured}; RAM ${fmtBytes(p.host_bytes)}`;
+}
+
 export function renderStatus(st) {
   const models = st.models || [];
   const lsp = st.lsp;
@@ -88,11 +98,14 @@ export function renderStatus(st) {
       <li title="${escapeHtml(m.path)}"><b>${escapeHtml(m.name)}</b><br>
         ${escapeHtml(m.architecture)} ${escapeHtml(m.file_type ?? "")} &middot; ${fmtBytes(m.weights_bytes)}
         + KV ${fmtBytes(m.kv_bytes)} &middot; n_ctx ${m.spec?.n_ctx} &middot; ${m.busy ? "busy" : "idle"}
+        ${placementLine(m.placement) ? `<br><small class="a3b-placement">${placementLine(m.placement)}</small>` : ""}
         ${m.offload ? `<br><small>${escapeHtml(m.offload)}</small>` : ""}</li>`).join("");
   const vram = st.vram;
   const vramLine = vram && !vram.error
     ? `VRAM policy: <b>${escapeHtml(vram.policy)}</b> (A3B_VRAM_POLICY)`
       + (vram.managed && vram.managed.length ? `, ${vram.managed.length} model(s) in ComfyUI's model management` : "")
+      + (vram.managed || []).flatMap((e) => e.handovers || []).slice(-1).map((h) =>
+        `; last hand-over: ${fmtBytes(h.before_bytes - h.gpu_bytes)} given back by a smaller placement in ${h.seconds.toFixed(1)} s`).join("")
     : "";
   let lspLine = "in-process language server: off";
   if (lsp && !lsp.error && lsp.running !== false) {

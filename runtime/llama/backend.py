@@ -20,7 +20,9 @@ from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
+from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
 
@@ -116,7 +118,7 @@ class LlamaBackend:
         self.name = weights.info.name
         mark = log_mark()
         with weights.use():
-            self.ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
+            self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, context_params(spec)))
         self.threads = thread_counts(spec.n_threads)
         self._batch_threads = self.threads[1]
         self.tuner = ThreadTuner(*self.threads)
@@ -127,6 +129,7 @@ class LlamaBackend:
                                   f"{spec.n_parallel}, kv={spec.kv_cache_type}, flash_attn={spec.flash_attn}): "
                                   f"{' | '.join(detail[-2:]) or 'no detail'}. "
                                   "Try a smaller n_ctx, or kv_cache_type f16.")
+        self.pools = attach(self.ctx, *self.threads)   # None: each compute makes its own threadpool
         self.mem = L.llama_get_memory(self.ctx)
         if spec.lora_path:
             adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(spec.lora_path))
@@ -176,6 +179,8 @@ class LlamaBackend:
         want = self.tuner.choose(tokens, chunk)
         if want != self._batch_threads:
             L.llama_set_n_threads(self.ctx, self.threads[0], want)
+            if self.pools is not None:
+                self.pools.use(want)
             self._batch_threads = want
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, self.batch)
@@ -306,6 +311,10 @@ class LlamaBackend:
         return out
 
     # -- teardown -----------------------------------------------------------------------------
+    def idle(self) -> None:
+        if self.pools is not None:
+            self.pools.idle()
+
     def close(self) -> None:
         L = llama()
         if self._pool is not None:
@@ -323,3 +332,6 @@ class LlamaBackend:
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None
+        if self.pools is not None:   # after the context (threadpool.Pools.free)
+            self.pools.free()
+            self.pools = None

@@ -24,7 +24,9 @@ log = logging.getLogger("a3b.llama")
 _lib = None
 #: Serialises calls that llama.cpp does not make thread-safe across models (model loading).
 lib_lock = threading.Lock()
-_recent_log: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=400)  # (seq, level, text)
+#: (seq, level, text); room for one load's lines: a placement override logs one line per tensor it
+#: places (144 for a 48-layer model's experts), which placement.measured_from_log counts
+_recent_log: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=4000)
 _log_seq = 0
 _log_cb = None  # keep a reference: llama.cpp holds the pointer
 

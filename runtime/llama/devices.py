@@ -58,6 +58,15 @@ def _ggml():
     lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                             ctypes.POINTER(ctypes.c_size_t)]
     lib.ggml_backend_dev_memory.restype = None
+    # buffer types for tensor overrides (placement.py): ggml-base's, reached through libggml's handle
+    lib.ggml_backend_cpu_buffer_type.argtypes = []
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
     _lib = lib
     return lib
 
@@ -91,6 +100,30 @@ def devices() -> list[Device]:
                           DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
                           int(free.value), int(total.value)))
     return out
+
+
+def buffer_type(device: str) -> int:
+    """The ggml buffer type that puts a tensor on `device`: "CPU" (ggml's CPU buffer type, plain host
+    memory), or a device name devices() lists. OSError for a name ggml does not know."""
+    lib = _ggml()
+    if device.upper() == "CPU":
+        buft = lib.ggml_backend_cpu_buffer_type()
+    else:
+        dev = lib.ggml_backend_dev_by_name(device.encode())
+        buft = lib.ggml_backend_dev_buffer_type(dev) if dev else None
+    if not buft:
+        raise OSError(f"ggml has no buffer type for device {device!r}")
+    return buft
+
+
+def buffer_type_name(buft: int) -> str:
+    return (_ggml().ggml_backend_buft_name(buft) or b"").decode()
+
+
+def gpu_free_bytes() -> int | None:
+    """Free memory of the first GPU now, or None without one (for measuring a load)."""
+    found = gpus()
+    return found[0].free_bytes if found else None
 
 
 def gpus() -> list[Device]:

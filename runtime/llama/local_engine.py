@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from .. import mmproj as mmprojmod
 from .. import vet
 from ..engine import Engine
-from ..errors import CorruptGGUF, InvalidRequest, ModelLoadFailed, ModelNotFound
+from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
 from ..gguf_info import check_header
 from ..options import LoadSpec
 from ..worker import LoadedModel
-from . import offload
+from . import fitting, offload, placement, planner
 from .backend import LlamaBackend, thread_counts
-from .binding import llama
 from .devices import gpus
 from .reencode import serving_path
 from .weights import Weights
@@ -43,6 +43,7 @@ class LlamaEngine(Engine):
         proj = mmprojmod.resolve(spec.path, spec.mmproj)
         pst = os.stat(proj) if proj is not None else None
         return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as,
+                spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor,
                 (str(proj), pst.st_size, pst.st_mtime_ns) if pst is not None else None)
 
     def file_bytes(self, spec: LoadSpec) -> int:
@@ -52,21 +53,39 @@ class LlamaEngine(Engine):
         # vetted before anything here reads the header's values or re-encodes the file in this process
         vet.check_file(spec.path)
         load_path = serving_path(spec.path, spec.serve_as) if spec.serve_as != "as-is" else Path(spec.path)
-        n_gpu_layers, how = gpu_layers(load_path, spec)
-        offload.check_fits_in_memory(
-            offload.host_bytes(load_path, n_gpu_layers=n_gpu_layers, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
-                               kv_cache_type=spec.kv_cache_type), total_memory(), Path(spec.path).name)
-        weights = Weights(load_path, n_gpu_layers=n_gpu_layers, use_mmap=spec.use_mmap, name=Path(spec.path).name,
-                          offload=how)
+        # the projector goes to the GPU with the model: its weights are not free for the model's tensors
+        weights = fitting.load_planned(load_path, spec, Path(spec.path).name, reserve_extra=projector_bytes(spec))
         try:
-            attach_projector(weights, spec, n_gpu_layers)
+            attach_projector(weights, spec, weights.info.n_gpu_layers)
         except BaseException:
             weights.free()
             raise
         return weights
 
     def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
-        return LoadedModel(weights, LlamaBackend(weights, spec), spec)
+        plan = weights.info.placement
+        shrunk = int(plan.get("n_ctx") or 0) < int(plan.get("n_ctx_asked") or 0)
+        n_ctx = int(plan["n_ctx"]) if shrunk else spec.n_ctx
+        if n_ctx < spec.n_ctx:   # the planner shrank the context to fit the GPU (said in its warnings)
+            log.warning("%s: n_ctx %d -> %d per slot to fit the GPU", weights.info.name, spec.n_ctx, n_ctx)
+        return LoadedModel(weights, LlamaBackend(weights, replace(spec, n_ctx=min(n_ctx, spec.n_ctx))), spec)
+
+    def smaller_placement(self, spec: LoadSpec, info, nbytes: int) -> int | None:
+        """The device memory cap of a placement holding `nbytes` less than `info`'s with every layer
+        still on the GPU (more experts in main memory), or None where there is none (runtime/handover.py)."""
+        plan = info.placement
+        if spec.n_gpu_layers != "auto" or spec.cpu_moe or not plan.get("gpu") or not plan.get("gpu_bytes"):
+            return None
+        # the bytes asked for are real ones: in the plan's units where the load measured more (or less)
+        ratio = min(max(float(plan.get("measured", {}).get("gpu_vs_expected") or 1.0), 0.5), 2.0)
+        cap = int(plan["gpu_bytes"] - nbytes / ratio)
+        lay = placement.layout(info.path)
+        if cap <= 0 or not lay.movable_bytes():
+            return None
+        p = planner.plan(lay, free_bytes=cap + planner.MARGIN, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel,
+                         n_batch=spec.n_batch, kv_type=spec.kv_cache_type, flash_attn=spec.flash_attn,
+                         n_cpu_moe=spec.n_cpu_moe or None)
+        return cap if p.full and p.n_cpu_moe > info.n_cpu_moe and p.n_ctx == spec.n_ctx else None
 
     def gpus(self) -> list:
         return gpus()
@@ -82,34 +101,6 @@ class LlamaEngine(Engine):
         n_embd_kv = weights.n_embd * (weights.n_head_kv or weights.n_head) // max(weights.n_head, 1)
         per_token = weights.n_layer * 2 * n_embd_kv * offload.KV_BYTES.get(spec.kv_cache_type, 2)
         return int(per_token * spec.n_ctx * spec.n_parallel)
-
-
-def gpu_layers(path, spec: LoadSpec) -> tuple[int, str]:
-    """The n_gpu_layers to load `path` with, and a line saying why."""
-    n = spec.n_gpu_layers
-    if n == "auto":
-        found = gpus()
-        if not found:
-            why = ("CPU only: this llama-cpp-python has no GPU backend" if not llama().llama_supports_gpu_offload()
-                   else "CPU only: no GPU found")
-            return 0, why
-        # the projector goes to the GPU with the model: its weights are not free for the layers
-        p = offload.plan(path, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
-                         kv_cache_type=spec.kv_cache_type,
-                         free_bytes=max(0, found[0].free_bytes - projector_bytes(spec)))
-        log.info("%s: %s", Path(path).name, p.describe())
-        return p.n_gpu_layers, f"auto: {p.describe()}"
-    if n != 0 and not llama().llama_supports_gpu_offload():
-        raise InvalidRequest(
-            f"n_gpu_layers={n} asks for the GPU, but the installed llama-cpp-python was built for the CPU only. "
-            "Use n_gpu_layers 0 (or 'auto'), or install a GPU build: see the README's GPU section "
-            "(CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python).")
-    if n > 0:
-        n, note = offload.clamp_layers(n, len(offload.model_sizes(path)[0]))
-        if note:
-            log.info("%s: %s", Path(path).name, note)
-            return n, note
-    return n, ("CPU only" if n == 0 else f"{'all' if n < 0 else n} layers on the GPU, as asked")
 
 
 def projector_bytes(spec: LoadSpec) -> int:
@@ -141,16 +132,6 @@ def attach_projector(weights: Weights, spec: LoadSpec, n_gpu_layers: int) -> Non
         return
     log.info("%s: projector %s loaded (%s)", Path(spec.path).name, proj.name,
              "GPU" if n_gpu_layers != 0 else "CPU")
-
-
-def total_memory() -> int:
-    """This machine's main memory in bytes (0 where unknown: then nothing is refused)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - an unknown size only turns the check off
-        return 0
 
 
 ENGINE = LlamaEngine()

@@ -1,4 +1,6 @@
-"""How many layers to put on the GPU: `n_gpu_layers="auto"`.
+"""Whole-layer offload: the layer-only estimate the planner (planner.py) replaced for
+`n_gpu_layers="auto"`, kept for the whole-model size (`gpu_bytes`), the layer clamp and the
+main-memory check.
 
 The estimate reads the GGUF's tensor index (gguf_info.scan_header: sizes exactly as stored, every
 quantisation type included, each tensor inside the file) and the load options. It runs before
@@ -24,12 +26,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..gguf_info import Dims, scan_header, tensor_bytes
+from .planner import KV_BYTES, MARGIN
 
-#: bytes per KV cache element, by KV cache type
-KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-            "q4_1": 20 / 32, "q4_0": 18 / 32}
 #: CUDA context, cuBLAS workspaces and fragmentation: kept free whatever the model
-FIXED_RESERVE = 600 << 20
+FIXED_RESERVE = MARGIN
 _BLK = re.compile(r"^blk\.(\d+)\.")
 
 

@@ -73,7 +73,8 @@ class Weights:
     """A loaded llama_model and its vocabulary (the `Vocab` of engine.py)."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None,
-                 offload: str = "", vocab_only: bool = False, repack: bool = True):
+                 offload: str = "", vocab_only: bool = False, repack: bool = True,
+                 overrides: list[tuple[str, str]] = (), placement: dict | None = None):
         """`vocab_only`: the vocabulary without the weights (tokenizing). `repack`: let llama.cpp's CPU
         backend copy weights into its interleaved layouts (faster CPU matrix products, but anonymous
         memory the size of those weights instead of the memory-mapped file's pages)."""
@@ -86,6 +87,12 @@ class Weights:
         params.vocab_only = bool(vocab_only)
         if not repack or not vet.repack_allowed():
             params.use_extra_bufts = False
+        self.overrides = None
+        if overrides:
+            from .placement import Overrides
+
+            self.overrides = Overrides(list(overrides))   # llama.cpp keeps the pointer: held while the model lives
+            params.tensor_buft_overrides = self.overrides.pointer
         mark = log_mark()
         t0 = time.perf_counter()
         ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
@@ -130,7 +137,8 @@ class Weights:
             n_ctx_train=self.n_ctx_train, n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer,
             size_bytes=self.size_bytes, chat_template=self.meta("tokenizer.chat_template"),
             special_tokens=self.special_tokens(), add_bos=self.add_bos, n_gpu_layers=int(n_gpu_layers),
-            offload=offload)
+            offload=offload, n_cpu_moe=int((placement or {}).get("n_cpu_moe", 0)), placement=placement or {})
+        self.load_log = log_since(mark)
 
     @property
     def vocab(self) -> Weights:
