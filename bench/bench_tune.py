@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
     from ..prune.source import SourceModel
     from ..runtime import get_runtime
-    from ..runtime.llama import Weights
+    from ..runtime.llama.weights import Weights
     from ..runtime.locate import resolve_model
     from ..tune import adapter
     from ..tune.collect import collect, split

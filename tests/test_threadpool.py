@@ -57,11 +57,12 @@ def fake_api(monkeypatch):
 
 
 def test_a_batch_on_the_decode_threads_runs_on_the_decode_pool(fake_api):
+    base = threadpool.live_pools()        # pools of models other tests keep loaded in this process
     pools = threadpool.attach("ctx", 4, 8)
     # the single-token pool starts paused (llama.cpp's tools do the same): batches come first
     assert fake_api.calls == [("new", 4, True, threadpool.POLL), ("new", 8, False, threadpool.POLL),
                               ("attach", "ctx", 101, 102)]
-    assert threadpool.live_pools() == 2
+    assert threadpool.live_pools() == base + 2
     del fake_api.calls[:]
     pools.use(8)                          # already so: nothing to do
     pools.use(4)                          # the tuner chose the decode threads for a batch
@@ -72,17 +73,18 @@ def test_a_batch_on_the_decode_threads_runs_on_the_decode_pool(fake_api):
     pools.idle()
     pools.free()
     assert sorted(fake_api.calls) == [("free", 101), ("free", 102), ("pause", 101), ("pause", 102)]
-    assert threadpool.live_pools() == 0
+    assert threadpool.live_pools() == base
 
 
 def test_equal_counts_share_one_pool_and_a_failed_pool_leaves_none(fake_api):
+    base = threadpool.live_pools()
     pools = threadpool.attach("ctx", 2, 2)
     assert fake_api.calls == [("new", 2, False, threadpool.POLL), ("attach", "ctx", 101, 101)]
     pools.free()
-    assert fake_api.calls[-1] == ("free", 101) and threadpool.live_pools() == 0
+    assert fake_api.calls[-1] == ("free", 101) and threadpool.live_pools() == base
     fake_api.fail, fake_api.calls = True, []
     assert threadpool.attach("ctx", 1, 2) is None              # the batch pool failed: no pools at all
-    assert [c[0] for c in fake_api.calls] == ["new", "new", "free"] and threadpool.live_pools() == 0
+    assert [c[0] for c in fake_api.calls] == ["new", "new", "free"] and threadpool.live_pools() == base
 
 
 def test_no_pools_where_the_build_lacks_them(monkeypatch):
@@ -127,20 +129,21 @@ def _answers(rt: Runtime, spec) -> list[str]:
 @pytest.mark.slow
 def test_pools_give_the_same_greedy_answers_and_end_with_their_model(default_path, monkeypatch):
     rt = Runtime()
+    base = threadpool.live_pools()                            # pools of other tests' loaded models
     spec = rt.spec(str(default_path), n_parallel=4, n_ctx=256)
     m = rt.load(spec)
     assert m.backend.pools is not None                       # this build has them
     sizes = m.backend.pools.sizes
-    assert threadpool.live_pools() == (1 if sizes[0] == sizes[1] else 2)
+    assert threadpool.live_pools() == base + (1 if sizes[0] == sizes[1] else 2)
     with_pools = _answers(rt, spec)
     rt.unload()
-    assert threadpool.live_pools() == 0
+    assert threadpool.live_pools() == base
     before = _threads()
     for _ in range(3):                                        # no thread or pool left behind per load
         m = rt.load(spec)
         rt.generate("Hi", model=spec, chat=False, max_tokens=4, sampling=GREEDY, confidence=NO_CONF)
         rt.unload()
-        assert threadpool.live_pools() == 0
+        assert threadpool.live_pools() == base
     assert _threads() <= before
     monkeypatch.setattr(threadpool, "_api", False)            # as a build without them
     m = rt.load(spec)

@@ -46,7 +46,8 @@ def tuned(tmp_path_factory, default_path):
 
 def _llama_logits(base, adapter_path, tokens):
     """All-position logits of `tokens` through llama.cpp, with the adapter set on the context."""
-    from comfyui_a3b.runtime.llama import Weights, fill_batch, llama, sequence
+    from comfyui_a3b.runtime.llama import fill_batch, llama, sequence
+    from comfyui_a3b.runtime.llama.weights import Weights
 
     L = llama()
     w = Weights(base)
@@ -87,7 +88,7 @@ def test_llama_cpp_computes_what_the_torch_forward_with_the_lora_computes(tuned,
     import torch
 
     from comfyui_a3b.prune.source import SourceModel
-    from comfyui_a3b.runtime.llama import Weights
+    from comfyui_a3b.runtime.llama.weights import Weights
     from comfyui_a3b.tune import adapter
     from comfyui_a3b.tune.lora import Adapted
     from comfyui_a3b.tune.model import load_base

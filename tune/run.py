@@ -128,7 +128,7 @@ def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress, max_ev
     import numpy as np
 
     from ..prune.source import SourceModel
-    from ..runtime.llama import Weights
+    from ..runtime.llama.weights import Weights
     from . import adapter as writer
     from .model import load_base
     from .lora import Adapted
