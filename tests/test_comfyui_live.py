@@ -366,3 +366,40 @@ def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_weights(tmp_p
         assert "GPU models" not in log    # --cpu: no card to share
     finally:
         s.stop()
+
+
+def test_image_example_describes_the_image_then_writes_dialogue(server):
+    """examples/image_dialogue in a real ComfyUI: LoadImage -> A3B Generate with the image (the projector
+    found beside the model) -> A3B Generate of dialogue from the description. Tiny random weights (a
+    llama text model and an LLaVA-style projector the tests write): the text means nothing, but it
+    is the same for the same image and seed, and another image changes it."""
+    import numpy as np
+    from PIL import Image
+
+    from comfyui_a3b.bench.mmproj import write_mmproj
+    from tinygguf import write_tiny_gguf
+
+    write_tiny_gguf(server.llm_dir / "tiny-vl-llama.gguf", "llama", n_ctx=1024)
+    write_mmproj(server.llm_dir / "mmproj-tiny-vl-llama-f32.gguf", 64, "tiny-mlp")
+    rng = np.random.default_rng(7)
+    for name in ("panel-a.png", "panel-b.png"):
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(server.workdir / "input" / name)
+
+    def run(image: str) -> dict:
+        wf = example("image_dialogue")
+        wf["1"]["inputs"].update(model="tiny-vl-llama.gguf", mmproj="auto", n_ctx=1024)
+        wf["2"]["inputs"]["image"] = image
+        for node in ("3", "4"):
+            # sampled with the example's seed: a random model's greedy text hardly moves with its input,
+            # a draw from its flat distributions does
+            wf[node]["inputs"].update(max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+        h = server.wait(server.queue(wf))
+        assert h["status"]["status_str"] == "success", h["status"]
+        return {n: h["outputs"][n]["text"][0] for n in ("3", "4")}
+
+    a = run("panel-a.png")
+    assert a["3"].strip() and a["4"].strip(), a
+    assert run("panel-a.png")["3"] == a["3"]          # the same image and seed: the same description
+    assert run("panel-b.png")["3"] != a["3"]          # another image: another one
+    st = server.get("/a3b/status")
+    assert any(m.get("features", {}).get("vision") for m in st["models"]), st["models"]
