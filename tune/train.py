@@ -14,7 +14,6 @@ On CUDA the forward runs under bf16 autocast (prune/device.py); the adapter stay
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 
 from ..prune.device import autocast
 from ..prune.errors import require_torch
+from ..prune.files import atomic_path
 from .lora import Adapted, token_losses
 from .samples import Samples
 
@@ -159,15 +159,10 @@ def train(model: Adapted, stream: Stream, heldout: Samples, *, steps: int, lr: f
 
 
 def _save(path: Path, fingerprint, step, model, opt, sched, hist: History, best_state) -> None:
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
     state = {"fingerprint": fingerprint, "step": step, "lora": _state(model), "opt": opt.state_dict(),
              "sched": sched.state_dict(), "hist": hist.__dict__, "best_state": best_state}
-    try:
+    with atomic_path(path, force=True) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _resume(path: Path, fingerprint, model, opt, sched):

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..device import autocast as amp
 from ..errors import require_torch
+from ..files import atomic_path
 
 log = logging.getLogger("comfyui_a3b.prune")
 
@@ -267,19 +268,12 @@ def kl_step(student, teacher, x, autocast: bool = True):
 
 def _save(path, step, named, opt, sched, data, rep) -> None:
     torch = require_torch()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
     # the tensors themselves, not copies: torch.save writes them out before training goes on
     state = {"step": step, "tensors": {n: p.detach() for n, p in named.items()},
              "opt": opt.state_dict(), "sched": sched.state_dict(), "data": data.state(),
              "losses": list(rep.losses), "tokens": rep.tokens}
-    try:
+    with atomic_path(path, force=True) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _resume(path, named, opt, sched, data, rep) -> int:
