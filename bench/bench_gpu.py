@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import free_port
+from .common import device_label, free_port
 
 SHAPES = {
     # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
@@ -349,12 +349,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = set(args.only.split(","))
     res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
-    try:
-        from comfyui_a3b.runtime.llama.devices import gpus
-
-        res["device"] = gpus()[0].description
-    except Exception:  # noqa: BLE001 - a label only
-        res["device"] = "CPU"
+    res["device"] = device_label()
 
     path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
     if not path.exists():

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from .bench_gpu import SHAPES, batched_bench, gpu_layers, prompt, write_model
+from .common import device_label
 
 MODES = ("off", "ngram", "self-draft")
 CONCURRENCY = (1, 4, 16)
@@ -182,12 +183,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = set(args.only.split(","))
     res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
-    try:
-        from comfyui_a3b.runtime.llama.devices import gpus
-
-        res["device"] = gpus()[0].description
-    except Exception:  # noqa: BLE001 - a label only
-        res["device"] = "CPU"
+    res["device"] = device_label()
     path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
     if not path.exists():
         t0 = time.perf_counter()

@@ -32,7 +32,7 @@ import numpy as np
 
 from .bench_gpu import SHAPES as TEXT_SHAPES
 from .bench_gpu import write_model
-from .common import median
+from .common import device_label, median
 from .mmproj import SHAPES as PROJECTOR_SHAPES
 from .mmproj import write_mmproj
 
@@ -240,13 +240,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"pair": args.pair, "projector_shape": PROJECTOR_SHAPES[PAIRS[args.pair]["projector"]],
                  "command": " ".join(sys.argv), "images": args.images}
-    try:
-        from comfyui_a3b.runtime.llama.devices import gpus
-
-        found = gpus()
-        res["device"] = found[0].description if found else "CPU"
-    except Exception:  # noqa: BLE001 - a label only
-        res["device"] = "CPU"
+    res["device"] = device_label()
 
     def step(name, fn):
         t0 = time.perf_counter()

@@ -38,6 +38,17 @@ def machine() -> dict[str, Any]:
             "llama_cpp_python": lcp, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def device_label() -> str:
+    """The first GPU llama.cpp sees, by its description, or "CPU" (a label for results only)."""
+    try:
+        from comfyui_a3b.runtime.llama.devices import gpus
+
+        found = gpus()
+        return found[0].description if found else "CPU"
+    except Exception:  # noqa: BLE001 - a label only
+        return "CPU"
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     if not xs:
         return float("nan")
