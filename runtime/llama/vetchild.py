@@ -20,10 +20,10 @@ import time
 RESULT = b"A3B-VET-RESULT "
 
 
-def _check(path: str, decode: bool, repack: bool = True) -> dict:
+def _log_to_stderr(L):
+    """Send llama.cpp's log to this child's stderr (the host reads it back) and start the backend;
+    the returned callback must stay referenced while llama.cpp runs."""
     import ctypes
-
-    import llama_cpp as L
 
     @L.llama_log_callback
     def _log(level, text, user_data):
@@ -31,6 +31,14 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
 
     L.llama_log_set(_log, ctypes.c_void_p(0))
     L.llama_backend_init()
+    return _log
+
+
+def _check(path: str, decode: bool, repack: bool = True) -> dict:
+
+    import llama_cpp as L
+
+    _log = _log_to_stderr(L)   # held while llama.cpp may call it
     params = L.llama_model_default_params()
     params.n_gpu_layers = 0
     if not repack:
@@ -71,12 +79,7 @@ def _check_mmproj(path: str, encode: bool) -> dict:
     import llama_cpp as L
     from llama_cpp import mtmd_cpp as M
 
-    @L.llama_log_callback
-    def _log(level, text, user_data):
-        os.write(2, text)
-
-    L.llama_log_set(_log, ctypes.c_void_p(0))
-    L.llama_backend_init()
+    _log = _log_to_stderr(L)   # held while llama.cpp may call it
     p = M.mtmd_context_params_default()
     p.use_gpu = False
     p.n_threads = 1
