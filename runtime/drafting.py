@@ -43,6 +43,8 @@ def fill(step: DecodeStep) -> None:
     todo = [e for e in step.entries if e.room > 0 and e.job.drafter is not None]
     for e in todo:   # a draft model drafts for every request at once: all begin, then all end
         e.job.drafter.extend(e.job.seq)
+        if hasattr(e.job.drafter, "place"):   # a drafter that reads the request's cache (mtp)
+            e.job.drafter.place(e.job.slot.seq_id, e.position)
         if hasattr(e.job.drafter, "begin"):
             e.job.drafter.begin(e.room, e.job.priority)
     for e in todo:

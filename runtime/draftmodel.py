@@ -1,4 +1,5 @@
-"""A draft model for speculative decoding: a smaller model with the same vocabulary proposes tokens.
+"""A draft model for speculative decoding: a smaller model with the same vocabulary proposes tokens
+(or, under speculative=mtp, the model's own multi-token-prediction layers: `MtpSource`).
 
 The draft model is an ordinary entry of the model store (store.py): a LoadSpec of the draft file
 with the target's slots, a context a little longer than the target's (a sequence and its drafts
@@ -64,15 +65,67 @@ def check_vocab(target: Any, draft: Any) -> None:
                              "speculative=ngram.")
 
 
-def check_mtp(model: Any) -> None:
-    """speculative=mtp: a message either way (drafting with a model's own multi-token-prediction
-    layers through llama.cpp's MTP context is not implemented here), naming what the file has."""
+def attach_mtp(model: Any) -> None:
+    """speculative=mtp: give `model` its own multi-token-prediction layers as its drafter, or a message
+    naming what the file lacks."""
     n = int(getattr(getattr(model, "weights", None), "n_layer_nextn", 0) or 0)
     if n <= 0:
         raise InvalidRequest(f"{model.name} ({model.info.architecture}) has no multi-token-prediction layers, so "
                              "speculative=mtp cannot draft with them; use speculative=ngram or draft:MODEL.")
-    raise InvalidRequest(f"{model.name} has {n} multi-token-prediction layer(s), but drafting with them is not "
-                         "supported by this runtime yet; use speculative=ngram or draft:MODEL.")
+    mtp = getattr(getattr(model, "backend", None), "mtp", None)
+    if mtp is None or not hasattr(model, "draft_source"):
+        raise InvalidRequest(f"{model.name} has {n} multi-token-prediction layer(s), but this engine cannot draft "
+                             "with them; use speculative=ngram or draft:MODEL.")
+    model.draft_source = MtpSource(mtp)
+
+
+class MtpSource:
+    """What a model drafts with under speculative=mtp: its own MTP context (llama/mtp.py), which
+    drafts for every request of a step in one batch per drafted position."""
+
+    mode = "mtp"
+    model = None
+
+    def __init__(self, context: Any):
+        self.context = context
+
+    def new_drafter(self) -> MtpDrafter:
+        return MtpDrafter(self.context)
+
+
+class MtpDrafter:
+    """One request's drafts from the MTP context, in the two phases of `ModelDrafter`; `place` tells
+    it where the request's next token sits (its sequence and position)."""
+
+    def __init__(self, context: Any):
+        self.context = context
+        self.seq: Sequence[int] = ()
+        self._at: tuple[int, int] | None = None
+        self._asked = False
+        self.failures = 0
+
+    def extend(self, seq: Sequence[int]) -> None:
+        self.seq = seq
+
+    def place(self, seq_id: int, position: int) -> None:
+        self._at = (seq_id, position)
+
+    def begin(self, k: int, priority: int = 0) -> None:
+        self._asked = bool(k > 0 and self._at is not None and self.seq and self.failures < 3)
+        if self._asked:
+            self.context.want(self._at[0], self.seq[-1], self._at[1], k)
+
+    def end(self) -> list[int]:
+        if not self._asked:
+            return []
+        self._asked = False
+        try:
+            return self.context.take(self._at[0])
+        except RuntimeError as e:   # a failed MTP step: no draft now, none after the third
+            self.failures += 1
+            log.warning("multi-token prediction: %s%s", e, "; drafting stops for this request"
+                        if self.failures >= 3 else "")
+            return []
 
 
 def attach_draft(model: Any, dspec: LoadSpec, get: Callable[[], Any]) -> None:

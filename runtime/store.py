@@ -28,7 +28,7 @@ from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
 from .options import LoadSpec, parse_speculative
-from .draftmodel import attach_draft, check_mtp, draft_spec
+from .draftmodel import attach_draft, attach_mtp, draft_spec
 
 log = logging.getLogger("a3b.store")
 #: the n_gpu_layers that leaves the placement to the runtime
@@ -235,7 +235,7 @@ class ModelStore:
                 if dspec is not None:
                     attach_draft(model, dspec, lambda: self.get(dspec))
                 else:
-                    check_mtp(model)
+                    attach_mtp(model)
             except BaseException:
                 self._drop(spec, "its draft model could not be used")
                 raise

@@ -36,7 +36,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
                     block_count: int | None = None, duplicate_token: bool = False,
                     chat_template: str | None = None, n_expert: int = 4, n_expert_used: int = 2,
                     n_ff_shexp: int = 64, moe: bool | None = None, fused_gate_up: bool = False,
-                    tensor_hook: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
+                    mtp_layers: int = 0, tensor_hook: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
     """Write a random-weight model of `arch` (llama, qwen2, qwen3, qwen35, gemma3, qwen3moe, or any name
     for unknown-arch tests).
 
@@ -48,6 +48,10 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     in one ffn_gate_up_exps (the same values as the separate tensors). `n_ff` may be a list (one width per layer).
     `tensor_hook(name, values)` may replace any tensor's values before it is written (planted
     structure in tests).
+
+    `mtp_layers` (qwen35 only) appends that many multi-token-prediction ("nextn") blocks after the
+    `n_layer` trunk blocks, as llama.cpp reads them: counted in block_count, named by
+    `qwen35.nextn_predict_layers`, each a full-attention block plus nextn.eh_proj / enorm / hnorm.
 
     `block_count` writes that layer count into the metadata whatever the tensors hold, and
     `duplicate_token` gives two vocabulary entries the same text: files llama.cpp's loader asserts on.
@@ -63,13 +67,17 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer if block_count is None else block_count)
+    if mtp_layers and arch != "qwen35":
+        raise ValueError("mtp_layers: qwen35 only")
+    w.add_block_count(n_layer + mtp_layers if block_count is None else block_count)
+    if mtp_layers:
+        w.add_uint32(f"{arch}.nextn_predict_layers", mtp_layers)
     if isinstance(n_ff, (list, tuple)):
         w.add_array(f"{arch}.feed_forward_length", [int(x) for x in n_ff])
         widths = [int(x) for x in n_ff]
     else:
         w.add_feed_forward_length(n_ff)
-        widths = [int(n_ff)] * n_layer
+        widths = [int(n_ff)] * (n_layer + mtp_layers)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
@@ -134,11 +142,16 @@ def write_tiny_gguf(path: str | Path, arch: str = "llama", *, n_embd: int = 64, 
     t("token_embd.weight", n_vocab, n_embd)
     ones("output_norm.weight", n_embd)
     t("output.weight", n_vocab, n_embd)
-    for i in range(n_layer):
+    for i in range(n_layer + mtp_layers):
         p = f"blk.{i}."
         ff = widths[i]
+        mtp = i >= n_layer   # a nextn block: full attention, then what joins it to the trunk
+        if mtp:
+            t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
+            ones(p + "nextn.enorm.weight", n_embd)
+            ones(p + "nextn.hnorm.weight", n_embd)
         ones(p + "attn_norm.weight", n_embd)
-        if hybrid and (i + 1) % 2:  # a linear-attention (Gated DeltaNet) layer
+        if hybrid and (i + 1) % 2 and not mtp:  # a linear-attention (Gated DeltaNet) layer
             key_dim, value_dim = 8 * 2, 8 * 4
             t(p + "attn_qkv.weight", key_dim * 2 + value_dim, n_embd)
             t(p + "attn_gate.weight", value_dim, n_embd)

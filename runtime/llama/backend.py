@@ -17,11 +17,12 @@ from ..adapters import check as check_adapter
 from ..engine import DecodeFailed
 from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
-from ..options import LoadSpec
+from ..options import LoadSpec, parse_speculative
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
+from .mtp import MtpContext
 from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
@@ -82,6 +83,11 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
         p.n_seq_max = spec.n_parallel
         # unified=False gives every sequence exactly n_ctx cells of its own
         p.kv_unified = spec.n_parallel == 1
+        if parse_speculative(spec.speculative)[0] != "off":
+            # rejected drafts leave the cache; a recurrent layer (qwen35's Gated DeltaNet) can only
+            # step back by a snapshot per token, so it keeps as many as a step drafts (llama.cpp
+            # sets 0 for architectures without such layers)
+            p.n_rs_seq = spec.draft_max
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
     p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]
@@ -130,6 +136,9 @@ class LlamaBackend:
                                   f"{' | '.join(detail[-2:]) or 'no detail'}. "
                                   "Try a smaller n_ctx, or kv_cache_type f16.")
         self.pools = attach(self.ctx, *self.threads)   # None: each compute makes its own threadpool
+        #: the multi-token-prediction context beside it (speculative=mtp), or None
+        self.mtp = MtpContext(weights, self.ctx, context_params(spec)) \
+            if parse_speculative(spec.speculative)[0] == "mtp" and weights.n_layer_nextn > 0 else None
         self.mem = L.llama_get_memory(self.ctx)
         if spec.lora_path:
             adapters = (L.llama_adapter_lora_p_ctypes * 1)(weights.adapter(spec.lora_path))
@@ -151,6 +160,8 @@ class LlamaBackend:
     # -- generation ---------------------------------------------------------------------------
     def trim(self, seq_id: int, keep: int) -> None:
         llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1)
+        if self.mtp is not None:
+            self.mtp.trim(seq_id, keep)
 
     @property
     def vision(self):
@@ -190,6 +201,8 @@ class LlamaBackend:
             # -1 = invalid batch, below: a backend error (a device out of memory, say), after which
             # the context is not to be trusted
             raise DecodeFailed(f"llama_decode failed with code {rc}", fatal=rc < -1)
+        if self.mtp is not None:   # the MTP cache reads what the target read (mtp.py)
+            self.mtp.catch_up((None if e.job.units else e.job.slot.seq_id, e.position, e.tokens()) for e in texts)
 
     def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
         text = schema_to_gbnf(json_schema) if json_schema is not None else gbnf
@@ -329,6 +342,9 @@ class LlamaBackend:
         for ctx in self.ectxs.values():
             L.llama_free(ctx)
         self.ectxs.clear()
+        if self.mtp is not None:   # before the target context it reads from
+            self.mtp.close()
+            self.mtp = None
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None

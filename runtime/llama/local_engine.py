@@ -16,7 +16,7 @@ from .. import vet
 from ..engine import Engine
 from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
 from ..gguf_info import check_header
-from ..options import LoadSpec
+from ..options import LoadSpec, parse_speculative
 from ..worker import LoadedModel
 from . import fitting, offload, placement, planner
 from .backend import LlamaBackend, thread_counts
@@ -44,6 +44,7 @@ class LlamaEngine(Engine):
         pst = os.stat(proj) if proj is not None else None
         return (spec.path, st.st_size, st.st_mtime_ns, spec.n_gpu_layers, spec.use_mmap, spec.serve_as,
                 spec.cpu_moe, spec.n_cpu_moe, spec.override_tensor,
+                parse_speculative(spec.speculative)[0] == "mtp",   # loads the nextn layers too
                 (str(proj), pst.st_size, pst.st_mtime_ns) if pst is not None else None)
 
     def file_bytes(self, spec: LoadSpec) -> int:

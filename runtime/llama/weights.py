@@ -74,10 +74,11 @@ class Weights:
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, use_mmap: bool = True, name: str | None = None,
                  offload: str = "", vocab_only: bool = False, repack: bool = True,
-                 overrides: list[tuple[str, str]] = (), placement: dict | None = None):
+                 overrides: list[tuple[str, str]] = (), placement: dict | None = None, load_mtp: bool = False):
         """`vocab_only`: the vocabulary without the weights (tokenizing). `repack`: let llama.cpp's CPU
         backend copy weights into its interleaved layouts (faster CPU matrix products, but anonymous
-        memory the size of those weights instead of the memory-mapped file's pages)."""
+        memory the size of those weights instead of the memory-mapped file's pages). `load_mtp`: load
+        the multi-token-prediction layers too (llama.cpp skips them otherwise; speculative=mtp)."""
         vet.check_file(path)   # first load of a file: in a child process, see runtime/vet.py
         L = llama()
         self.path = Path(path)
@@ -85,6 +86,8 @@ class Weights:
         params.n_gpu_layers = int(n_gpu_layers)
         params.load_mode = L.LLAMA_LOAD_MODE_MMAP if use_mmap else L.LLAMA_LOAD_MODE_NONE
         params.vocab_only = bool(vocab_only)
+        if load_mtp:
+            params.load_mtp = True
         if not repack or not vet.repack_allowed():
             params.use_extra_bufts = False
         self.overrides = None
