@@ -25,6 +25,18 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
     k_max = request.draft_max if request.draft_max is not None else spec.draft_max
     if mode == "off":
         return None, None
+    # a model with recurrent layers undoes a rejected draft only from the snapshots its context
+    # keeps (as many as draft_max when it was loaded with speculation asked for by name; none
+    # under "auto", where they would cost memory nobody asked for)
+    rollback = getattr(getattr(model, "backend", None), "max_rollback", None)
+    if rollback is not None and rollback < 1:
+        if mode == "auto":
+            return None, None
+        raise InvalidRequest(f"speculative={mode!r} on {model.name}: its recurrent layers can undo rejected drafts "
+                             f"only when the model is loaded with speculative={mode!r} (it was loaded with "
+                             f"{spec.speculative!r}); load it so, or ask speculative='off'.")
+    if rollback is not None:
+        k_max = min(k_max, rollback)
     source = getattr(model, "draft_source", None)
     if mode in ("draft", "mtp"):
         if source is None or source.mode != mode or (mode == "draft" and Path(draft).name != Path(source.model).name):

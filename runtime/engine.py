@@ -205,6 +205,8 @@ class Backend(Protocol):
     #: an embedding pack holds at most this many tokens (unless one text is longer) and texts
     embed_pack_tokens: int
     embed_pack_texts: int
+    #: tokens `trim` can drop from a sequence's end (recurrent layers); None: any number
+    max_rollback: int | None
 
     def trim(self, seq_id: int, keep: int) -> None:
         """Drop the KV cache of sequence `seq_id` from position `keep` on."""

@@ -153,7 +153,7 @@ class Policy:
 
     def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8,
                  yield_tokens: int = 64, interactive_window_s: float = 30.0, promote_after_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, max_rollback: int | None = None):
         if n_slots < 1 or batch_tokens < 1:
             raise ValueError("a policy needs at least one slot and one batch token")
         self.yield_tokens = yield_tokens
@@ -161,6 +161,11 @@ class Policy:
         self.promote_after_s = promote_after_s
         self.promotions = 0
         self._clock = clock
+        #: how many tokens a slot's cache can drop from its end; None: any number. A recurrent layer
+        #: (qwen35's Gated DeltaNet) holds one state, not a cache per position: it steps back only
+        #: as far as the snapshots the context keeps, so reusing a slot's prefix that ends earlier
+        #: than its cached tokens is impossible there, and the slot starts over.
+        self.max_rollback = max_rollback
         self._last_interactive: float | None = None
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch_tokens = max(batch_tokens, n_slots)
@@ -259,6 +264,8 @@ class Policy:
         inside = job.units.covering(common) if job.units else None
         if inside is not None:   # a unit is cached whole or not at all
             common = inside[0]
+        if self.max_rollback is not None and len(best.tokens) - common > self.max_rollback:
+            common = 0           # the cache cannot step back that far: read the whole prompt again
         trim = None
         if common < len(best.tokens):
             trim = Trim(best.seq_id, common, job.position(common) if job.units else None)

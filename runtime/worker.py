@@ -60,7 +60,8 @@ class LoadedModel(Model):
             info = getattr(vision, "info", None)
             if info is not None:
                 self.features["projector"] = Path(info.path).name
-        self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts)
+        self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts,
+                             max_rollback=getattr(backend, "max_rollback", None))
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
         #: the draft model this one drafts with (draftmodel.py), set by the store; None: none

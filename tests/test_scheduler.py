@@ -56,6 +56,29 @@ def test_an_identical_prompt_keeps_one_token_to_decode():
     assert [(e.start, e.count, e.output) for e in step.entries] == [(2, 1, 0)]
 
 
+def test_a_recurrent_cache_is_cut_back_only_as_far_as_its_snapshots_reach():
+    # max_rollback: what a recurrent layer can step back (the context's snapshots); a prefix that
+    # ends further back is of no use there, and the slot starts over
+    p = Policy(n_slots=1, batch_tokens=64, max_rollback=2)
+    p.slots[0].tokens = [1, 2, 3, 4, 5]
+    j = job([1, 2, 3, 9])
+    p.submit(j)
+    adm = p.admit()
+    assert adm.trims == [Trim(0, 3)] and j.fed == 3          # two tokens back: within reach
+    p.release(j)
+    p.slots[0].tokens = [1, 2, 3, 4, 5, 6]
+    k = job([1, 2, 7])
+    p.submit(k)
+    adm = p.admit()
+    assert adm.trims == [Trim(0, 0)] and k.fed == 0 and k.n_cached == 0
+    p.release(k)
+    p.slots[0].tokens = [1, 2, 3]
+    cont = job([1, 2, 3, 4, 5])                               # a continuation: nothing to cut
+    p.submit(cont)
+    adm = p.admit()
+    assert not adm.trims and cont.fed == 3
+
+
 def test_interactive_request_preempts_the_newest_lowest_priority_job():
     p = Policy(n_slots=2, batch_tokens=64)
     a, b = job([1]), job([2])

@@ -379,3 +379,25 @@ def test_mtp_on_a_model_without_mtp_layers_is_a_message(rt):
     with pytest.raises(InvalidRequest, match="has no multi-token-prediction layers"):
         rt.load(rt.spec("fake://plain", speculative="mtp"))
     assert not [m for m in rt.status()["models"] if m["path"] == "fake://plain"]
+
+
+def test_a_model_that_cannot_undo_drafts_speculates_only_when_loaded_for_it():
+    """Recurrent layers undo rejected drafts only from the snapshots the context keeps
+    (backend.max_rollback): none under "auto" (no drafts then), draft_max when asked by name."""
+    from types import SimpleNamespace
+
+    from comfyui_a3b.runtime import drafting
+
+    def model(rollback, speculative="auto"):
+        return SimpleNamespace(spec=LoadSpec(path="m.gguf", speculative=speculative, draft_max=8), name="q35.gguf",
+                               backend=SimpleNamespace(max_rollback=rollback), step_cost=StepCost(),
+                               draft_source=None)
+
+    req = SimpleNamespace(speculative=None, draft_max=None)
+    assert drafting.for_request(model(0), req) == (None, None)
+    with pytest.raises(InvalidRequest, match="recurrent layers"):
+        drafting.for_request(model(0), SimpleNamespace(speculative="ngram", draft_max=None))
+    drafter, control = drafting.for_request(model(3, "ngram"), req)
+    assert isinstance(drafter, NgramDrafter) and control.k_max == 3
+    drafter, control = drafting.for_request(model(None), req)   # attention only: as before
+    assert isinstance(drafter, NgramDrafter) and control.k_max == 8

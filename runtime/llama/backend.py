@@ -5,6 +5,7 @@ sample and embed calls the model worker makes. Only the worker thread calls a ba
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,8 @@ from .mtp import MtpContext
 from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
+
+log = logging.getLogger("a3b.llama")
 
 #: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
 #: of a small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
@@ -83,10 +86,12 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
         p.n_seq_max = spec.n_parallel
         # unified=False gives every sequence exactly n_ctx cells of its own
         p.kv_unified = spec.n_parallel == 1
-        if parse_speculative(spec.speculative)[0] != "off":
+        if parse_speculative(spec.speculative)[0] not in ("off", "auto"):
             # rejected drafts leave the cache; a recurrent layer (qwen35's Gated DeltaNet) can only
             # step back by a snapshot per token, so it keeps as many as a step drafts (llama.cpp
-            # sets 0 for architectures without such layers)
+            # sets 0 for architectures without such layers). Each snapshot is a copy of every
+            # recurrent layer's state per sequence (tens of MB at 30B scale), so only speculation
+            # asked for by name pays it; "auto" does not speculate on such a model (drafting.py).
             p.n_rs_seq = spec.draft_max
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
@@ -145,6 +150,9 @@ class LlamaBackend:
             scales = (ctypes.c_float * 1)(spec.lora_scale)
             L.llama_set_adapters_lora(self.ctx, adapters, 1, scales)
         self.n_ctx_seq = spec.n_ctx
+        #: a recurrent model's cache steps back only by the snapshots it keeps (scheduler.py)
+        recurrent = L.llama_model_is_recurrent(weights.ptr) or L.llama_model_is_hybrid(weights.ptr)
+        self.max_rollback = int(L.llama_n_rs_seq(self.ctx)) if recurrent else None
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
         self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
         self.ebatch = None
@@ -159,7 +167,12 @@ class LlamaBackend:
 
     # -- generation ---------------------------------------------------------------------------
     def trim(self, seq_id: int, keep: int) -> None:
-        llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1)
+        if not llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1):
+            # the policy never asks a recurrent cache to step back further than it can
+            # (max_rollback); should it, the sequence is cleared rather than left out of step, and
+            # its next decode fails with a message instead of continuing from a wrong state
+            llama().llama_memory_seq_rm(self.mem, seq_id, 0, -1)
+            log.error("could not drop the cache of sequence %d from position %d on; cleared it", seq_id, keep)
         if self.mtp is not None:
             self.mtp.trim(seq_id, keep)
 
