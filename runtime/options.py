@@ -273,10 +273,19 @@ def parse_speculative(value: str | None) -> tuple[str, str | None]:
     return head, None
 
 
+def state_snapshots(speculative: str | None, draft_max: int) -> int:
+    """Recurrent-state snapshots a sequence keeps (llama.cpp's n_rs_seq) under a `speculative`
+    setting: draft_max when speculation is asked for by name, so that rejected drafts can be undone
+    in a recurrent layer; none for off and auto (auto does not speculate on such a model). Models
+    without recurrent layers ignore it."""
+    return draft_max if parse_speculative(speculative)[0] not in ("off", "auto") else 0
+
+
 SPECULATIVE = Option("speculative", str, "auto",
                      "Speculative decoding: off; ngram (drafts looked up in the prompt and the answer so far); "
                      "draft:MODEL (a smaller model with the same vocabulary drafts); mtp (the model's own "
-                     "multi-token-prediction layers); auto (ngram). Greedy output is the same either way.")
+                     "multi-token-prediction layers); auto (ngram, except on models with recurrent layers). "
+                     "Greedy output is the same either way.")
 DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and step (speculative decoding).",
                    min=1, max=64)
 

@@ -98,6 +98,24 @@ def test_pruned_experts_let_more_layers_keep_theirs_on_the_gpu(tmp_path):
     assert (a.n_cpu_moe, b.n_cpu_moe, b.speed) == (1, 0, "gpu")
 
 
+def test_a_hybrid_models_cache_is_counted_as_llama_cpp_allocates_it(tmp_path):
+    """qwen35: a KV cache only on its attention layers, a recurrent state per sequence on the others,
+    one more copy per snapshot when speculation is asked for by name (llama.cpp's RS buffer for
+    this file at 2 sequences and 8 snapshots: 0.06 MiB, its KV buffer 0.12 MiB)."""
+    lay = placement.layout(write_tiny_gguf(tmp_path / "q35.gguf", "qwen35", n_layer=4))
+    assert lay.kv_layers == (1, 3)
+    # (conv_kernel - 1) x (inner + 2 x groups x state) + state x inner floats: 3 x 64 + 256
+    assert lay.rs_bytes == 4 * (3 * (32 + 2 * 2 * 8) + 8 * 32)
+    kw = dict(n_gpu_layers=-1, n_cpu_moe=0, n_ctx=256, n_parallel=2, n_batch=64)
+    plain, snap = planner.cost(lay, **kw), planner.cost(lay, n_rs_seq=8, **kw)
+    rs = 2 * 2 * lay.rs_bytes                       # 2 recurrent layers x 2 sequences
+    assert plain["gpu_kv"] == lay.kv_bytes_per_layer(512, "f16") * 2 + rs
+    assert snap["gpu_kv"] - plain["gpu_kv"] == 8 * rs
+    assert abs((snap["gpu_kv"] - lay.kv_bytes_per_layer(512, "f16") * 2) / 2**20 - 0.06) < 0.01
+    dense = planner.Layout(**{**lay.__dict__, "kv_layers": None, "rs_bytes": 0})
+    assert planner.cost(dense, **kw)["gpu_kv"] == lay.kv_bytes_per_layer(512, "f16") * 4
+
+
 def test_explicit_placements_are_figured_not_changed(moe):
     lay = placement.layout(moe)
     p = planner.plan(lay, free_bytes=1, n_gpu_layers=-1, n_cpu_moe=2, **ARGS)

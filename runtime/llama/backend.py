@@ -18,7 +18,7 @@ from ..adapters import check as check_adapter
 from ..engine import DecodeFailed
 from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
-from ..options import LoadSpec, parse_speculative
+from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import measure_context
@@ -86,13 +86,12 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
         p.n_seq_max = spec.n_parallel
         # unified=False gives every sequence exactly n_ctx cells of its own
         p.kv_unified = spec.n_parallel == 1
-        if parse_speculative(spec.speculative)[0] not in ("off", "auto"):
-            # rejected drafts leave the cache; a recurrent layer (qwen35's Gated DeltaNet) can only
-            # step back by a snapshot per token, so it keeps as many as a step drafts (llama.cpp
-            # sets 0 for architectures without such layers). Each snapshot is a copy of every
-            # recurrent layer's state per sequence (tens of MB at 30B scale), so only speculation
-            # asked for by name pays it; "auto" does not speculate on such a model (drafting.py).
-            p.n_rs_seq = spec.draft_max
+        # rejected drafts leave the cache; a recurrent layer (qwen35's Gated DeltaNet) can only step
+        # back by a snapshot per token, so it keeps as many as a step drafts (llama.cpp sets 0 for
+        # architectures without such layers). Each snapshot is a copy of every recurrent layer's
+        # state per sequence (tens of MB at 30B scale), so only speculation asked for by name pays
+        # it; "auto" does not speculate on such a model (drafting.py).
+        p.n_rs_seq = state_snapshots(spec.speculative, spec.draft_max)
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
     p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]

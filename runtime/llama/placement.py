@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import InvalidRequest
 from ..gguf_info import Dims, scan_header, tensor_bytes
-from ..options import LoadSpec
+from ..options import LoadSpec, state_snapshots
 from . import planner
 from .planner import Layout, Override, Plan
 
@@ -53,7 +53,28 @@ def _layout(path: str, size: int, mtime_ns: int) -> Layout:
         nbytes = tensor_bytes(shape, ttype)
         named.append((name, 2 * math.prod(shape) if nbytes is None else nbytes))   # unknown type: 16 bits a value
     return Layout.of(named, n_layer=dims.n_layer, n_head=dims.n_head, n_head_kv=dims.n_head_kv,
-                     key_length=dims.key_length, value_length=dims.value_length, n_vocab=dims.n_vocab)
+                     key_length=dims.key_length, value_length=dims.value_length, n_vocab=dims.n_vocab,
+                     **recurrent(scan.metadata, dims.architecture, dims.n_layer))
+
+
+def recurrent(meta: dict, arch: str, n_layer: int) -> dict:
+    """A hybrid model's KV layers and per-sequence recurrent state (planner.Layout), from the
+    header: qwen35's Gated DeltaNet layers sit between attention layers, one in every
+    `full_attention_interval` being attention (llama.cpp: layer i is recurrent unless (i + 1) is a
+    multiple of it). Per recurrent layer and sequence llama.cpp keeps a convolution state of
+    (conv_kernel - 1) x (inner + 2 x groups x state) and a recurrent state of state x inner floats.
+    {} for models without such layers, or a header whose values are not plausible."""
+    def get(key: str) -> int:
+        v = meta.get(f"{arch}.{key}")
+        v = v[0] if isinstance(v, list) and v else v
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 20 else 0
+
+    interval, inner, state = get("full_attention_interval"), get("ssm.inner_size"), get("ssm.state_size")
+    if not (interval and inner and state):
+        return {}
+    conv, groups = get("ssm.conv_kernel"), get("ssm.group_count")
+    floats = max(conv - 1, 0) * (inner + 2 * groups * state) + state * inner
+    return {"kv_layers": tuple(i for i in range(n_layer) if (i + 1) % interval == 0), "rs_bytes": 4 * floats}
 
 
 def split_entries(text: str | None) -> list[str]:
@@ -143,7 +164,8 @@ def choose(path, spec: LoadSpec, *, gpus: list, reserve_bytes: int = 0,
     n_gpu_layers = spec.n_gpu_layers
     p = planner.plan(lay, free_bytes=free, n_ctx=spec.n_ctx, n_parallel=spec.n_parallel, n_batch=spec.n_batch,
                      kv_type=spec.kv_cache_type, flash_attn=spec.flash_attn, reserve_bytes=reserve_bytes,
-                     n_cpu_moe=fixed_n, n_gpu_layers=n_gpu_layers, overrides=overrides, gpu=gpu)
+                     n_cpu_moe=fixed_n, n_gpu_layers=n_gpu_layers, overrides=overrides, gpu=gpu,
+                     n_rs_seq=state_snapshots(spec.speculative, spec.draft_max))
     if not gpu and fixed_n is None:
         p.n_cpu_moe = 0   # nothing to move on a CPU-only build unless asked (the same memory either way)
     p.warnings = warnings + p.warnings

@@ -75,10 +75,16 @@ class Layout:
     value_length: int = 0
     n_vocab: int = 32000
     tied_output: bool = False    # no output.weight: llama.cpp puts a copy of token_embd on the GPU
+    #: hybrid models (qwen35: Gated DeltaNet between attention layers): the layers with a KV cache
+    #: (None: all), and the float32 bytes of one sequence's state in each of the others (its
+    #: convolution and recurrent state; llama.cpp keeps 1 + n_rs_seq such rows per sequence)
+    kv_layers: tuple[int, ...] | None = None
+    rs_bytes: int = 0
 
     @classmethod
     def of(cls, named_sizes, *, n_layer: int, n_head: int = 0, n_head_kv: int = 0, key_length: int = 0,
-           value_length: int = 0, n_vocab: int = 0) -> Layout:
+           value_length: int = 0, n_vocab: int = 0, kv_layers: tuple[int, ...] | None = None,
+           rs_bytes: int = 0) -> Layout:
         """From (tensor name, bytes) pairs and the header's dimensions."""
         items = list(named_sizes)
         moe = any(EXPERT.match(n) for n, _ in items)
@@ -90,7 +96,7 @@ class Layout:
             tensors.append(Tensor(name, int(nbytes), layer, layer >= 0 and bool(movable.match(name))))
         tied = not any(n == "output.weight" for n, _ in items)
         return cls(n_layer, moe, tuple(tensors), n_head, n_head_kv or n_head, key_length, value_length or key_length,
-                   n_vocab or 32000, tied)
+                   n_vocab or 32000, tied, kv_layers, rs_bytes)
 
     def movable_bytes(self, layer: int | None = None) -> int:
         return sum(t.nbytes for t in self.tensors if t.movable and (layer is None or t.layer == layer))
@@ -158,8 +164,9 @@ def _on_gpu_layers(n_gpu_layers: int, n_layer: int) -> int:
 
 def cost(layout: Layout, *, n_gpu_layers: int, n_cpu_moe: int, n_ctx: int, n_parallel: int, n_batch: int,
          kv_type: str = "f16", flash_attn: str = "auto", overrides: tuple[Override, ...] = (),
-         gpu: bool = True) -> dict:
-    """Expected bytes of one placement: on the GPU (weights, KV, compute) and in main memory."""
+         gpu: bool = True, n_rs_seq: int = 0) -> dict:
+    """Expected bytes of one placement: on the GPU (weights, KV, compute) and in main memory.
+    `n_rs_seq`: the recurrent-state snapshots each sequence keeps (speculative decoding)."""
     n_layer = layout.n_layer
     k = _on_gpu_layers(n_gpu_layers, n_layer) if gpu else 0
     first_gpu = n_layer - min(k, n_layer)
@@ -184,8 +191,15 @@ def cost(layout: Layout, *, n_gpu_layers: int, n_cpu_moe: int, n_ctx: int, n_par
         gpu_w += emb
     cells = n_ctx * n_parallel
     kv_layer = layout.kv_bytes_per_layer(cells, kv_type)
-    gpu_layers = min(k, n_layer)
-    gpu_kv, host_kv = kv_layer * gpu_layers, kv_layer * (n_layer - gpu_layers)
+    kv_on = set(range(n_layer) if layout.kv_layers is None else layout.kv_layers)
+    rs_layer = layout.rs_bytes * n_parallel * (1 + max(n_rs_seq, 0))   # a recurrent layer's rows
+    gpu_kv = host_kv = 0
+    for layer in range(n_layer):
+        b = kv_layer if layer in kv_on else rs_layer
+        if layer >= first_gpu:
+            gpu_kv += b
+        else:
+            host_kv += b
     compute = 0
     if gpu_w or gpu_kv:
         batch = max(n_batch, n_parallel)
@@ -208,7 +222,7 @@ def _speed(layout: Layout, n_gpu_layers: int, n_cpu_moe: int, gpu: bool) -> str:
 def plan(layout: Layout, *, free_bytes: int, n_ctx: int, n_parallel: int = 1, n_batch: int = 256,
          kv_type: str = "f16", flash_attn: str = "auto", reserve_bytes: int = 0, n_cpu_moe: int | None = None,
          n_gpu_layers: int | str = "auto", overrides: tuple[Override, ...] = (), gpu: bool = True,
-         experts_first: bool = True) -> Plan:
+         experts_first: bool = True, n_rs_seq: int = 0) -> Plan:
     """The placement for `free_bytes` of device memory (module docstring for the order).
 
     `n_cpu_moe` None lets the planner choose the expert layers, a number fixes them; `n_gpu_layers`
@@ -217,7 +231,7 @@ def plan(layout: Layout, *, free_bytes: int, n_ctx: int, n_parallel: int = 1, n_
     n_layer = layout.n_layer
     budget = free_bytes - MARGIN - reserve_bytes
     args = dict(n_parallel=n_parallel, n_batch=n_batch, kv_type=kv_type, flash_attn=flash_attn,
-                overrides=overrides, gpu=gpu)
+                overrides=overrides, gpu=gpu, n_rs_seq=n_rs_seq)
     notes: list[str] = []
 
     def make(k: int, n: int, ctx: int, reason: str) -> Plan:
