@@ -75,7 +75,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return 0.0, 1.0
     p = k / n
     mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+    return max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n))
 
 
 def sign_test(only_a: int, only_b: int) -> float:
