@@ -14,10 +14,11 @@ adapter), in the same run:
   METADATA), which the adapter never saw (target: at most 1.05 of the base's). Both perplexities
   are the torch reference forward's, with and without the LoRA; the slow test checks that llama.cpp
   computes the same logits with the adapter loaded;
-* next-line exact match: at seeded lines of the held-out files, the model continues the text before
-  the line (greedy, through the runtime, with the prompt a model without FIM tokens gets: the text
-  before the cursor), base and adapter over the same loaded weights (one model, a context each); a
-  hit is the newline and then the whole line right;
+* next-line exact match through the language server's completion path (bench/nextline.py): at
+  seeded lines of the held-out files, the line emptied to its indentation with the cursor there, the
+  server's prompt and post-processing, base and adapter over the same loaded weights (one model, a
+  context each); a hit is the suggestion's first line right. Reported as counts with 95% intervals
+  and the lines only one side gets right (a paired sign test);
 * training tokens/s on this machine.
 
 Writes bench/results/bench_tune.{json,png}.
@@ -56,37 +57,6 @@ def prose_texts(exclude: str, n: int, seed: int) -> list[tuple[str, str]]:
     return [(k, texts[k][:12000]) for k in names[:n]]
 
 
-def next_line_cases(files, n: int, seed: int, min_prefix: int = 200) -> list[tuple[str, str]]:
-    """(text before a line, the line) at seeded line starts of the held-out files.
-
-    The text before ends with the previous line's last character, not its newline: BPE vocabularies
-    merge a newline with the next line's indentation ("\n   "), so a prompt that ends with a bare
-    newline is a tokenization the model never read before indented code (and it answers with a tab).
-    The model writes the newline itself; the case is the line after it."""
-    rng = random.Random(seed)
-    cases = []
-    for f in files:
-        lines = f.text.splitlines(keepends=True)
-        for i in range(1, len(lines)):
-            pre, line = "".join(lines[:i])[:-1], lines[i].rstrip("\n")
-            if len(pre) >= min_prefix and len(line.strip()) >= 8:
-                cases.append((pre[-800:], line))
-    rng.shuffle(cases)
-    return cases[:n]
-
-
-def exact_match(rt, spec, cases, max_tokens: int) -> float:
-    from ..runtime import PRIORITY_INTERACTIVE, TextPrompt, preset
-
-    hits = 0
-    for pre, line in cases:
-        res = rt.submit(TextPrompt(pre), model=spec, max_tokens=max_tokens,
-                        sampling=preset("precise", seed=0, temperature=0.0), priority=PRIORITY_INTERACTIVE).result()
-        got = res.text.split("\n")
-        hits += len(got) > 1 and got[0] == "" and got[1].rstrip() == line.rstrip()
-    return hits / max(len(cases), 1)
-
-
 def main(argv=None) -> int:
     from ..tune import options as o
 
@@ -99,9 +69,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=o.RANK.default)
     ap.add_argument("--eval-every", type=int, default=12)
     ap.add_argument("--eval-samples", type=int, default=24, help="held-out samples evaluated (a seeded choice)")
-    ap.add_argument("--lines", type=int, default=24, help="next-line cases")
+    ap.add_argument("--lines", type=int, default=200, help="next-line cases")
+    ap.add_argument("--fim-rate", type=float, default=o.FIM_RATE.default,
+                    help="share of samples in the editor's layout (0: plain windows only)")
+    ap.add_argument("--docstring-pairs", action="store_true", help="add docstring -> body pairs")
     ap.add_argument("--prose", type=int, default=4, help="prose texts")
     ap.add_argument("--prose-rows", type=int, default=16, help="prose windows evaluated (a seeded choice)")
+    ap.add_argument("--name", default="bench_tune", help="results file name under bench/results")
     ap.add_argument("--out", default=None, help="the adapter (default: a temporary file)")
     args = ap.parse_args(argv)
 
@@ -124,7 +98,8 @@ def main(argv=None) -> int:
     root = package_dir(args.package)
     base = Path(resolve_model(None))
     cfg = o.TuneConfig(steps=args.steps, seq_len=args.seq_len, batch=args.batch, lr=args.lr, rank=args.rank,
-                       alpha=2.0 * args.rank, eval_every=args.eval_every, patience=0, device="cpu")
+                       alpha=2.0 * args.rank, eval_every=args.eval_every, patience=0, device="cpu",
+                       fim_rate=args.fim_rate, docstring_pairs=args.docstring_pairs)
     tmp = tempfile.TemporaryDirectory()
     out = Path(args.out or Path(tmp.name) / f"{args.package}.lora.gguf")
     print(f"tuning {base.name} on {root} ({args.steps} steps of {args.batch} x {args.seq_len} tokens)", flush=True)
@@ -153,17 +128,29 @@ def main(argv=None) -> int:
     print(f"prose loss {prose_base:.4f} -> {prose_tuned:.4f} (x{prose_ratio:.3f} perplexity)", flush=True)
     del model
 
-    # next-line exact match through the runtime: one loaded model, a context with and one without the adapter
+    # next-line exact match through the server's completion path: one loaded model, a context with and one without
+    # the adapter
+    from ..lsp_server.config import Settings
+    from . import nextline
+
     parts = split(collect(root, cfg.max_file_kb * 1024).files, cfg.holdout, cfg.seed)
-    cases = next_line_cases(parts.heldout, args.lines, 0)
+    picked = nextline.cases(parts.heldout, args.lines, 0)
     rt = get_runtime()
-    plain = rt.spec(base, n_ctx=1024, n_parallel=1)
-    tuned = rt.spec(base, n_ctx=1024, n_parallel=1, lora_path=str(out))
-    em_base = exact_match(rt, plain, cases, 48)
-    em_tuned = exact_match(rt, tuned, cases, 48)
+    settings = Settings()
+    n_ctx = 1024
+    plain = rt.spec(base, n_ctx=n_ctx, n_parallel=1)
+    tuned = rt.spec(base, n_ctx=n_ctx, n_parallel=1, lora_path=str(out))
+    t1 = time.perf_counter()
+    hits_base = nextline.run(rt, plain, parts.heldout, picked, settings)
+    hits_tuned = nextline.run(rt, tuned, parts.heldout, picked, settings)
+    nl = nextline.compare(hits_base, hits_tuned)
+    em_base, em_tuned = nl["base_hits"] / max(nl["cases"], 1), nl["tuned_hits"] / max(nl["cases"], 1)
     loads = rt.store.weight_loads
-    print(f"next-line exact match {em_base:.3f} -> {em_tuned:.3f} over {len(cases)} lines "
-          f"(weights loaded {loads} time(s))", flush=True)
+    print(f"next-line exact match {nl['base_hits']}/{nl['cases']} -> {nl['tuned_hits']}/{nl['cases']} "
+          f"(95% {nl['base_ci95'][0]:.3f}-{nl['base_ci95'][1]:.3f} -> {nl['tuned_ci95'][0]:.3f}-"
+          f"{nl['tuned_ci95'][1]:.3f}); right only with the base {nl['only_base']}, only with the adapter "
+          f"{nl['only_tuned']} (sign test p={nl['sign_test_p']:.3g}); {time.perf_counter() - t1:.0f} s, "
+          f"weights loaded {loads} time(s)", flush=True)
 
     rows = [("held-out perplexity (package)", math.exp(r.heldout_loss_base), math.exp(r.heldout_loss), r.ratio,
              "<= 0.85"),
@@ -177,12 +164,12 @@ def main(argv=None) -> int:
             "files": r.train_files + r.heldout_files,
             "heldout_files": r.heldout_files, "heldout_loss_base": r.heldout_loss_base, "heldout_loss": r.heldout_loss,
             "perplexity_ratio": r.ratio, "prose_loss_base": prose_base, "prose_loss": prose_tuned,
-            "prose_ratio": prose_ratio, "prose_rows": len(prose), "next_line_cases": len(cases),
+            "prose_ratio": prose_ratio, "prose_rows": len(prose), "next_line_cases": nl["cases"], "next_line": nl,
             "exact_match_base": em_base, "exact_match_tuned": em_tuned, "weight_loads": loads,
             "train_tokens": r.tokens, "train_seconds": r.seconds, "train_tokens_per_s": rate, "command_seconds": tune_s,
             "steps": r.steps, "best_step": r.best_step, "evals": meta.get("a3b.tune.heldout_loss"),
             "adapter_bytes": out.stat().st_size, "samples": meta.get("a3b.tune.samples")}
-    write_results("bench_tune", data)
+    write_results(args.name, data)
 
     def draw(ax):
         xs = np.arange(3)
@@ -193,7 +180,7 @@ def main(argv=None) -> int:
         ax.axhline(1.05, color="red", linestyle=":", linewidth=1)
         ax.set_title(f"a3b tune on {args.package} ({r.steps} steps, SmolLM2-135M)")
         ax.legend()
-    plot("bench_tune", draw)
+    plot(args.name, draw)
     tmp.cleanup()
     return 0
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .documents import Snapshot
-from .prompt import CHARS_PER_TOKEN, comment_for
+from ..runtime.codeheader import comment_for
+from .prompt import CHARS_PER_TOKEN
 
 MAX_INDEXED_CHARS = 512 * 1024   # larger files are not indexed (still completed)
 MAX_CHUNKS_PER_DOC = 64

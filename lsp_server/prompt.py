@@ -18,26 +18,15 @@ continue. Document text is never parsed for special tokens, so a file that conta
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from ..runtime.codeheader import file_header
 from ..runtime.requests import ContextChunk, InfillPrompt, TextPrompt
 from .documents import Cursor, safe_text
 
-#: Line comment per LSP language id, for the file header and the context chunks' captions.
-COMMENT = {
-    "python": "#", "shellscript": "#", "ruby": "#", "perl": "#", "r": "#", "yaml": "#", "toml": "#",
-    "dockerfile": "#", "makefile": "#", "cmake": "#", "julia": "#", "elixir": "#", "nim": "#",
-    "lua": "--", "sql": "--", "haskell": "--", "ada": "--",
-    "vim": '"', "tex": "%", "latex": "%", "matlab": "%", "erlang": "%", "lisp": ";", "clojure": ";",
-}
 CHARS_PER_TOKEN = 3.2   # a cautious estimate for code; the real count is taken after tokenizing
 BLOCK_OPENERS = (":", "{", "=>", " do", " then")
 CLOSERS = set(")]}\"'`;,")
-
-
-def comment_for(language_id: str) -> str:
-    return COMMENT.get(language_id, "//")
 
 
 def is_multiline(cur: Cursor) -> bool:
@@ -99,8 +88,7 @@ class PromptBuilder:
         return base + start, n
 
     def header(self, cur: Cursor) -> str:
-        name = os.path.basename(cur.uri.split("?", 1)[0]) or "untitled"
-        return f"{comment_for(cur.language_id)} {name}\n"
+        return file_header(cur.uri, cur.language_id)
 
     def suffix(self, text: str, n_tokens: int) -> str:
         """The start of `text` that takes at most about `n_tokens` tokens."""

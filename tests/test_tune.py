@@ -143,12 +143,12 @@ def test_fim_samples_follow_the_editor_layout():
 
 def test_plain_windows_without_fim_tokens():
     text = "x = 1\n" * 100
-    s = Builder(_tok(fim=False), seq_len=64, fim_rate=1.0).build([SourceFile("a.py", "python", text)])
+    s = Builder(_tok(fim=False), seq_len=64, fim_rate=0.0).build([SourceFile("a.py", "python", text)])
     assert set(s.kinds) == {"plain"} and len(s) == math.ceil(len(text) / 64)
     joined = b"".join(bytes(int(t) for t in row[:int((w > 0).sum()) + 1]) for row, w in zip(s.tokens, s.weights))
     assert joined.decode() == text
     with_bos = Tokenizer(lambda t: list(t.encode()), 300, None, None)
-    s2 = Builder(with_bos, seq_len=64).build([SourceFile("a.py", "python", text)])
+    s2 = Builder(with_bos, seq_len=64, fim_rate=0.0).build([SourceFile("a.py", "python", text)])
     assert all(int(r[0]) == 300 for r in s2.tokens)
 
 

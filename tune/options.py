@@ -32,8 +32,11 @@ HOLDOUT = Option("holdout", float, 0.1, "Share of the files held out to measure 
                  min=0.0, max=0.5, low_open=True)
 SEED = Option("seed", int, 0, "Seed of the split, the samples and the adapter's initial values.", min=0,
               max=2**31 - 1)
-FIM_RATE = Option("fim_rate", float, 0.5, "Share of fill-in-the-middle samples (for models with FIM tokens).",
-                  min=0.0, max=1.0)
+FIM_RATE = Option("fim_rate", float, 0.5, "Share of samples laid out as the editor's completion prompts: "
+                  "fill-in-the-middle for models with FIM tokens, the file header and the text before a cursor "
+                  "otherwise; the rest are plain windows of the files.", min=0.0, max=1.0)
+DOCSTRING_PAIRS = Option("docstring_pairs", bool, False, "Also learn each documented Python function's body "
+                         "from its signature and docstring (one more sample per function).")
 EVAL_EVERY = Option("eval_every", int, 50, "Steps between held-out evaluations.", min=1, max=10**6)
 PATIENCE = Option("patience", int, 3, "Evaluations without a better held-out loss before stopping early; "
                   "0 = never stop early.", min=0, max=10**6)
@@ -45,7 +48,7 @@ CHECKPOINTING = Option("grad_checkpointing", bool, False,
 MAX_FILE_KB = Option("max_file_kb", int, 256, "Larger files are left out.", min=1, max=1 << 20)
 
 OPTIONS = (RANK, ALPHA, DROPOUT, TARGET, EPOCHS, STEPS, LR, BATCH, SEQ_LEN, HOLDOUT, SEED, FIM_RATE,
-           EVAL_EVERY, PATIENCE, DEVICE, CHECKPOINTING, MAX_FILE_KB)
+           EVAL_EVERY, PATIENCE, DEVICE, CHECKPOINTING, MAX_FILE_KB, DOCSTRING_PAIRS)
 
 
 @dataclass
@@ -67,6 +70,7 @@ class TuneConfig:
     device: str = DEVICE.default
     grad_checkpointing: bool = CHECKPOINTING.default
     max_file_kb: int = MAX_FILE_KB.default
+    docstring_pairs: bool = DOCSTRING_PAIRS.default
 
     def __post_init__(self) -> None:
         by_name = {o.name: o for o in OPTIONS}

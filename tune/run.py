@@ -138,7 +138,7 @@ def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress, max_ev
     vocab = Weights(base, vocab_only=True)
     try:
         tok = Tokenizer.from_vocab(vocab)
-        builder = Builder(tok, cfg.seq_len, cfg.fim_rate, cfg.seed)
+        builder = Builder(tok, cfg.seq_len, cfg.fim_rate, cfg.seed, cfg.docstring_pairs)
         first = builder.build(parts.train, 0)
         if not len(first):
             raise NoSources(f"the training files of {coll.root} give no samples (each is under two tokens).")
@@ -170,7 +170,8 @@ def _train(base, coll, parts, out, cfg, device, *, resume, bar, progress, max_ev
             keys.COMMIT: (coll.commit or "") + ("+dirty" if coll.dirty else ""), keys.SPLIT: parts.record(),
             keys.HELDOUT_BASE: hist.base_loss, keys.HELDOUT: hist.best, keys.CONFIG: cfg.as_dict(),
             "a3b.tune.steps": len(hist.losses), "a3b.tune.best_step": hist.best_step,
-            "a3b.tune.stopped": hist.stopped, "a3b.tune.samples": "fim" if tok.fim and cfg.fim_rate else "plain"}
+            "a3b.tune.stopped": hist.stopped, "a3b.tune.samples": (builder.layout if cfg.fim_rate else "plain")
+            + ("+pairs" if cfg.docstring_pairs else "")}
     writer.write(out, src.hp.arch, cfg.alpha, model.tensors(), meta)
     if hist.stopped != "interrupted" and ckpt.exists():
         ckpt.unlink()

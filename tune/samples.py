@@ -5,15 +5,28 @@ The language server asks a model that has fill-in-the-middle tokens with runtime
     [BOS] <FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID> middle
 
 and the model ends the middle with its end-of-generation token. A FIM sample here is that layout
-with the middle filled in and the end token after it. A model without the three tokens is asked to
-continue a prefix, so its samples are plain windows of a file (next-token prediction).
+with the middle filled in and the end token after it.
+
+A model without the three tokens is asked to continue a prefix, and the editor's prefix is
+lsp_server/prompt.py's: a one-line file header ("# parser.py"), a window of the file that starts at
+a line start, and the text of the cursor's line before the cursor. A "prefix" sample is that: the
+header, a window of lines, and a cursor at the start of one of its lines after the line's
+indentation (where an editor's auto-indent leaves it), the text before and after the cursor
+tokenized apart, as the editor's prompt is. That split matters: a BPE vocabulary reads
+"\n        return" as "\n       " + " return", but a prompt that ends at the cursor ends with the
+whole run of spaces, a token sequence plain text never shows the model; the adapter has to learn
+to continue from there. The header is not learnt (weight 0); everything after it is.
 
 Where the middle is cut: at syntactic boundaries, found from indentation (any language): the middle
 starts at the beginning of a line and runs over whole lines up to the end of the statement or block
 that starts there (the next line indented no deeper than its first, blank lines aside), or, half of
 the time, ends inside that block at the end of a line, as a cursor in the middle of a function would.
-Samples alternate between FIM and plain windows (`fim_rate`, as code models are trained), so the
-adapter learns the repository's text as well as the editor's layout.
+Samples alternate between the editor's layout and plain windows (`fim_rate`, as code models are
+trained), so the adapter learns the repository's text as well as the editor's layout.
+
+Optionally (`docstring_pairs`), every Python function with a docstring also gives a sample whose
+prompt is its signature and docstring (in the editor's layout: a FIM prefix, or the header and the
+text before the cursor) and whose target is its body: only the body is learnt (pairs.py).
 
 Each sample is a token window of at most `seq_len` with a weight per target: 1 for tokens learnt,
 0 for padding and for the FIM marker tokens (their place is the caller's choice, not the code's).
@@ -27,7 +40,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..runtime.codeheader import file_header
 from .collect import SourceFile
+from .pairs import docstring_pairs
 
 #: Tokens kept free in a FIM window for the marker tokens, BOS and the end token.
 MARKERS = 5
@@ -59,7 +74,7 @@ class Tokenizer:
 class Samples:
     tokens: np.ndarray    # (N, seq_len) int64
     weights: np.ndarray   # (N, seq_len) float32: weight of predicting tokens[:, t + 1] at t; last column 0
-    kinds: list[str]      # "fim" or "plain" per row
+    kinds: list[str]      # "fim", "prefix", "plain" or "pair" per row
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -101,10 +116,16 @@ def _windows(lines: list[str], counts: list[int], room: int) -> list[tuple[int, 
 
 
 class Builder:
-    def __init__(self, tok: Tokenizer, seq_len: int, fim_rate: float = 0.5, seed: int = 0):
-        self.tok, self.seq_len, self.seed = tok, seq_len, seed
-        self.fim_rate = fim_rate if tok.fim is not None else 0.0
+    def __init__(self, tok: Tokenizer, seq_len: int, fim_rate: float = 0.5, seed: int = 0,
+                 pairs: bool = False):
+        self.tok, self.seq_len, self.seed, self.pairs = tok, seq_len, seed, pairs
+        self.fim_rate = fim_rate
         self._lines: dict[str, int] = {}   # token count of each distinct line, over all epochs
+
+    @property
+    def layout(self) -> str:
+        """The editor's layout for this model: "fim" with FIM tokens, "prefix" without."""
+        return "fim" if self.tok.fim is not None else "prefix"
 
     def _ids(self, text: str) -> list[int]:
         return self.tok.tokenize(text) if text else []
@@ -135,7 +156,10 @@ class Builder:
         b = block_end(lines, a)
         if rng.random() < 0.5 and b - a > 1:   # a cursor inside the block: the middle ends at a line end
             b = rng.randrange(a + 1, b + 1)
-        prefix, middle, suffix = "".join(lines[:a]), "".join(lines[a:b]), "".join(lines[b:])
+        return self.fim_ids("".join(lines[:a]), "".join(lines[a:b]), "".join(lines[b:]))
+
+    def fim_ids(self, prefix: str, middle: str, suffix: str, learn_prefix: bool = True):
+        """The FIM layout of (prefix, middle, suffix), with the end token after the middle."""
         pre_t, suf_t, fim_mid = self.tok.fim
         bos = [] if self.tok.bos is None else [self.tok.bos]
         end = [] if self.tok.end is None else [self.tok.end]
@@ -146,15 +170,43 @@ class Builder:
         p = p[-(room - len(m) - len(s)):] if room - len(m) - len(s) > 0 else []
         ids = bos + [pre_t] + p + [suf_t] + s + [fim_mid] + m
         markers = {pre_t, suf_t, fim_mid}
+        first = len(ids) - len(m) - 1   # the target ids[t + 1] is the middle's from here
         # weight of the target ids[t + 1]: the markers are not learnt, everything else is
-        w = [0.0 if ids[t + 1] in markers else 1.0 for t in range(len(ids) - 1)]
+        w = [0.0 if ids[t + 1] in markers or (not learn_prefix and t < first) else 1.0
+             for t in range(len(ids) - 1)]
         return ids, w
+
+    def prefix(self, lines: list[str], header: str, rng: random.Random) -> tuple[list[int], list[float]] | None:
+        """One sample in the editor's prefix layout: a cursor after the indentation of a line."""
+        starts = [i for i, s in enumerate(lines) if s.strip() and i > 0]
+        if not starts:
+            return None
+        c = rng.choice(starts)
+        ind = lines[c][:_indent(lines[c])]
+        return self.prefix_ids(header, "".join(lines[:c]) + ind, "".join(lines[c:])[len(ind):])
+
+    def prefix_ids(self, header: str, before: str, after: str, learn_before: bool = True):
+        """Header + text before the cursor, then the text after it, each tokenized on its own; the
+        end of `after` goes where the window is full. None when `before` leaves no room."""
+        bos = [] if self.tok.bos is None else [self.tok.bos]
+        h, b = bos + self._ids(header), self._ids(before)
+        room = self.seq_len - len(h) - len(b)
+        if room < 2:
+            return None
+        ids = h + b + self._ids(after)[:room]
+        learnt = len(h) - 1 if learn_before else len(h) + len(b) - 1
+        return ids, [0.0 if t < learnt else 1.0 for t in range(len(ids) - 1)]
 
     def build(self, files: list[SourceFile], epoch: int = 0) -> Samples:
         rows: list[tuple[list[int], list[float]]] = []
         kinds: list[str] = []
         for fi, f in enumerate(files):
             rng = random.Random(f"{self.seed}:{epoch}:{fi}:{f.path}")
+            header = file_header(f.path, f.language)
+            if self.pairs:
+                for got in docstring_pairs(f, self, header):
+                    rows.append(got)
+                    kinds.append("pair")
             if self.fim_rate <= 0:
                 got = self.plain(self._ids(f.text))
                 rows += got
@@ -162,16 +214,19 @@ class Builder:
                 continue
             lines = f.text.splitlines(keepends=True)
             counts = [self._count(s) for s in lines]
-            for a, b in _windows(lines, counts, self.seq_len - MARKERS):
+            room = self.seq_len - (MARKERS if self.layout == "fim" else self._count(header) + 1)
+            for a, b in _windows(lines, counts, room):
                 win = lines[a:b]
-                sample = self.fim(win, rng) if rng.random() < self.fim_rate else None
+                sample = None
+                if rng.random() < self.fim_rate:
+                    sample = self.fim(win, rng) if self.layout == "fim" else self.prefix(win, header, rng)
                 if sample is None:
                     got = self.plain(self._ids("".join(win)))[:1]
                     rows += got
                     kinds += ["plain"] * len(got)
                 else:
                     rows.append(sample)
-                    kinds.append("fim")
+                    kinds.append(self.layout)
         return pack(rows, kinds, self.seq_len)
 
 
