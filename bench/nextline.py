@@ -47,7 +47,7 @@ def document(text: str, i: int) -> tuple[str, int, str]:
 def run(rt, spec, files, picked, settings) -> list[bool]:
     """Hit or miss per case, through the server's prompt and post-processing."""
     from ..lsp_server.documents import Document
-    from ..lsp_server.postprocess import finish
+    from ..lsp_server.postprocess import finish, healed
     from ..lsp_server.prompt import PromptBuilder
     from ..runtime import PRIORITY_INTERACTIVE, preset
 
@@ -62,11 +62,34 @@ def run(rt, spec, files, picked, settings) -> list[bool]:
         p = builder.build(cur, anchor=anchors.get(fi), context_block="", budget=settings.context_tokens,
                           suffix_tokens=settings.suffix_tokens, use_fim=use_fim)
         anchors[fi] = p.anchor
-        res = rt.submit(p.sent, model=spec, max_tokens=settings.max_tokens, sampling=preset("code", seed=0),
-                        stop=["\n"], priority=PRIORITY_INTERACTIVE, thinking="off").result()
-        got = finish(res.text, cur, p.multiline).split("\n", 1)[0]
+        res = _first_line(rt, p.sent, p.heal, model=spec, max_tokens=settings.max_tokens,
+                          sampling=preset("code", seed=0), priority=PRIORITY_INTERACTIVE, thinking="off")
+        text = healed(res.text, p.heal)
+        got = finish(text, cur, p.multiline).split("\n", 1)[0] if text else ""
         hits.append((cur.line_prefix + got).rstrip() == line.rstrip())
     return hits
+
+
+def _first_line(rt, sent, heal: str, **kw):
+    """Generate for `sent`; a healed prompt (prompt.heal_cut) starts its answer with the line break,
+    so its generation is cancelled once the line after it is complete (the partial result kept)."""
+    from ..runtime.errors import Cancelled
+
+    if not heal:
+        return rt.submit(sent, stop=["\n"], **kw).result()
+    box: list = []
+    seen: list[str] = []
+
+    def on_token(ev) -> None:
+        seen.append(ev.text)
+        if box and "\n" in "".join(seen)[len(heal):]:
+            box[0].cancel("first line")
+
+    box.append(rt.submit(sent, on_token=on_token, **kw))
+    try:
+        return box[0].result()
+    except Cancelled as e:
+        return e.partial
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

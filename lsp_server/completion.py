@@ -25,7 +25,7 @@ from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
 from ..runtime.errors import Cancelled, ModelUnloaded
 from .cache import bucket_key
 from .documents import Cursor, Document
-from .postprocess import block_end, finish
+from .postprocess import block_end, finish, healed
 from .prompt import PromptBuilder, is_multiline
 
 log = logging.getLogger("a3b.lsp")
@@ -44,12 +44,14 @@ class Answer:
 class Gen:
     """One running generation and what is needed to decide whether a new request can join it."""
 
-    def __init__(self, session: Completer, cur: Cursor, key: str, multiline: bool, doc_len: int):
+    def __init__(self, session: Completer, cur: Cursor, key: str, multiline: bool, doc_len: int, heal: str = ""):
         self.session = session
         self.cur = cur
         self.key = key
         self.multiline = multiline
         self.doc_len = doc_len
+        self.heal = heal                # what the model writes first and the cursor already has (prompt.heal_cut)
+        self.raw = ""
         self.text = ""
         self.stream = None
         self.waiters = 0
@@ -60,7 +62,12 @@ class Gen:
         self.cancel_reason: str | None = None
 
     def on_token(self, ev) -> None:  # scheduler thread
-        self.text += ev.text
+        self.raw += ev.text
+        text = healed(self.raw, self.heal)
+        if text is None:
+            self.stream.cancel("heal mismatch")  # it writes elsewhere than at the cursor: nothing to show
+            return
+        self.text = text
         if self.multiline and "\n" in ev.text and block_end(self.text, self.cur) is not None:
             self.stream.cancel("block end")  # the rest would be cut anyway: stop decoding it
 
@@ -194,7 +201,7 @@ class Completer:
         s = self.settings
         prompt = self._prompt(builder, cur, use_fim)
         self.engine.stats.count(f"prompts_{prompt.mode}")
-        g = Gen(self, cur, key, multiline, doc_len)
+        g = Gen(self, cur, key, multiline, doc_len, prompt.heal)
         loop = asyncio.get_running_loop()
         max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
         stop = ["\n\n\n"] if multiline else ["\n"]
@@ -212,7 +219,8 @@ class Completer:
     def _finished(self, g: Gen, fut: asyncio.Future, prompt) -> None:
         st = self.engine.stats
         res, err = fut.result() if not fut.cancelled() else (None, Cancelled("executor stopped"))
-        if err is not None and g.cancel_reason is None and getattr(g.stream, "cancel_reason", "") == "block end":
+        if err is not None and g.cancel_reason is None and getattr(g.stream, "cancel_reason", "") in (
+                "block end", "heal mismatch"):
             res, err = getattr(err, "partial", None), None
         if res is not None:
             st.count("prompt_tokens", res.n_prompt_tokens)
@@ -232,7 +240,8 @@ class Completer:
                 g.done.set_result(None)
             return
         st.count("prefill_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens)
-        g.suggestion = finish(res.text, g.cur, g.multiline)
+        text = healed(res.text, g.heal)
+        g.suggestion = finish(text, g.cur, g.multiline) if text else ""
         g.spans = _spans_in(res.spans, g.suggestion)
         self.engine.cache.put(g.key, g.cur.prefix, g.suggestion)
         if g.waiters == 0:

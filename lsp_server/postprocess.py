@@ -69,6 +69,15 @@ def block_end(text: str, cur: Cursor) -> int | None:
     return None
 
 
+def healed(raw: str, heal: str) -> str | None:
+    """The model's text after the `heal` its prompt was cut by (prompt.heal_cut): "" while the
+    text has not got past it yet, None once it has written something else there (it continued the
+    line above, or indented differently: nothing to show at this cursor)."""
+    if not heal or raw.startswith(heal):
+        return raw[len(heal):]
+    return "" if heal.startswith(raw) else None
+
+
 def finish(text: str, cur: Cursor, multiline: bool) -> str:
     """The suggestion to show for raw model `text` at `cur`, or "" when nothing is worth showing."""
     text = text.replace("\r\n", "\n")

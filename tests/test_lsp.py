@@ -133,10 +133,10 @@ async def test_latest_request_wins_and_the_old_generation_stops(client: Language
     await configure(client, maxTokens=256)
     try:
         uri = "file:///w/latest_demo.py"
-        open_doc(client, uri, SAMPLE + "\n\nclass Report:\n    ")
+        open_doc(client, uri, SAMPLE + "\n\nclass Report:\n")
         before = await status(client)
         old = asyncio.ensure_future(client.text_document_inline_completion_async(
-            inline_params(uri, T.Position(25, 4))))     # a class body: a long multi-line run
+            inline_params(uri, T.Position(25, 0))))     # an empty line after a class: a long multi-line run
         for _ in range(2000):   # until the old request's generation has produced text
             g = (await status(client))["generating"]
             if g and g["uri"] == uri and g["chars"] > 0:

@@ -125,6 +125,27 @@ def test_prefix_prompt_keeps_the_window_start_while_typing(rt):
     assert text.startswith("# demo.py\n")
 
 
+def test_a_cursor_after_indentation_cuts_the_prompt_at_the_line_break_and_heals_the_answer(rt):
+    """SmolLM2 writes a line break and eight spaces as "\\n       " then " return": a prompt ending in
+    the spaces as tokens of their own is one it never saw. The prompt ends at the line above; the
+    answer must start with the break and the indentation typed, and only what follows is shown."""
+    from comfyui_a3b.lsp_server.postprocess import healed
+
+    m = rt.load()
+    b = PromptBuilder(m)
+    cur = cursor_at("def area(r):\n    x = r * r\n    |")
+    p = b.build(cur, anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=False)
+    assert p.heal == "\n    " and p.sent.text.endswith("x = r * r")
+    assert healed("\n    return x\n", p.heal) == "return x\n"
+    assert healed("\n      return x", p.heal) == "  return x"       # deeper: the extra spaces stay
+    assert healed("\n  ", p.heal) == ""                               # not past the heal yet
+    assert healed("  # a comment on the line above", p.heal) is None  # it wrote elsewhere
+    assert healed("\nreturn", p.heal) is None                         # dedented: not at this cursor
+    for text in ("def area(r):\n    x = r|", "def area(r):\n    |x = 1", "def area(r):\n|"):
+        assert b.build(cursor_at(text), anchor=None, context_block="", budget=120, suffix_tokens=16,
+                       use_fim=False).heal == ""                   # code at or after the cursor
+
+
 def test_document_text_cannot_inject_control_tokens(rt):
     m = rt.load()
     b = PromptBuilder(m)
