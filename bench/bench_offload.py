@@ -13,10 +13,12 @@
    only that much free (without torch or a GPU the budget is not enforced, and said so). Then
    (a) the runtime with the planner's choice (`n_gpu_layers` auto), (b) the runtime with layer-only
    offload (the layer count today's planner picks for the same free memory), (c) llama-batched-bench
-   from `--bin` with the same placement as (a) (`-ngl`, `--n-cpu-moe`): decode tokens/s of 1 and 4
-   concurrent requests and prefill tokens/s of one 512-token prompt; predicted and measured device
-   memory (free before and after the load); the CPU threads of one token and of 4 requests' tokens
-   (the runtime's tuner's pick and its milliseconds per token for each count; the threadpools attached).
+   from `--bin` with the same placement as (a) (`-ngl`, `--n-cpu-moe`) and as (b): decode tokens/s of 1 and 4
+   concurrent requests (the runtime counted from the first token to the last, as the tool counts its decode
+   phase; `wall`: over the whole run, prompts included) and prefill tokens/s of one 512-token prompt;
+   predicted and measured device memory (free before and after the load); the CPU threads of one
+   token and of 4 requests' tokens (the runtime's tuner's pick and its milliseconds per token for
+   each count; the threadpools attached).
 4. At the largest budget, a hand-over as ComfyUI asks for it (runtime/handover.py): give 4 GB back
    by a smaller placement, the seconds it took, decode speed after.
 5. With ComfyUI's sources (`--comfyui DIR`, or $COMFYUI_DIR), under the largest budget, in a child
@@ -142,13 +144,18 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
     greedy, off = preset("greedy"), ConfidenceConfig(enabled=False)
     rt.generate(prompt_tokens=prompt(16), model=spec, chat=False, max_tokens=4, sampling=greedy, confidence=off)
 
-    def run(n: int) -> float:
-        toks: list[int] = []
+    def run(n: int) -> tuple[float, float]:
+        """(decode tokens/s from the first request's first token to the last one's last token, as
+        llama-batched-bench counts its decode phase; tokens/s over the whole wall time, prompts and
+        first tokens included)."""
+        spans: list[tuple[float, float, int]] = []
 
         def one(i: int):
+            t = time.perf_counter()
             r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=args.gen,
                             sampling=greedy, confidence=off)
-            toks.append(r.n_tokens)
+            first = t + r.time_to_first_token
+            spans.append((first, first + r.decode_time, r.n_tokens))
 
         ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
         t = time.perf_counter()
@@ -156,10 +163,14 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
             th.start()
         for th in ts:
             th.join()
-        return sum(toks) / (time.perf_counter() - t)
+        wall = time.perf_counter() - t
+        decode = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
+        return sum(k - 1 for *_, k in spans) / max(decode, 1e-9), sum(k for *_, k in spans) / wall
 
-    out["decode_tps_1"] = max(run(1) for _ in range(args.reps))
-    out["decode_tps_4"] = max(run(4) for _ in range(args.reps))
+    for n in (1, 4):
+        runs = [run(n) for _ in range(args.reps)]
+        out[f"decode_tps_{n}"] = max(d for d, _ in runs)
+        out[f"wall_tps_{n}"] = max(w for _, w in runs)
     out["threads_used"] = threads_used(m.backend)
     t = time.perf_counter()
     r = rt.generate(prompt_tokens=prompt(511, 7), model=spec, chat=False, max_tokens=1, sampling=greedy, confidence=off)
@@ -264,6 +275,12 @@ def measure(path: Path, budgets: list[float], args, deadline: float) -> list[dic
             else:
                 row["llama_cpp"] = attempt(tool_run, binary, path, a["n_gpu_layers"], a["n_cpu_moe"], a["threads"],
                                            args)
+                if "error" not in row["layer_only"] and (row["layer_only"]["n_gpu_layers"], 0) != (
+                        a["n_gpu_layers"], a["n_cpu_moe"]):
+                    # llama.cpp's own tool at the layer-only placement too: its ratio planner/layer-only
+                    # says what the placement buys, apart from this runtime
+                    row["llama_cpp_layer_only"] = attempt(tool_run, binary, path, row["layer_only"]["n_gpu_layers"],
+                                                          0, row["layer_only"]["threads"], args)
             say(f"  llama.cpp: {json.dumps({k: v for k, v in row['llama_cpp'].items() if k != 'command'})[:300]}")
         out.append(row)
     return out
@@ -288,23 +305,37 @@ def table(res: dict) -> str:
         return "-" if v is None else fmt.format(v)
 
     lines = ["| budget | mode | placement | GPU GiB predicted / measured | threads 1 / 4 req | decode 1 | decode 4 | "
-             "prefill | x layer-only (decode 1) | x llama.cpp (decode 1) |", "|" + "---|" * 10]
+             "wall 1 / 4 | prefill | x layer-only (1 / 4) | x llama.cpp (1 / 4) |", "|" + "---|" * 11]
+
+    def ratio(x: dict, y: dict, n: int):
+        return x[f"decode_tps_{n}"] / y[f"decode_tps_{n}"] if x.get(f"decode_tps_{n}") and y.get(
+            f"decode_tps_{n}") else None
+
+    def cell(pair) -> str:
+        return "-" if not pair else f"{f(ratio(*pair, 1), '{:.2f}x')} / {f(ratio(*pair, 4), '{:.2f}x')}"
+
     for r in res["runs"]:
         a, lo, tool = r.get("planner", {}), r.get("layer_only", {}), r.get("llama_cpp", {})
-        for mode, x in (("planner", a), ("layer-only", lo), ("llama-batched-bench", tool)):
+        tool_lo = r.get("llama_cpp_layer_only", {})
+        for mode, x in (("planner", a), ("layer-only", lo), ("llama-batched-bench", tool),
+                        ("llama-batched-bench, layer-only", tool_lo)):
+            if mode.endswith("layer-only") and mode != "layer-only" and not x:
+                continue
             pl = x.get("placement", {})
             pred, meas = pl.get("gpu_bytes"), pl.get("measured", {}).get("gpu_bytes")
             where = (f"ngl {x.get('n_gpu_layers')}, n_cpu_moe {x.get('n_cpu_moe')}" if "n_gpu_layers" in x
-                     else x.get("error", x.get("skipped", "same as planner"))[:60])
-            vs_lo = a.get("decode_tps_1") / lo["decode_tps_1"] if mode == "planner" and lo.get("decode_tps_1") else None
-            vs_tool = (a.get("decode_tps_1") / tool["decode_tps_1"] if mode == "planner" and tool.get("decode_tps_1")
-                       and a.get("decode_tps_1") else None)
+                     else x.get("error", x.get("skipped", "same as " + ("layer-only" if "layer" in mode
+                                                                         else "planner")))[:60])
+            # the planner against layer-only offload (ours, and llama.cpp's tool at both placements);
+            # the runtime against the tool at the same placement
+            vs_lo = {"planner": (a, lo), "llama-batched-bench": (tool, tool_lo)}.get(mode)
+            vs_tool = {"planner": (a, tool), "layer-only": (lo, tool_lo)}.get(mode)
             th = x.get("threads_used", {})
             lines.append(f"| {r['budget_gb']} GB | {mode} | {where} | {f(pred and pred / GIB, '{:.2f}')} / "
                          f"{f(meas and meas / GIB, '{:.2f}')} | {th.get('decode', '-')} / {th.get('batch_4', '-')} | "
-                         f"{f(x.get('decode_tps_1'))} | "
-                         f"{f(x.get('decode_tps_4'))} | "
-                         f"{f(x.get('prefill_tps'), '{:.0f}')} | {f(vs_lo, '{:.2f}x')} | {f(vs_tool, '{:.2f}x')} |")
+                         f"{f(x.get('decode_tps_1'))} | {f(x.get('decode_tps_4'))} | "
+                         f"{f(x.get('wall_tps_1'))} / {f(x.get('wall_tps_4'))} | "
+                         f"{f(x.get('prefill_tps'), '{:.0f}')} | {cell(vs_lo)} | {cell(vs_tool)} |")
     lines += ["", "| budget | planner (file) | planner (experts-keep 0.75) | layer-only GPU layers (file / 0.75) |",
               "|---|---|---|---|"]
     for r in res["planner_table"]:

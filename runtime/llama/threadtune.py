@@ -11,13 +11,20 @@ with their number. Neither count is right everywhere:
   instead of a tenth of one.
 The machine's load changes while a model stays loaded, so this tuner measures instead of guessing.
 For such batches it keeps a moving average of the seconds per token of each count, per batch size
-class, runs the faster, and runs the other once every EXPLORE such batches so that a change of
-load is noticed. The cost of looking is one batch in EXPLORE at the slower count. A batch that
-reads a prompt chunk (compute-bound) always gets the prompt threads; one token, the decode threads.
+class, runs the faster, and runs the other now and then so that a change of load is noticed.
+Looking is bounded in time, not only in count: the other count runs at most once every EXPLORE
+batches, and only when what it is expected to cost beyond the faster one fits in LOOK_SHARE of the
+time the tuned batches took since the last look. On a busy machine the slower count can be a
+hundred times slower (2 shared cores, the other one busy: 200 ms for a token that takes 2 ms on one
+thread): looking once in 24 batches there made decoding eight times slower, while the time bound
+keeps the cost of looking near LOOK_SHARE whatever the gap (the first look at the batch threads
+waits until it fits at what the last prompt batch on them cost, or at twice as slow). A batch that reads a prompt chunk
+(compute-bound) always gets the prompt threads; one token, the decode threads.
 """
 from __future__ import annotations
 
-EXPLORE = 24        # one batch in this many runs on the count that is not the faster one now
+EXPLORE = 24        # at most one batch in this many runs on the count that is not the faster one now
+LOOK_SHARE = 0.04   # ... and only when its expected extra seconds fit in this share of the time since
 ALPHA = 0.25        # weight of a new measurement in the moving average
 
 
@@ -31,6 +38,9 @@ class ThreadTuner:
         self.decode, self.prompt = decode, prompt
         self.cost: dict[tuple[int, int], float] = {}   # (size class, threads) -> seconds per token
         self.runs: dict[int, int] = {}                 # size class -> tuned batches seen
+        self.since: dict[int, float] = {}              # size class -> seconds of tuned batches since a look
+        self.last_look: dict[int, int] = {}            # size class -> the batch of the last look
+        self.prompt_batch = 0.0                        # seconds of the last prompt batch (prompt threads)
 
     def choose(self, tokens: int, prompt_chunk: bool) -> int:
         """Threads for a batch of `tokens` tokens; `prompt_chunk` when some request reads its prompt."""
@@ -43,17 +53,26 @@ class ThreadTuner:
         known = {t: self.cost[(size, t)] for t in (self.decode, self.prompt) if (size, t) in self.cost}
         if self.decode not in known:
             return self.decode          # the safe count first
-        if self.prompt not in known:
-            return self.prompt
         best = min(known, key=known.__getitem__)
         other = self.prompt if best == self.decode else self.decode
-        return other if n % EXPLORE == 0 else best
+        # a count not measured yet: as slow as a prompt batch on the same threads was (a stalling
+        # machine shows there first: the barriers are per batch, not per token), at least twice as
+        # slow as the faster count; its first look waits for that too
+        extra = ((known[other] - known[best]) * tokens if other in known
+                 else max(known[best] * tokens, self.prompt_batch))
+        if n - self.last_look.get(size, 0) >= EXPLORE and extra <= LOOK_SHARE * self.since.get(size, 0.0):
+            self.last_look[size], self.since[size] = n, 0.0
+            return other
+        return best
 
     def observe(self, tokens: int, prompt_chunk: bool, threads: int, seconds: float) -> None:
         """What a batch chosen by `choose` cost."""
+        if prompt_chunk and threads == self.prompt and seconds > 0:
+            self.prompt_batch = seconds
         if prompt_chunk or tokens <= 1 or self.decode == self.prompt or seconds <= 0:
             return
         key = (size_class(tokens), threads)
+        self.since[key[0]] = self.since.get(key[0], 0.0) + seconds
         per_token = seconds / tokens
         old = self.cost.get(key)
         self.cost[key] = per_token if old is None else old + ALPHA * (per_token - old)
