@@ -13,6 +13,8 @@ import pytest
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig, SamplingParams
 
+from test_speculative_model import _rewrite_prompt
+
 pytestmark = pytest.mark.slow
 OFF = ConfidenceConfig(enabled=False)
 PROMPT = "Write a short poem about the sea."
@@ -28,9 +30,9 @@ def rt():
     mp.undo()
 
 
-def _gen(rt, mode, sampling, max_tokens=40, **kw):
-    spec = rt.spec(None, backend_sampling=mode, n_parallel=2, speculative="off")
-    return rt.submit(PROMPT, model=spec, sampling=sampling, max_tokens=max_tokens,
+def _gen(rt, mode, sampling, max_tokens=40, speculative="off", prompt=PROMPT, **kw):
+    spec = rt.spec(None, backend_sampling=mode, n_parallel=2, speculative=speculative)
+    return rt.submit(prompt, model=spec, sampling=sampling, max_tokens=max_tokens,
                      confidence=kw.pop("confidence", OFF), **kw).result()
 
 
@@ -77,3 +79,24 @@ def test_backend_draws_follow_the_models_distribution(rt):
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
     # 99.9% quantile of chi-square with len(keep) degrees of freedom, bounded above by 3*df + 12
     assert chi2 < 3 * len(keep) + 12, (chi2, observed, expected)
+
+
+#: a function to copy with one name changed (raw, no chat template): n-gram lookup drafts most of it
+REPEAT = _rewrite_prompt()
+
+
+def test_ngram_drafts_checked_by_backend_draws_give_the_same_tokens(rt):
+    """Drafted tokens are accepted while the graph's draw at their row equals them: greedy with n-gram
+    lookup and backend chains gives the tokens of plain decoding with the CPU chain."""
+    plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
+    spec = _gen(rt, "auto", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False)
+    assert (plain.sampler, spec.sampler) == ("cpu", "backend")
+    assert spec.n_accepted_tokens > 10, (spec.n_drafted_tokens, spec.n_accepted_tokens)
+    assert spec.tokens == plain.tokens and len(plain.tokens) > 100
+
+
+def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt):
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)
+    a, b = (_gen(rt, "auto", sp, max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False) for _ in range(2))
+    assert a.sampler == "backend" and a.n_drafted_tokens > 0
+    assert a.tokens == b.tokens and len(a.tokens) > 20

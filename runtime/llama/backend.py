@@ -83,6 +83,11 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
         p.n_seq_max = spec.n_parallel
         # unified=False gives every sequence exactly n_ctx cells of its own
         p.kv_unified = spec.n_parallel == 1
+        if spec.backend_sampling != "off":
+            # llama.cpp refuses a batch (decode -1) where a sequence with a backend chain has more
+            # output rows than this (default 1); a speculating request asks for its last token's
+            # row and one per drafted token
+            p.n_outputs_max_per_seq = spec.draft_max + 1
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
     p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]
