@@ -36,6 +36,16 @@ def test_what_the_backend_cannot_give_keeps_the_cpu_chain(kw, why):
     assert kind == CPU and why in reason
 
 
+def test_only_a_load_with_matrix_products_on_the_cpu_is_probed_over_repacked_weights():
+    from comfyui_a3b.runtime.llama.backend import cpu_matmuls
+
+    assert not cpu_matmuls(True, -1, 32, 0, False)     # everything offloaded ("all": -1)
+    assert not cpu_matmuls(True, 33, 32, 0, False)
+    assert cpu_matmuls(True, 32, 32, 0, False)          # the output layer stays on the CPU
+    assert cpu_matmuls(True, 10, 32, 0, False) and cpu_matmuls(False, -1, 32, 0, False)
+    assert cpu_matmuls(True, -1, 32, 4, False) and cpu_matmuls(True, -1, 32, 0, True)   # experts in RAM
+
+
 def test_off_or_unavailable_is_the_cpu_chain():
     assert choose("off", True, _req()) == (CPU, "backend_sampling=off")
     assert choose("auto", False, _req())[0] == CPU

@@ -126,11 +126,18 @@ def backend_sampling_available(weights: Weights, spec: LoadSpec) -> bool:
     GPU is probed without repacking (its matrix products do not run on the CPU)."""
     if spec.backend_sampling == "off":
         return False
-    L = llama()
     info = weights.info
-    cpu_weights = not L.llama_supports_gpu_offload() or info.n_gpu_layers <= info.n_layer \
-        or info.n_cpu_moe > 0 or bool(spec.override_tensor) or bool(spec.cpu_moe)
-    return vet.backend_sampling_works(repack=weights.repacked and cpu_weights)
+    cpu = cpu_matmuls(llama().llama_supports_gpu_offload(), info.n_gpu_layers, info.n_layer, info.n_cpu_moe,
+                      bool(spec.override_tensor) or bool(spec.cpu_moe))
+    return vet.backend_sampling_works(repack=weights.repacked and cpu)
+
+
+def cpu_matmuls(gpu_offload: bool, n_gpu_layers: int, n_layer: int, n_cpu_moe: int, overrides: bool) -> bool:
+    """Whether some matrix products of a load run on the CPU (over weights llama.cpp may repack).
+    llama.cpp offloads every layer and the output layer for a negative count or one above n_layer;
+    n_layer itself leaves the output layer on the CPU."""
+    wholly = n_gpu_layers < 0 or n_gpu_layers > n_layer
+    return not gpu_offload or not wholly or n_cpu_moe > 0 or overrides
 
 
 class LlamaBackend:
