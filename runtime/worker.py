@@ -373,7 +373,8 @@ class LoadedModel(Model):
         if job.sampler is None:
             if job.sampler_kind is None:
                 job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
-                                                              getattr(self.backend, "backend_sampling", False), job.req)
+                                                              getattr(self.backend, "backend_sampling", False), job.req,
+                                                              self.spec.draft_max)
                 self.stats[f"sampler_{job.sampler_kind}"] += 1
             job.grammar_live = job.grammar is not None and job.asm.split.answering
             seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None

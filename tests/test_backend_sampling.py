@@ -100,3 +100,12 @@ def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt):
     a, b = (_gen(rt, "auto", sp, max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False) for _ in range(2))
     assert a.sampler == "backend" and a.n_drafted_tokens > 0
     assert a.tokens == b.tokens and len(a.tokens) > 20
+
+
+def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt):
+    """The context has draft_max + 1 output rows per sequence with a backend chain; llama.cpp
+    refuses a batch with more (decode -1), so a request asking more drafts samples on the CPU."""
+    plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
+    more = _gen(rt, "auto", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False,
+                draft_max=16)
+    assert more.sampler == "cpu" and more.tokens == plain.tokens and more.n_accepted_tokens > 10

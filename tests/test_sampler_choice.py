@@ -46,6 +46,13 @@ def test_only_a_load_with_matrix_products_on_the_cpu_is_probed_over_repacked_wei
     assert cpu_matmuls(True, -1, 32, 4, False) and cpu_matmuls(True, -1, 32, 0, True)   # experts in RAM
 
 
+def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain():
+    # the context has draft_max + 1 output rows per sequence for backend chains
+    assert choose("auto", True, _req(draft_max=8), draft_max=8)[0] == BACKEND
+    kind, why = choose("auto", True, _req(draft_max=9), draft_max=8)
+    assert kind == CPU and "draft_max" in why
+
+
 def test_off_or_unavailable_is_the_cpu_chain():
     assert choose("off", True, _req()) == (CPU, "backend_sampling=off")
     assert choose("auto", False, _req())[0] == CPU
