@@ -72,6 +72,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_argument(p, opt.MMPROJ, metavar="FILE|auto|off")
     add_argument(p, opt.SPECULATIVE, metavar="MODE")
     add_argument(p, opt.DRAFT_MAX, metavar="N")
+    add_argument(p, opt.BACKEND_SAMPLING)
 
 
 def _add_lora_args(p: argparse.ArgumentParser) -> None:
@@ -83,6 +84,7 @@ def _spec(rt, args):
     lora = getattr(args, "lora", None)
     return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
                    ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max,
+                   backend_sampling=args.backend_sampling,
                    cpu_moe=args.cpu_moe or None, n_cpu_moe=args.n_cpu_moe or None,
                    override_tensor=",".join(args.override_tensor) if args.override_tensor else None,
                    lora_path=str(Path(lora).resolve()) if lora else None,

@@ -83,10 +83,13 @@ def spans(n: int) -> str:
 
 def summary(result, seconds: float) -> str:
     """The line after a streamed generation: tokens, speed, first token, prompt, seed, finish reason,
-    low-confidence spans, reasoning tokens (of a thinking model) and the time in all."""
+    low-confidence spans, reasoning tokens (of a thinking model), drafts, where the tokens were drawn
+    (sampler_choice.py) and the time in all."""
     reasoning = f"{result.n_reasoning_tokens} reasoning tokens, " if result.n_reasoning_tokens else ""
     drafted = getattr(result, "n_drafted_tokens", 0)
     drafts = f"{result.n_accepted_tokens} of {drafted} drafted tokens accepted, " if drafted else ""
+    sampler = getattr(result, "sampler", "")
+    drafts += f"{sampler} sampler, " if sampler else ""
     return (f"[{result.n_tokens} tokens, {result.tokens_per_second:.1f} tokens/s, time to first token "
             f"{result.time_to_first_token * 1000:.0f} ms, prompt {result.n_prompt_tokens} tokens, "
             f"seed {result.seed}, {result.finish_reason}, {spans(len(result.spans))}, {reasoning}{drafts}"

@@ -8,11 +8,16 @@
    concurrent requests without speculation, with n-gram lookup, and with the model as its own
    draft (every draft is accepted: the acceptance ceiling, and what drafting costs), with the
    drafted and accepted tokens of each.
-3. Sampling: temperature 0.7 with the sampling defaults (top-k 40, top-p 0.95, min-p 0.05, repeat
-   penalty 1.1) through the CPU sampler chain, and temperature 0.7 with top-k/top-p/min-p only (no
-   penalty), each against greedy in the same run. Backend (GPU) samplers: recorded as skipped with
-   the reason (the runtime does not drive them yet).
+3. Sampling: greedy and temperature 0.7 with top-k/top-p/min-p (no penalty), each drawn inside
+   llama.cpp's graph (backend_sampling=auto: on the GPU) and by the CPU chain (backend_sampling=off),
+   and temperature 0.7 with the sampling defaults (repeat penalty 1.1: the CPU chain either way);
+   each row records the sampler its results name, and each sampled row is compared with greedy on
+   the same path.
 4. llama-batched-bench at 1, 4 and 16 sequences (decode speed, no sampling), when --bin has it.
+
+Decode tokens/s count from the first request's first token to the last request's last token, as
+llama-batched-bench counts its decode phase (`wall_tps` in the JSON: over the whole run, prompts
+included); confidence spans are off (they need the CPU chain).
 
 Random weights mean random text: n-gram lookup finds what the random model repeats, nothing more;
 its acceptance here says nothing about real text (bench_speculative.py measures that on the CPU).
@@ -42,14 +47,19 @@ def _spec(rt, path: Path, mode: str, n_slots: int = 16):
 
 
 def _run(rt, spec, n: int, gen: int, sampling) -> dict:
-    """`n` concurrent requests of `gen` tokens: aggregate tokens/s and their drafts."""
+    """`n` concurrent requests of `gen` tokens: decode tokens/s counted from the first request's first
+    token to the last request's last token, as llama-batched-bench counts its decode phase (`tps`;
+    each request's first token is its prompt's, so it is left out of the count), tokens/s over the
+    whole wall time, prompts included (`wall_tps`), their drafts, and which sampler drew them."""
     from comfyui_a3b.runtime import ConfidenceConfig
 
     results = []
 
     def one(i: int):
-        results.append(rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
-                                   sampling=sampling, confidence=ConfidenceConfig(enabled=False)))
+        t = time.perf_counter()
+        r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
+                        sampling=sampling, confidence=ConfidenceConfig(enabled=False))
+        results.append((t + r.time_to_first_token, r))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
@@ -60,8 +70,12 @@ def _run(rt, spec, n: int, gen: int, sampling) -> dict:
     dt = time.perf_counter() - t0
     if len(results) != n:
         raise RuntimeError(f"{n - len(results)} of {n} requests failed")
-    return {"tps": sum(r.n_tokens for r in results) / dt, "tokens": sum(r.n_tokens for r in results),
-            "drafted": sum(r.n_drafted_tokens for r in results), "accepted": sum(r.n_accepted_tokens for r in results)}
+    rs = [r for _, r in results]
+    decode = max(first + r.decode_time for first, r in results) - min(first for first, _ in results)
+    return {"tps": sum(r.n_tokens - 1 for r in rs) / max(decode, 1e-9), "wall_tps": sum(r.n_tokens for r in rs) / dt,
+            "tokens": sum(r.n_tokens for r in rs), "drafted": sum(r.n_drafted_tokens for r in rs),
+            "accepted": sum(r.n_accepted_tokens for r in rs),
+            "sampler": ",".join(sorted({r.sampler or "?" for r in rs}))}
 
 
 def speculation_rows(path: Path, gen: int) -> dict:
@@ -86,25 +100,45 @@ def speculation_rows(path: Path, gen: int) -> dict:
     return out
 
 
-def sampling_rows(path: Path, gen: int) -> dict:
-    from comfyui_a3b.runtime import Runtime, SamplingParams, preset
+#: (row label, backend_sampling, sampling): each chain through llama.cpp's graph and through the CPU
+#: chain, and the node defaults (a repeat penalty: the CPU chain either way)
+def _chains():
+    from comfyui_a3b.runtime import SamplingParams, preset
 
-    chains = {"greedy": preset("greedy"),
-              "t0.7 defaults (CPU chain)": SamplingParams(temperature=0.7, seed=1),
-              "t0.7 no penalty (CPU chain)": SamplingParams(temperature=0.7, repeat_penalty=1.0, seed=1)}
-    rt = Runtime()
+    t07 = SamplingParams(temperature=0.7, repeat_penalty=1.0, seed=1)
+    return [("greedy, backend", "auto", preset("greedy")), ("greedy, CPU", "off", preset("greedy")),
+            ("t0.7 no penalty, backend", "auto", t07), ("t0.7 no penalty, CPU chain", "off", t07),
+            ("t0.7 defaults (CPU chain)", "auto", SamplingParams(temperature=0.7, seed=1))]
+
+
+#: a sampled row -> the greedy row it is compared with (the same path)
+GREEDY_OF = {"t0.7 no penalty, backend": "greedy, backend", "t0.7 no penalty, CPU chain": "greedy, CPU",
+             "t0.7 defaults (CPU chain)": "greedy, CPU"}
+
+
+def sampling_rows(path: Path, gen: int) -> dict:
+    from comfyui_a3b.runtime import Runtime, preset
+
     out: dict = {}
-    try:
-        spec = _spec(rt, path, "off")
-        _run(rt, spec, 1, 8, preset("greedy"))
-        for name, sp in chains.items():
-            out[name] = {n: _run(rt, spec, n, gen, sp) for n in CONCURRENCY}
-            print(f"  {name}: " + ", ".join(f"x{n} {v['tps']:.0f}" for n, v in out[name].items()), flush=True)
-    finally:
-        rt.unload()
-    out["backend samplers"] = {"skipped": "the runtime samples on the CPU; llama.cpp's backend sampler chains "
-                                          "(llama_set_sampler, llama_get_sampled_token_ith) are not driven yet"}
-    return out
+    for mode in ("auto", "off"):   # one load at a time: backend chains attached (auto) or never (off)
+        rt = Runtime()
+        try:
+            spec = rt.spec(_spec(rt, path, "off"), backend_sampling=mode)
+            _run(rt, spec, 1, 8, preset("greedy"))
+            for name, m, sp in _chains():
+                if m != mode:
+                    continue
+                try:
+                    out[name] = {n: _run(rt, spec, n, gen, sp) for n in CONCURRENCY}
+                except Exception as e:  # noqa: BLE001 - one failing row is recorded, the others still run
+                    out[name] = {"error": f"{type(e).__name__}: {e}"}
+                    print(f"  {name}: {out[name]['error']}", flush=True)
+                    continue
+                print(f"  {name}: " + ", ".join(f"x{n} {v['tps']:.0f} ({v['sampler']})" for n, v in out[name].items()),
+                      flush=True)
+        finally:
+            rt.unload()
+    return {name: out[name] for name, _, _ in _chains() if name in out}
 
 
 def report(res: dict, out_dir: Path) -> None:
@@ -115,7 +149,8 @@ def report(res: dict, out_dir: Path) -> None:
 
     lines = [f"# Speculative decoding and sampling, random {res['shape']} Q4_0 on {res.get('device')}", "",
              "| decode tokens/s (x llama-batched-bench) | " + " | ".join(f"{n} req" for n in CONCURRENCY)
-             + " | accepted/drafted at 16 |", "|---|" + "---|" * (len(CONCURRENCY) + 1)]
+             + " | wall tokens/s " + " / ".join(str(n) for n in CONCURRENCY)
+             + " | accepted/drafted at 16, or sampler and x greedy |", "|---|" + "---|" * (len(CONCURRENCY) + 2)]
     series = {}
 
     def row(label, by_n, note=""):
@@ -125,22 +160,32 @@ def report(res: dict, out_dir: Path) -> None:
             v = by_n.get(n) or by_n.get(str(n))
             r = ref(n)
             cells.append("-" if v is None else f"{v['tps']:.0f}" + (f" ({v['tps'] / r:.2f}x)" if r else ""))
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {note} |")
+        wall = " / ".join(f"{v['wall_tps']:.0f}" if v and "wall_tps" in v else "-"
+                          for v in (by_n.get(n) or by_n.get(str(n)) for n in CONCURRENCY))
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {wall} | {note} |")
+
+    def failed(name, by_n) -> bool:
+        if not isinstance(by_n, dict) or "error" in by_n or "skipped" in by_n:
+            why = by_n if not isinstance(by_n, dict) else by_n.get("error") or by_n.get("skipped")
+            lines.append(f"| {name} | {str(why)[:120]} |")
+            return True
+        return False
 
     for mode, by_n in (res.get("speculation") or {}).items():
-        if "error" in by_n:
-            lines.append(f"| {mode} | error: {by_n['error'][:80]} |")
+        if failed(mode, by_n):
             continue
         last = by_n.get(16) or by_n.get("16") or {}
         row(f"greedy, speculative={mode}", by_n, f"{last.get('accepted', 0)}/{last.get('drafted', 0)}")
     samp = res.get("sampling") or {}
     for name, by_n in samp.items():
-        if isinstance(by_n, dict) and ("skipped" in by_n or "error" in by_n):
-            lines.append(f"| {name} | {by_n.get('skipped') or by_n.get('error')} |")
+        if failed(name, by_n):
             continue
-        greedy = samp.get("greedy") or {}
-        note = ", ".join(f"x{n}: {by_n[n]['tps'] / greedy[n]['tps']:.2f} of greedy" for n in CONCURRENCY
-                         if n in by_n and n in greedy) if name != "greedy" else ""
+        greedy = samp.get(GREEDY_OF.get(name, ""), {})
+        # which sampler the results named, then each sampled row against greedy on its own path
+        note = "sampler " + "/".join(sorted({v.get("sampler", "?") for v in by_n.values()}))
+        if isinstance(greedy, dict) and greedy and "error" not in greedy:
+            note += "; " + ", ".join(f"x{n}: {by_n[n]['tps'] / greedy[n]['tps']:.2f} of {GREEDY_OF[name]}"
+                                     for n in CONCURRENCY if n in by_n and n in greedy)
         row(name, by_n, note)
     if bb:
         lines.append("| llama-batched-bench | " + " | ".join(f"{ref(n):.0f}" if ref(n) else "-" for n in CONCURRENCY)

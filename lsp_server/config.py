@@ -59,6 +59,8 @@ class Settings:
     cpu_moe: bool | None = None
     n_cpu_moe: int | None = None
     override_tensor: str | None = None
+    #: where tokens are drawn (None = the runtime's default: llama.cpp's graph where it can)
+    backend_sampling: str | None = None
     #: Single-line completions stop at the line's end, and never take more than max_tokens_single_line.
     max_tokens: int = MAX_TOKENS.default
     max_tokens_single_line: int = MAX_TOKENS_SINGLE_LINE.default
@@ -87,7 +89,7 @@ class Settings:
 
 
 #: the settings that are load options of the model (LoadSpec fields)
-LOAD_FIELDS = ("n_ctx", "cpu_moe", "n_cpu_moe", "override_tensor")
+LOAD_FIELDS = ("n_ctx", "cpu_moe", "n_cpu_moe", "override_tensor", "backend_sampling")
 
 
 #: protocol name -> (field name, the option that declares it)
@@ -98,6 +100,7 @@ _KEYS: dict[str, tuple[str, Option]] = {
     "cpuMoe": ("cpu_moe", opt.CPU_MOE.or_none()),
     "nCpuMoe": ("n_cpu_moe", opt.N_CPU_MOE.or_none()),
     "overrideTensor": ("override_tensor", opt.OVERRIDE_TENSOR),
+    "backendSampling": ("backend_sampling", opt.BACKEND_SAMPLING.or_none()),
     "maxTokens": ("max_tokens", MAX_TOKENS),
     "maxTokensSingleLine": ("max_tokens_single_line", MAX_TOKENS_SINGLE_LINE),
     "debounceMs": ("debounce_ms", DEBOUNCE_MS),

@@ -145,7 +145,8 @@ def _first(x: Any) -> Any:
 # -- A3BLoader ------------------------------------------------------------------------------------------
 def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
                 lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0,
-                mmproj="auto", speculative=None, draft_max=None, cpu_moe=False, n_cpu_moe=0, override_tensor=""):
+                mmproj="auto", speculative=None, draft_max=None, cpu_moe=False, n_cpu_moe=0, override_tensor="",
+                backend_sampling=None):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads, mmproj=nodeimages.resolve_mmproj(mmproj),
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
@@ -155,6 +156,7 @@ def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_
                            experts_keep=experts_keep, serve_as=serve_as,
                            speculative=speculative or None, draft_max=draft_max, cpu_moe=bool(cpu_moe),
                            n_cpu_moe=int(n_cpu_moe or 0), override_tensor=(override_tensor or "").strip() or None,
+                           backend_sampling=backend_sampling or None,
                            lora_folders=comfy.lora_folders(), free_vram=comfy.free_vram,
                            vram_reserve=comfy.inference_reserve)
     return (spec,), {"text": [core.describe(spec)]}
@@ -210,6 +212,7 @@ LOADER = NodeDef(
         widget(opt.CPU_MOE, optional=True),
         widget(opt.N_CPU_MOE, optional=True),
         widget(opt.OVERRIDE_TENSOR, optional=True),
+        widget(opt.BACKEND_SAMPLING, optional=True),
     ],
     outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
     run=_run_loader, fingerprint=_fingerprint_loader,

@@ -214,8 +214,17 @@ class Backend(Protocol):
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""
 
-    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: str | None = None) -> Any:
-        """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it."""
+    #: whether new_sampler may attach a chain to a sequence, drawn inside the decode (sampler_choice.py)
+    backend_sampling: bool = False
+
+    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: str | None = None,
+                    seq_id: int | None = None) -> Any:
+        """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it;
+        with `seq_id`, attached to that sequence so the next decodes draw its tokens (where the
+        engine can: the sampler's `backend` says)."""
+
+    def prepare(self, sampler: Any, seq_id: int, backend: bool) -> None:
+        """Before a decode with an output row of `seq_id`: an attached sampler follows its request there."""
 
     def free_sampler(self, sampler: Any) -> None: ...
 

@@ -168,6 +168,8 @@ class GenerationResult:
     #: speculative decoding: tokens drafted, and how many of them the model accepted
     n_drafted_tokens: int = 0
     n_accepted_tokens: int = 0
+    #: where the tokens were drawn: "backend" (llama.cpp's graph) or "cpu" (sampler_choice.py); "" unknown
+    sampler: str = ""
 
     def __post_init__(self):
         if self.n_tokens < 0:
@@ -287,7 +289,7 @@ class GenerationStream:
     def _conclude(self, asm: Any, reason: str, error: BaseException | None, *, model: str,
                   tokens: list[int] | None, n_tokens: int, n_prompt: int, n_cached: int, seed: int,
                   t_first: float | None, t_last: float | None, drafted: int = 0,
-                  accepted: int = 0) -> GenerationResult:
+                  accepted: int = 0, sampler: str = "") -> GenerationResult:
         """End the stream, for either engine: release the held-back text of both channels (`asm` is
         a reasoning.ChannelAssembler), build the result, and finish with it, or with the error. A
         cancelled request ends with Cancelled (ModelUnloaded when an unload cancelled it), and the
@@ -304,7 +306,7 @@ class GenerationStream:
             decode_time=(t_last - t_first) if t_first and t_last else 0.0, n_tokens=n_tokens,
             reasoning=reasoning, reasoning_spans=rspans, n_reasoning_tokens=asm.n_reasoning,
             reasoning_closed_by=asm.closed_by, warnings=list(self.warnings), n_drafted_tokens=drafted,
-            n_accepted_tokens=accepted)
+            n_accepted_tokens=accepted, sampler=sampler)
         if reason == "cancelled" and error is None:
             if self.cancel_reason.startswith("unloaded"):
                 error = ModelUnloaded(f"{model} was unloaded while this request ran; "

@@ -25,6 +25,8 @@ class GenJob(Job):
         self.req: GenerationRequest = stream.request
         self.seed = seed
         self.sampler: Any = None   # made on the worker thread at the first sample
+        #: where the sampler draws: "backend" or "cpu" (sampler_choice.py), chosen with the sampler
+        self.sampler_kind: str | None = None
         self.n_gen = 0
         self.asm = asm
         #: reasoning tokens after which the block is closed (None: no limit)

@@ -289,6 +289,14 @@ SPECULATIVE = Option("speculative", str, "auto",
 DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and step (speculative decoding).",
                    min=1, max=64)
 
+#: Sampling inside llama.cpp's graph (on the GPU where the model runs there): auto or off.
+BACKEND_SAMPLING_MODES = ("auto", "off")
+BACKEND_SAMPLING = Option("backend_sampling", str, "auto",
+                          "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there) for "
+                          "requests whose settings it can run: temperature, top_k, top_p, min_p, greedy; requests "
+                          "with a repeat penalty, a grammar, logprobs or confidence spans use the CPU sampler "
+                          "(auto), or every request does (off).", choices=BACKEND_SAMPLING_MODES)
+
 # -- sampling (SamplingParams) ------------------------------------------------------------------------------
 TEMPERATURE = Option("temperature", float, 0.4, "Sampling temperature; 0 = always the likeliest token.",
                      min=0.0, max=2.0, step=0.05)   # OpenAI's range
@@ -374,7 +382,8 @@ IMAGE_MAX_BYTES = Option("image_max_bytes", int, 32 << 20,
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
-                                     CTX_POLICY, SPECULATIVE, DRAFT_MAX, CPU_MOE, N_CPU_MOE, OVERRIDE_TENSOR)}
+                                     CTX_POLICY, SPECULATIVE, DRAFT_MAX, CPU_MOE, N_CPU_MOE, OVERRIDE_TENSOR,
+                                     BACKEND_SAMPLING)}
 SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
@@ -421,6 +430,8 @@ class LoadSpec:
     cpu_moe: bool = CPU_MOE.default
     n_cpu_moe: int = N_CPU_MOE.default
     override_tensor: str | None = OVERRIDE_TENSOR.default
+    #: see runtime/sampler_choice.py
+    backend_sampling: str = BACKEND_SAMPLING.default
 
     def validate(self) -> None:
         check_fields(self, LOAD_OPTIONS)

@@ -327,3 +327,34 @@ def shutdown() -> None:
             s.wait(2)
         except (OSError, subprocess.TimeoutExpired):
             s.kill()
+
+
+def backend_sampling_works(repack: bool) -> bool:
+    """Whether llama.cpp's backend sampler chains run with this build on this processor, with the
+    weights repacked for the CPU or not: learnt once per build from the embedded model in the vetting
+    server (a chain attached to a context whose weights sit in AMX buffers crashed in the AMX matrix
+    product of the first decode) and kept with the other verdicts. No child process possible or no
+    embedded model: False (the CPU chain, as before)."""
+    key = _build_key() + ("backend_sampling", bool(repack))
+    with _lock:
+        VERDICTS.load_disk()
+        v = VERDICTS.get(key)
+        if v is None:
+            canary = _canary()
+            if canary is None:
+                return False
+            try:
+                v = _ask(canary, canary.stat().st_size, repack=repack, kind="sampling")
+            except (OSError, ValueError) as e:
+                log.debug("could not probe backend sampling: %s", e)
+                return False
+            if v.get("status") == "timeout":
+                return False   # a busy machine, maybe: ask again next time
+            v = {"ok": True, "works": bool(v.get("ok") and v.get("works")),
+                 "log": v.get("why") or v.get("signal") or v.get("status") or ""}
+            VERDICTS[key] = v
+            VERDICTS.save_disk()
+            if not v["works"]:
+                log.info("backend sampling does not work with this llama.cpp build%s (%s): the CPU sampler "
+                         "draws every token", " over repacked weights" if repack else "", v["log"])
+    return bool(v.get("works"))

@@ -35,7 +35,7 @@ from .requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
 from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Entry, Policy, Trim
 from .speculative import StepCost
-from . import drafting
+from . import drafting, sampler_choice
 
 log = logging.getLogger("a3b.worker")
 
@@ -295,6 +295,10 @@ class LoadedModel(Model):
                 with self._lock:
                     self.policy.decoded(step)
                 return
+        # a backend chain draws in the decode itself: it is made (or moved) before it
+        for e in step.entries:
+            if e.output is not None and e.job.slot is not None:
+                self._sampler(e.job)
         t0 = time.perf_counter()
         try:
             self.backend.decode(step)
@@ -333,9 +337,7 @@ class LoadedModel(Model):
         while active:
             for e in active:
                 if e.job.sampler is None:
-                    e.job.grammar_live = e.job.grammar is not None and e.job.asm.split.answering
-                    e.job.sampler = self.backend.new_sampler(e.job.req.sampling, e.job.seed,
-                                                             e.job.grammar if e.job.grammar_live else None)
+                    self._sampler(e.job)
             sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
                                                 for e in active])
             going = []
@@ -365,6 +367,25 @@ class LoadedModel(Model):
                 self.stats["accepted_tokens"] += matched[id(e)]
             if e.job.control is not None:
                 e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
+
+    def _sampler(self, job: GenJob) -> None:
+        """The request's sampler, made at its first output row (sampler_choice.py decides where it
+        draws); a backend chain follows its request to the sequence it decodes in now."""
+        if job.sampler is None:
+            if job.sampler_kind is None:
+                job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
+                                                              getattr(self.backend, "backend_sampling", False), job.req,
+                                                              self.spec.draft_max)
+                self.stats[f"sampler_{job.sampler_kind}"] += 1
+            job.grammar_live = job.grammar is not None and job.asm.split.answering
+            seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
+            job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
+                                                   job.grammar if job.grammar_live else None,
+                                                   **({"seq_id": seq} if seq is not None else {}))
+            if seq is not None and not getattr(job.sampler, "backend", True):
+                job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
+        elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
+            self.backend.prepare(job.sampler, job.slot.seq_id, True)
 
     def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
               lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
@@ -428,7 +449,8 @@ class LoadedModel(Model):
         gen = job.seq[len(job.prompt_tokens):]
         job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
                              n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
-                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted)
+                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted,
+                             sampler=job.sampler_kind or "")
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:

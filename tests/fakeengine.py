@@ -86,6 +86,8 @@ class FakeSettings:
     speculative: str | None = None
     position: bool = False
     n_vocab: int = N_VOCAB
+    #: the fake can attach samplers to sequences (backend sampling)
+    backend_sampling: bool = False
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -103,7 +105,7 @@ class FakeSettings:
                    think=q.get("think"), think_loop=q.get("think_loop") == "1", vision=q.get("vision") == "1",
                    image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
                    speculative=q.get("speculative"), position=q.get("position") == "1",
-                   n_vocab=int(q.get("n_vocab", N_VOCAB)))
+                   n_vocab=int(q.get("n_vocab", N_VOCAB)), backend_sampling=q.get("backend_sampling") == "1")
 
 
 class FakeVocab:
@@ -247,6 +249,10 @@ class FakeBackend:
         self.vision = FakeVision(weights.vocab, self.settings) if self.settings.vision else None
         #: unit entries decoded: (seq_id, start, digest)
         self.images_decoded: list[tuple[int, int, str]] = []
+        self.backend_sampling = self.settings.backend_sampling
+        #: seq_id -> the sampler attached there, as llama.cpp keeps it; every attach, in order
+        self.attached: dict[int, dict] = {}
+        self.attaches: list[int] = []
 
     def _same_thread(self) -> None:
         # the worker thread is the only caller of a backend: fail loudly otherwise
@@ -268,6 +274,7 @@ class FakeBackend:
             raise DecodeFailed("fake decode failure", fatal=self.settings.fatal)
         self.batch_sizes.append(step.n_tokens)
         self.rows = {}   # batch index -> the sequence's tokens up to it (what its logits depend on)
+        self.row_seq: dict[int, int] = {}
         n = 0
         for e in step.entries:
             kv = self.kv[e.job.slot.seq_id]
@@ -287,20 +294,42 @@ class FakeBackend:
                 assert e.output == n - 1 - len(e.draft), "an output row that is not the entry's last token"
                 for j in range(len(e.draft) + 1):   # the last token's row, then one per drafted token
                     self.rows[e.output + j] = kv[:len(kv) - len(e.draft) + j]
+                    self.row_seq[e.output + j] = e.job.slot.seq_id
             else:
                 assert not e.draft, "drafts on an entry without an output row"
 
     def _history(self, row: int) -> list[int]:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
 
-    def new_sampler(self, sampling, seed: int, grammar: str | None = None):
-        return {"sampling": sampling, "rng": random.Random(seed), "grammar": grammar}
+    def new_sampler(self, sampling, seed: int, grammar: str | None = None, seq_id: int | None = None):
+        s = {"sampling": sampling, "rng": random.Random(seed), "grammar": grammar, "seq_id": None}
+        if seq_id is not None:
+            assert self.backend_sampling and grammar is None, "a backend chain where the fake has none"
+            self._attach(s, seq_id)
+        return s
+
+    def _attach(self, sampler: dict, seq_id: int) -> None:
+        old = self.attached.pop(seq_id, None)
+        if old is not None and old is not sampler:
+            old["seq_id"] = None
+        self.attached[seq_id] = sampler
+        sampler["seq_id"] = seq_id
+        self.attaches.append(seq_id)
+
+    def prepare(self, sampler, seq_id: int, backend: bool) -> None:
+        if backend and (sampler["seq_id"] != seq_id or self.attached.get(seq_id) is not sampler):
+            if sampler["seq_id"] is not None and self.attached.get(sampler["seq_id"]) is sampler:
+                del self.attached[sampler["seq_id"]]
+            self._attach(sampler, seq_id)
 
     def compile_grammar(self, json_schema, gbnf):
         # the real converter (pure Python); the fake model does not follow grammars
         return schema_to_gbnf(json_schema) if json_schema is not None else gbnf
 
     def free_sampler(self, sampler) -> None:
+        seq = sampler.get("seq_id")
+        if seq is not None and self.attached.get(seq) is sampler:
+            del self.attached[seq]   # detached before it is freed, as llama.cpp needs
         sampler.clear()
 
     def _next(self, history: list[int], n_gen: int) -> int:
@@ -350,6 +379,8 @@ class FakeBackend:
 
     def _sample(self, sampler, row: int) -> int:
         history = self._history(row)
+        if sampler.get("seq_id") is not None:   # drawn in the decode: the chain must sit on the row's sequence
+            assert self.attached.get(self.row_seq[row]) is sampler, "a backend row without its chain attached"
         if sampler.get("grammar") and not sampler.get("logged"):
             sampler["logged"] = True
             self.grammar_starts.append(self._generated(history).decode("utf-8", "replace"))

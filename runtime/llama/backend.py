@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import vet
 from ..adapters import check as check_adapter
 from ..engine import DecodeFailed
 from ..environment import env_number
@@ -92,6 +93,11 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
         # state per sequence (tens of MB at 30B scale), so only speculation asked for by name pays
         # it; "auto" does not speculate on such a model (drafting.py).
         p.n_rs_seq = state_snapshots(spec.speculative, spec.draft_max)
+        if spec.backend_sampling != "off":
+            # llama.cpp refuses a batch (decode -1) where a sequence with a backend chain has more
+            # output rows than this (default 1); a speculating request asks for its last token's
+            # row and one per drafted token
+            p.n_outputs_max_per_seq = spec.draft_max + 1
     p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
     p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]
@@ -110,10 +116,38 @@ def entropy(logits: np.ndarray) -> float:
 @dataclass
 class Sampler:
     """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone;
-    `grammar` when the answer is constrained (grammar.py)."""
+    `grammar` when the answer is constrained (grammar.py); `seq_id` when the chain is attached to
+    that sequence of the context as a backend chain (drawn inside the decode; sampler_choice.py)."""
     chain: Any
     greedy: bool = False
     grammar: Grammar | None = None
+    seq_id: int | None = None
+
+    @property
+    def backend(self) -> bool:
+        return self.seq_id is not None
+
+
+def backend_sampling_available(weights: Weights, spec: LoadSpec) -> bool:
+    """Whether backend chains may be attached to this load's context: asked for (auto), and the
+    build runs them with this placement. A chain attached to a context whose CPU weights sit in
+    llama.cpp's repacked (AMX) buffers crashed this build's first decode, so that case is probed in
+    the vetting child (vet.backend_sampling_works) before it is trusted here; a model wholly on the
+    GPU is probed without repacking (its matrix products do not run on the CPU)."""
+    if spec.backend_sampling == "off":
+        return False
+    info = weights.info
+    cpu = cpu_matmuls(llama().llama_supports_gpu_offload(), info.n_gpu_layers, info.n_layer, info.n_cpu_moe,
+                      bool(spec.override_tensor) or bool(spec.cpu_moe))
+    return vet.backend_sampling_works(repack=weights.repacked and cpu)
+
+
+def cpu_matmuls(gpu_offload: bool, n_gpu_layers: int, n_layer: int, n_cpu_moe: int, overrides: bool) -> bool:
+    """Whether some matrix products of a load run on the CPU (over weights llama.cpp may repack).
+    llama.cpp offloads every layer and the output layer for a negative count or one above n_layer;
+    n_layer itself leaves the output layer on the CPU."""
+    wholly = n_gpu_layers < 0 or n_gpu_layers > n_layer
+    return not gpu_offload or not wholly or n_cpu_moe > 0 or overrides
 
 
 class LlamaBackend:
@@ -152,6 +186,9 @@ class LlamaBackend:
         #: a recurrent model's cache steps back only by the snapshots it keeps (scheduler.py)
         recurrent = L.llama_model_is_recurrent(weights.ptr) or L.llama_model_is_hybrid(weights.ptr)
         self.max_rollback = int(L.llama_n_rs_seq(self.ctx)) if recurrent else None
+        #: backend chains may be attached (sampler_choice.py); the chain attached to each sequence
+        self.backend_sampling = backend_sampling_available(weights, spec)
+        self._attached: dict[int, Sampler] = {}
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
         self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
         self.ebatch = None
@@ -222,7 +259,8 @@ class LlamaBackend:
             check_gbnf(self.weights.vocab_ptr, text)
         return text
 
-    def new_sampler(self, sp, seed: int, grammar: str | None = None) -> Sampler:
+    @staticmethod
+    def _chain(sp, seed: int, n_vocab: int):
         L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
 
@@ -233,7 +271,7 @@ class LlamaBackend:
         if sp.temperature > 0 and sp.top_k > 0:
             add(L.llama_sampler_init_top_k(sp.top_k))
         if sp.repeat_penalty != 1.0:
-            add(L.llama_sampler_init_penalties(self.weights.n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
+            add(L.llama_sampler_init_penalties(n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
         if sp.temperature <= 0:
             add(L.llama_sampler_init_greedy())
         else:
@@ -243,10 +281,60 @@ class LlamaBackend:
                 add(L.llama_sampler_init_min_p(sp.min_p, 1))
             add(L.llama_sampler_init_temp(sp.temperature))
             add(L.llama_sampler_init_dist(seed))
+        return chain
+
+    def new_sampler(self, sp, seed: int, grammar: str | None = None, seq_id: int | None = None) -> Sampler:
+        """The request's chain; with `seq_id` (sampler_choice.choose said backend), attached to that
+        sequence so the decode draws its tokens, else (or where llama.cpp refuses it) a CPU chain."""
+        chain = self._chain(sp, seed, self.weights.n_vocab)
+        greedy = sp.temperature <= 0 and sp.repeat_penalty == 1.0
+        if seq_id is not None and self.backend_sampling and grammar is None and sp.repeat_penalty == 1.0:
+            sampler = Sampler(chain, greedy=greedy)
+            if self._attach(sampler, seq_id):
+                return sampler
+            # a chain that went through llama.cpp's backend set-up skips its backend part on the
+            # CPU: a fresh one for the CPU
+            llama().llama_sampler_free(chain)
+            chain = self._chain(sp, seed, self.weights.n_vocab)
         g = Grammar(self.weights.vocab_ptr, grammar, self.weights.n_vocab, self.weights.eos) if grammar else None
-        return Sampler(chain, greedy=sp.temperature <= 0 and sp.repeat_penalty == 1.0, grammar=g)
+        return Sampler(chain, greedy=greedy, grammar=g)
+
+    def _attach(self, sampler: Sampler, seq_id: int) -> bool:
+        L = llama()
+        other = self._attached.pop(seq_id, None)
+        if other is not None and other is not sampler:
+            other.seq_id = None   # replaced below: prepare() attaches it again where it goes next
+        if not L.llama_set_sampler(self.ctx, seq_id, sampler.chain):
+            return False
+        self._attached[seq_id] = sampler
+        sampler.seq_id = seq_id
+        return True
+
+    def _detach(self, sampler: Sampler) -> None:
+        seq = sampler.seq_id
+        if seq is not None and self._attached.get(seq) is sampler:
+            llama().llama_set_sampler(self.ctx, seq, None)   # before the chain is freed
+            del self._attached[seq]
+        sampler.seq_id = None
+
+    def prepare(self, sampler: Sampler, seq_id: int, backend: bool) -> None:
+        """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend chain
+        moved with its request to another sequence (a preempted request placed again), or displaced
+        by another request's chain, is attached again. llama.cpp sets a chain up for the backend
+        once in its life, so a copy with the same state (its random stream included) is attached."""
+        if not backend or (sampler.seq_id == seq_id and self._attached.get(seq_id) is sampler):
+            return
+        L = llama()
+        self._detach(sampler)
+        copy = L.llama_sampler_clone(sampler.chain)
+        L.llama_sampler_free(sampler.chain)
+        sampler.chain = copy
+        if not self._attach(sampler, seq_id):
+            raise DecodeFailed("llama.cpp refused to attach a sampler chain it took before")
 
     def free_sampler(self, sampler: Sampler) -> None:
+        if sampler:
+            self._detach(sampler)
         if sampler and sampler.grammar is not None:
             sampler.grammar.free()
             sampler.grammar = None
@@ -257,6 +345,13 @@ class LlamaBackend:
     def _sample_one(self, item) -> tuple[int, float | None]:
         sampler, row, want_entropy = item
         L = llama()
+        if sampler.backend:
+            # drawn in the decode; accepting it commits the chain's random draw (one per token taken)
+            tok = L.llama_get_sampled_token_ith(self.ctx, row)
+            if tok < 0:
+                raise DecodeFailed(f"llama.cpp drew no token for output row {row} of sequence {sampler.seq_id}")
+            L.llama_sampler_accept(sampler.chain, tok)
+            return tok, None
         logits = None
         if want_entropy or sampler.greedy or sampler.grammar is not None:
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,))
@@ -289,8 +384,11 @@ class LlamaBackend:
         row, which at 16 concurrent requests on a GPU costs as much as the decode step itself. ctypes
         and numpy release the GIL for that work, and every row has its own sampler, so rows are
         sampled side by side (the logits are only read)."""
-        chained = sum(1 for sampler, _, _ in rows if not sampler.greedy)
-        if chained < SAMPLE_THREADS_FROM or self._pool is None:
+        chained = sum(1 for sampler, _, _ in rows if not sampler.greedy and not sampler.backend)
+        if chained < SAMPLE_THREADS_FROM or self._pool is None or any(s.backend for s, _, _ in rows):
+            # a backend row is one integer to read (the draw happened in the decode); rows are
+            # read one after another then, so that llama.cpp's output bookkeeping, which the first
+            # read of a step updates, is never touched from two threads
             # greedy rows are an argmax (and at most an entropy) in numpy: handing them to threads
             # costs more than it saves (measured at 16 rows on an H200: 1471 tokens/s in threads,
             # 1835 one after another)

@@ -68,6 +68,73 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
     return {"ok": True, "loads": True, "decoded": rc == 0}
 
 
+def _check_sampling(path: str, repack: bool) -> dict:
+    """Backend sampling with this build: a chain (top-k, temperature, dist) and a greedy one attached
+    to two sequences of one context, a batch with a third sequence sampled on the CPU, two decodes.
+    `works`: every backend token is a real token and the greedy one is the raw argmax of a context
+    without backend chains. A crash here (an AMX kernel over repacked weights did) stays in the child."""
+    import llama_cpp as L
+
+    _log = _log_to_stderr(L)   # held while llama.cpp may call it
+    params = L.llama_model_default_params()
+    params.n_gpu_layers = 0
+    if not repack:
+        params.use_extra_bufts = False
+    model = L.llama_model_load_from_file(path.encode("utf-8"), params)
+    vocab = L.llama_model_get_vocab(model)
+    buf = (L.llama_token * 64)()
+    text = b"Hello world"
+    n = L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
+
+    def context():
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified = 3 * 64, 64, 64, 3, False
+        cp.n_threads = cp.n_threads_batch = 1
+        return L.llama_init_from_model(model, cp)
+
+    batch = L.llama_batch_init(64, 0, 1)
+
+    def decode(ctx, seqs, start, toks):
+        k = 0
+        for s in seqs:
+            for i, t in enumerate(toks):
+                batch.token[k], batch.pos[k], batch.n_seq_id[k] = t, start + i, 1
+                batch.seq_id[k][0], batch.logits[k] = s, i == len(toks) - 1
+                k += 1
+        batch.n_tokens = k
+        return L.llama_decode(ctx, batch)
+
+    plain = context()
+    if decode(plain, [0], 0, list(buf[:n])) != 0:
+        return {"ok": True, "works": False, "why": "plain decode failed"}
+    logits = L.llama_get_logits_ith(plain, n - 1)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    want = max(range(n_vocab), key=lambda i: logits[i])
+    ctx = context()
+    chains = []
+    for greedy in (True, False):
+        c = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        for smpl in ([L.llama_sampler_init_greedy()] if greedy else
+                     [L.llama_sampler_init_top_k(40), L.llama_sampler_init_temp(0.7), L.llama_sampler_init_dist(1)]):
+            L.llama_sampler_chain_add(c, smpl)
+        if not L.llama_set_sampler(ctx, len(chains), c):
+            return {"ok": True, "works": False, "why": "llama_set_sampler refused a chain"}
+        chains.append(c)
+    got = []
+    for step in range(2):
+        toks = list(buf[:n]) if step == 0 else [want]
+        if decode(ctx, [0, 1, 2], 0 if step == 0 else n, toks) != 0:
+            return {"ok": True, "works": False, "why": "decode with backend chains failed"}
+        rows = [len(toks) * (s + 1) - 1 for s in range(3)]
+        got.append([L.llama_get_sampled_token_ith(ctx, r) for r in rows[:2]])
+        for c, tok in zip(chains, got[-1]):
+            L.llama_sampler_accept(c, tok)
+    for s in range(2):
+        L.llama_set_sampler(ctx, s, None)
+    works = got[0][0] == want and all(0 <= t < n_vocab for pair in got for t in pair)
+    return {"ok": True, "works": works, "why": "" if works else f"tokens {got}, argmax {want}"}
+
+
 def _check_mmproj(path: str, encode: bool) -> dict:
     """A projector: libmtmd's clip loader reads it without a text model (so its width is not compared
     here: the host does that, and refuses cleanly), then, for a small file, encodes one small image."""
@@ -131,7 +198,8 @@ def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int
         except (ValueError, OSError):
             pass
     try:
-        result = _check_mmproj(path, decode) if kind == "mmproj" else _check(path, decode, repack)
+        result = (_check_mmproj(path, decode) if kind == "mmproj" else
+                  _check_sampling(path, repack) if kind == "sampling" else _check(path, decode, repack))
     except BaseException as e:  # noqa: BLE001 - a Python error in the check is not the file's fault
         result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
     os.write(w, b"\n" + RESULT + json.dumps(result).encode() + b"\n")

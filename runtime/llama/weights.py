@@ -90,6 +90,8 @@ class Weights:
             params.load_mtp = True
         if not repack or not vet.repack_allowed():
             params.use_extra_bufts = False
+        #: whether llama.cpp may keep CPU weights in its repacked layouts (backend sampling asks)
+        self.repacked = bool(params.use_extra_bufts)
         self.overrides = None
         if overrides:
             from .placement import Overrides

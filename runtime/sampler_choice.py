@@ -1,0 +1,66 @@
+"""Which sampler draws a request's tokens: llama.cpp's backend chain (inside the compute graph, on
+the GPU where the model runs there) or the CPU chain.
+
+llama.cpp (0.3.36's vendored copy) has graph implementations of greedy, dist, top-k, top-p, min-p
+and temperature. A sequence with a backend chain gets its token drawn in the decode itself; only the
+token (and the chain's truncated logits and probabilities) comes back, so the CPU never copies and
+sorts a whole vocabulary row for it. What the backend chain cannot give decides the rest:
+
+* a grammar (json_schema, grammar) matches token texts against its stacks: CPU only;
+* a repeat penalty stays on the CPU (its place in the chain, after top-k, is what today's output is
+  made of; the graph version would change the order and so the text);
+* logprobs and confidence spans read the raw logits row, which llama.cpp does not copy back for an
+  output row whose sequence has a backend chain (and whose logits the chain transforms in place);
+* speculative drafts need one output row per drafted token, which the context is made for up to
+  the model's draft_max (a request asking more keeps the CPU chain); then the worker accepts a
+  drafted token while the row's draw equals it, and the backend draws one token per output row,
+  its random stream advancing only for the tokens accepted (llama.cpp's `dist` is transactional
+  with more than one output row per sequence), so seeded output stays reproducible and draft rows
+  stay on the backend.
+
+`choose` is pure: the worker asks it once per request and records the answer in the result
+(`GenerationResult.sampler`) and the model's status counters.
+"""
+from __future__ import annotations
+
+from .options import BACKEND_SAMPLING_MODES
+
+BACKEND = "backend"
+CPU = "cpu"
+
+
+def cpu_reasons(request) -> list[str]:
+    """Why `request` (a GenerationRequest) needs the CPU chain; empty when the backend can draw it."""
+    sp = request.sampling
+    why = []
+    if sp.repeat_penalty != 1.0:
+        why.append("repeat_penalty")
+    if request.json_schema is not None or request.grammar is not None:
+        why.append("grammar")
+    if request.logprobs is not None:
+        why.append("logprobs")
+    if request.confidence.enabled:
+        why.append("confidence")
+    return why
+
+
+def choose(mode: str, available: bool, request, draft_max: int | None = None) -> tuple[str, str]:
+    """(BACKEND or CPU, the reason in a few words) for `request` on a model loaded with
+    backend_sampling=`mode` (and `draft_max`), where `available` says whether this build and
+    placement can run backend chains at all (probed once, vet.backend_sampling_works).
+
+    The context takes draft_max + 1 output rows per sequence with a backend chain (llama.cpp refuses
+    a batch with more), so a request that asks to draft more than the model was loaded with keeps
+    the CPU chain and drafts what it asked."""
+    if mode not in BACKEND_SAMPLING_MODES:
+        raise ValueError(f"backend_sampling {mode!r}")
+    if mode == "off":
+        return CPU, "backend_sampling=off"
+    if not available:
+        return CPU, "not available with this build or placement"
+    why = cpu_reasons(request)
+    if draft_max is not None and (request.draft_max or 0) > draft_max:
+        why.append(f"draft_max above the model's {draft_max}")
+    if why:
+        return CPU, "needs " + ", ".join(why)
+    return BACKEND, "temperature/top-k/top-p/min-p chain" if request.sampling.temperature > 0 else "greedy"

@@ -1,0 +1,111 @@
+"""Backend sampling on the real embedded model (slow tier): greedy gives the CPU chain's tokens,
+a seed gives the same text run to run, the draws follow the model's distribution, and requests the
+graph cannot draw fall back to the CPU chain. The weights are loaded unrepacked
+(A3B_CPU_REPACK=off): over this processor's AMX-repacked weights llama.cpp's backend chains crash
+(the probe in the vetting child finds that and keeps the CPU chain)."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from comfyui_a3b.runtime import Runtime, preset
+from comfyui_a3b.runtime.generation import ConfidenceConfig, SamplingParams
+
+from test_speculative_model import _rewrite_prompt
+
+pytestmark = pytest.mark.slow
+OFF = ConfidenceConfig(enabled=False)
+PROMPT = "Write a short poem about the sea."
+
+
+@pytest.fixture(scope="module")
+def rt():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("A3B_CPU_REPACK", "off")
+    r = Runtime()
+    yield r
+    r.unload()
+    mp.undo()
+
+
+def _gen(rt, mode, sampling, max_tokens=40, speculative="off", prompt=PROMPT, **kw):
+    spec = rt.spec(None, backend_sampling=mode, n_parallel=2, speculative=speculative)
+    return rt.submit(prompt, model=spec, sampling=sampling, max_tokens=max_tokens,
+                     confidence=kw.pop("confidence", OFF), **kw).result()
+
+
+def test_greedy_through_the_backend_gives_the_cpu_chains_tokens(rt):
+    cpu, backend = _gen(rt, "off", preset("greedy")), _gen(rt, "auto", preset("greedy"))
+    assert (cpu.sampler, backend.sampler) == ("cpu", "backend")
+    assert backend.tokens == cpu.tokens and len(cpu.tokens) > 20
+
+
+def test_a_seed_gives_the_same_text_run_to_run(rt):
+    sp = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, seed=11)
+    a, b = _gen(rt, "auto", sp), _gen(rt, "auto", sp)
+    assert a.sampler == "backend" and a.tokens == b.tokens
+    other = _gen(rt, "auto", SamplingParams(**{**sp.__dict__, "seed": 12}))
+    assert other.tokens != a.tokens
+
+
+def test_penalties_grammar_and_confidence_fall_back_to_the_cpu_chain(rt):
+    pen = SamplingParams(temperature=0.7, repeat_penalty=1.1, seed=1)
+    assert _gen(rt, "auto", pen, max_tokens=8).sampler == "cpu"
+    assert _gen(rt, "auto", preset("greedy"), max_tokens=8, confidence=ConfidenceConfig()).sampler == "cpu"
+    r = _gen(rt, "auto", preset("greedy"), max_tokens=8, json_schema={"type": "object"})
+    assert r.sampler == "cpu" and r.text.lstrip().startswith("{")
+
+
+def test_backend_draws_follow_the_models_distribution(rt):
+    """The first answer token drawn N times with different seeds at temperature 1 against the softmax
+    of the raw logits (the CPU path's logprobs): a chi-square test over the likeliest tokens."""
+    sp = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+    m = rt.load(rt.spec(None, backend_sampling="auto", n_parallel=2, speculative="off"))
+    n = 300
+    counts = collections.Counter(_gen(rt, "auto", SamplingParams(**sp, seed=s), max_tokens=1).tokens[0]
+                                 for s in range(n))
+    stream = rt.submit(PROMPT, model=rt.spec(None, backend_sampling="off", n_parallel=2, speculative="off"),
+                       sampling=SamplingParams(**sp, seed=0), max_tokens=1, confidence=OFF, logprobs=20)
+    ev = [e for e in stream if e.top_logprobs][0]
+    stream.result()
+    probs = {m.vocab.tokenize(text, add_bos=False, special=False)[0]: float(np.exp(lp))
+             for text, lp in ev.top_logprobs if len(m.vocab.tokenize(text, add_bos=False, special=False)) == 1}
+    keep = [t for t, p in probs.items() if p * n >= 5]
+    assert len(keep) >= 2, probs
+    observed = [counts[t] for t in keep] + [n - sum(counts[t] for t in keep)]
+    expected = [probs[t] * n for t in keep] + [n * (1 - sum(probs[t] for t in keep))]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    # 99.9% quantile of chi-square with len(keep) degrees of freedom, bounded above by 3*df + 12
+    assert chi2 < 3 * len(keep) + 12, (chi2, observed, expected)
+
+
+#: a function to copy with one name changed (raw, no chat template): n-gram lookup drafts most of it
+REPEAT = _rewrite_prompt()
+
+
+def test_ngram_drafts_checked_by_backend_draws_give_the_same_tokens(rt):
+    """Drafted tokens are accepted while the graph's draw at their row equals them: greedy with n-gram
+    lookup and backend chains gives the tokens of plain decoding with the CPU chain."""
+    plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
+    spec = _gen(rt, "auto", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False)
+    assert (plain.sampler, spec.sampler) == ("cpu", "backend")
+    assert spec.n_accepted_tokens > 10, (spec.n_drafted_tokens, spec.n_accepted_tokens)
+    assert spec.tokens == plain.tokens and len(plain.tokens) > 100
+
+
+def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt):
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)
+    a, b = (_gen(rt, "auto", sp, max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False) for _ in range(2))
+    assert a.sampler == "backend" and a.n_drafted_tokens > 0
+    assert a.tokens == b.tokens and len(a.tokens) > 20
+
+
+def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt):
+    """The context has draft_max + 1 output rows per sequence with a backend chain; llama.cpp
+    refuses a batch with more (decode -1), so a request asking more drafts samples on the CPU."""
+    plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
+    more = _gen(rt, "auto", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False,
+                draft_max=16)
+    assert more.sampler == "cpu" and more.tokens == plain.tokens and more.n_accepted_tokens > 10
