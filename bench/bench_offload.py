@@ -136,7 +136,8 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
     from comfyui_a3b.runtime.llama.backend import thread_counts
 
     rt = Runtime()
-    spec = rt.spec(str(path), n_gpu_layers=n_gpu_layers, n_ctx=args.n_ctx, n_parallel=4, n_batch=512)
+    spec = rt.spec(str(path), n_gpu_layers=n_gpu_layers, n_ctx=args.n_ctx, n_parallel=4, n_batch=512,
+                   speculative=args.speculative)
     t0 = time.perf_counter()
     m = rt.load(spec)
     out = {"load_s": time.perf_counter() - t0, "offload": m.info.offload, "n_gpu_layers": m.info.n_gpu_layers,
@@ -396,6 +397,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="4,8,12,24", help="free device memory per run, GB")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--speculative", default="auto", help="the runtime's speculative setting (off: decode as the "
+                                                           "tool does, one token per request and step)")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--handover", type=float, default=4.0, help="GB to give back at the largest budget (0: off)")
     ap.add_argument("--max-seconds", type=float, default=300, help="no new budget starts after this")

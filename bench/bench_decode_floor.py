@@ -1,0 +1,184 @@
+"""What the runtime adds to llama.cpp's decode: the runtime against bare llama_decode calls on the
+same weights and the same context parameters, in one run.
+
+    python3 -m comfyui_a3b.bench.bench_decode_floor MODEL.gguf --gen 128 --out DIR     # on a GPU
+    python3 -m comfyui_a3b.bench.bench_decode_floor MODEL.gguf --gen 16 --ngl 0        # a check on the CPU
+    python3 -m comfyui_a3b.bench.bench_decode_floor --report DIR/decode_floor.json     # table and plot again
+
+For 1, 4 and 16 concurrent greedy requests (16 slots, speculation off):
+- the runtime: decode tokens/s from the first request's first token to the last one's last token
+  (as llama-batched-bench counts its decode phase), and over the whole wall time;
+- the floor: a second context made with the runtime's own context parameters
+  (backend.context_params) over the same loaded weights, one llama_decode per step with one token
+  per sequence and logits on, (a) waiting for the step only, (b) also taking each row's argmax in
+  numpy as a greedy CPU sampler must.
+(a) against llama-batched-bench says what the context's settings cost, (b) against (a) what reading
+every row's logits costs, the runtime against (b) the scheduler, streaming and Python around it.
+
+Writes decode_floor.json, .md and .png into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+CONCURRENCY = (1, 4, 16)
+
+
+def runtime_run(rt, spec, n: int, gen: int) -> dict:
+    from comfyui_a3b.runtime import ConfidenceConfig, preset
+
+    from .bench_gpu import prompt
+
+    spans: list[tuple[float, float, int]] = []
+
+    def one(i: int):
+        t = time.perf_counter()
+        r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
+                        sampling=preset("greedy"), confidence=ConfidenceConfig(enabled=False))
+        first = t + r.time_to_first_token
+        spans.append((first, first + r.decode_time, r.n_tokens))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    decode = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
+    return {"decode_tps": sum(k - 1 for *_, k in spans) / max(decode, 1e-9),
+            "wall_tps": sum(k for *_, k in spans) / wall}
+
+
+def floor_run(weights, spec, n: int, gen: int) -> dict:
+    """Bare llama_decode steps of `n` sequences, one token each, on a context like the runtime's."""
+    import numpy as np
+
+    from comfyui_a3b.runtime.llama.backend import context_params
+    from comfyui_a3b.runtime.llama.binding import llama
+
+    from .bench_gpu import prompt
+
+    L = llama()
+    ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
+    batch = L.llama_batch_init(512, 0, 1)
+    nv = weights.n_vocab
+
+    def fill(items):
+        batch.n_tokens = len(items)
+        for i, (tok, pos, seq, out) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, out
+            batch.seq_id[i][0] = seq
+
+    out = {}
+    try:
+        for s in range(n):
+            p = prompt(16, 5 + s * 11)
+            fill([(t, k, s, k == len(p) - 1) for k, t in enumerate(p)])
+            L.llama_decode(ctx, batch)
+        for argmax in (False, True):
+            tok = [1] * n
+            t0 = time.perf_counter()
+            for step in range(gen):
+                fill([(tok[s], 16 + step + (gen if argmax else 0), s, True) for s in range(n)])
+                L.llama_decode(ctx, batch)
+                if argmax:
+                    tok = [int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, s), shape=(nv,)).argmax())
+                           for s in range(n)]
+                else:
+                    L.llama_synchronize(ctx)
+            out["argmax" if argmax else "decode_only"] = n * gen / (time.perf_counter() - t0)
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+    return out
+
+
+def measure(path: str, gen: int, ngl: int) -> dict:
+    from comfyui_a3b.runtime import Runtime
+
+    res: dict = {"model": Path(path).name, "gen": gen, "n_gpu_layers": ngl}
+    for n in CONCURRENCY:
+        rt = Runtime()
+        spec = rt.spec(path, n_gpu_layers=ngl, n_ctx=640, n_parallel=16, n_batch=512, speculative="off",
+                       backend_sampling="off")
+        m = rt.load(spec)
+        runtime_run(rt, spec, 1, 4)   # warm up
+        res[f"runtime_{n}"] = runtime_run(rt, spec, n, gen)
+        fl = floor_run(m.weights, spec, n, gen)
+        res[f"floor_{n}_noargmax"], res[f"floor_{n}_argmax"] = fl["decode_only"], fl["argmax"]
+        print(n, res[f"runtime_{n}"], fl, flush=True)
+        rt.unload()
+    return res
+
+
+def table(res: dict) -> str:
+    lines = ["| requests | runtime decode | runtime wall | floor: decode only | floor: + argmax per row | "
+             "runtime / floor+argmax |", "|---|---|---|---|---|---|"]
+    for n in CONCURRENCY:
+        r = res.get(f"runtime_{n}")
+        if not r:
+            continue
+        a, b = res[f"floor_{n}_noargmax"], res[f"floor_{n}_argmax"]
+        lines.append(f"| {n} | {r['decode_tps']:.0f} | {r['wall_tps']:.0f} | {a:.0f} | {b:.0f} | "
+                     f"{r['decode_tps'] / b:.2f} |")
+    return "\n".join(lines)
+
+
+def draw(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ns = [n for n in CONCURRENCY if f"runtime_{n}" in res]
+    for label, ys in (("runtime (first to last token)", [res[f"runtime_{n}"]["decode_tps"] for n in ns]),
+                      ("llama_decode only", [res[f"floor_{n}_noargmax"] for n in ns]),
+                      ("llama_decode + argmax per row", [res[f"floor_{n}_argmax"] for n in ns])):
+        ax.plot(ns, ys, marker="o", label=label)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{res.get('model', '')}: the runtime against bare decode steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(res: dict, out: Path, stem: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    (out / f"{stem}.md").write_text(table(res) + "\n")
+    draw(res, out / f"{stem}.png")
+    print(table(res))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", help="the GGUF to measure")
+    ap.add_argument("--gen", type=int, default=128, help="tokens per request")
+    ap.add_argument("--ngl", type=int, default=-1, help="n_gpu_layers (-1: all; 0 on a CPU-only build)")
+    ap.add_argument("--out", default=".", help="folder for decode_floor.json/.md/.png")
+    ap.add_argument("--report", help="a decode_floor JSON written before: its table and plot again")
+    args = ap.parse_args(argv)
+    if args.report:
+        p = Path(args.report)
+        write(json.loads(p.read_text()), p.parent, p.stem)
+        return 0
+    if not args.model:
+        ap.error("a model is needed (or --report)")
+    res = measure(args.model, args.gen, args.ngl)
+    res["command"] = " ".join(["python3 -m comfyui_a3b.bench.bench_decode_floor", *sys.argv[1:]])
+    write(res, Path(args.out), "decode_floor")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
