@@ -17,8 +17,9 @@ batches, and only when what it is expected to cost beyond the faster one fits in
 time the tuned batches took since the last look. On a busy machine the slower count can be a
 hundred times slower (2 shared cores, the other one busy: 200 ms for a token that takes 2 ms on one
 thread): looking once in 24 batches there made decoding eight times slower, while the time bound
-keeps the cost of looking near LOOK_SHARE whatever the gap after the first look (one batch per
-size class, right away: on a GPU host the batch threads ran 4 requests 1.7x faster). A batch that reads a prompt chunk
+keeps the cost of looking near LOOK_SHARE whatever the gap after the first looks (FIRST_LOOKS
+batches per size class, right away: on a GPU host the batch threads ran 4 requests 1.7x faster, and
+a single first look there measured them 1.4x slower than they were). A batch that reads a prompt chunk
 (compute-bound) always gets the prompt threads; one token, the decode threads.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 EXPLORE = 24        # at most one batch in this many runs on the count that is not the faster one now
 LOOK_SHARE = 0.04   # ... and only when its expected extra seconds fit in this share of the time since
 ALPHA = 0.25        # weight of a new measurement in the moving average
+FIRST_LOOKS = 2     # batches on the batch threads measured right away (one alone was seen off by 1.4x)
 
 
 def size_class(tokens: int) -> int:
@@ -39,6 +41,7 @@ class ThreadTuner:
         self.cost: dict[tuple[int, int], float] = {}   # (size class, threads) -> seconds per token
         self.runs: dict[int, int] = {}                 # size class -> tuned batches seen
         self.since: dict[int, float] = {}              # size class -> seconds of tuned batches since a look
+        self.samples: dict[tuple[int, int], int] = {}  # (size class, threads) -> batches measured
         self.last_look: dict[int, int] = {}            # size class -> the batch of the last look
 
     def choose(self, tokens: int, prompt_chunk: bool) -> int:
@@ -52,8 +55,8 @@ class ThreadTuner:
         known = {t: self.cost[(size, t)] for t in (self.decode, self.prompt) if (size, t) in self.cost}
         if self.decode not in known:
             return self.decode          # the safe count first
-        if self.prompt not in known:
-            return self.prompt          # one look at the other right away: it may be much faster
+        if self.samples.get((size, self.prompt), 0) < FIRST_LOOKS:
+            return self.prompt          # looks at the other right away: it may be much faster
         best = min(known, key=known.__getitem__)
         other = self.prompt if best == self.decode else self.decode
         extra = (known[other] - known[best]) * tokens
@@ -69,5 +72,6 @@ class ThreadTuner:
         key = (size_class(tokens), threads)
         self.since[key[0]] = self.since.get(key[0], 0.0) + seconds
         per_token = seconds / tokens
+        self.samples[key] = self.samples.get(key, 0) + 1
         old = self.cost.get(key)
         self.cost[key] = per_token if old is None else old + ALPHA * (per_token - old)
