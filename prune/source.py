@@ -20,6 +20,7 @@ import numpy as np
 
 from ..runtime.gguf_info import inspect_gguf, sha256_file
 from .errors import UnsupportedArchitecture
+from .ggufindex import MetaField, little_endian, read_index
 from .layout import TORCH_ARCHITECTURES
 
 ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
@@ -57,16 +58,6 @@ def _scalar(v: Any, what: str, path: Path) -> Any:
     return v
 
 
-@dataclass(frozen=True)
-class MetaField:
-    """One metadata key's GGUF value types and its value (what gguf's ReaderField gives, less its parts)."""
-    types: list
-    value: Any
-
-    def contents(self) -> Any:
-        return self.value
-
-
 class SourceModel:
     """A GGUF opened for reading. `raw(name)` gives the stored bytes, `weight(name)` float32 values.
 
@@ -83,14 +74,15 @@ class SourceModel:
                 f"the torch reference forward (recovery, sequential a3b, head pruning) knows the "
                 f"{', '.join(TORCH_ARCHITECTURES)} architectures; {self.path.name} is {info.architecture!r}. "
                 "One-shot pruning calibrated through llama.cpp covers more: --calibration llama --recover-steps 0.")
-        from gguf import GGUFReader
+        # the index read from the map (ggufindex.py: GGUFReader's objects would stay in every run's peak)
+        if little_endian(self.path):
+            self.data, self.fields, self.tensors = read_index(self.path)
+        else:
+            from gguf import GGUFReader
 
-        self.reader = GGUFReader(str(self.path), "r")
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        # The reader keeps a numpy view per string of every array field: for a 49k-token vocabulary
-        # and its merges some 175 MB of Python objects, for values of a few MB. Only the values stay.
-        self.fields = {k: MetaField(list(f.types), f.contents()) for k, f in self.reader.fields.items()}
-        self.reader.fields.clear()
+            reader = GGUFReader(str(self.path), "r")
+            self.data, self.tensors = reader.data, {t.name: t for t in reader.tensors}
+            self.fields = {k: MetaField(list(f.types), f.contents()) for k, f in reader.fields.items()}
         arch = info.architecture
 
         def key(suffix: str, default: Any = None) -> Any:
@@ -147,7 +139,7 @@ class SourceModel:
         resident size until it lets go of them, so writing the whole file through the map would add the
         file's size to the peak; a later read maps them again, from the page cache."""
         t = self.tensors.get(name)
-        mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
+        mm = getattr(self.data, "_mmap", None)
         if t is None or mm is None or not hasattr(mm, "madvise"):
             return
         start = int(t.data_offset) - int(t.data_offset) % mmap.PAGESIZE

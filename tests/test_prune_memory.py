@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch", reason="the prune extra (torch) is not inst
 
 from tinygguf import write_tiny_gguf  # noqa: E402
 
+from comfyui_a3b.prune import ggufindex  # noqa: E402
 from comfyui_a3b.prune.dense import distill  # noqa: E402
 from comfyui_a3b.prune.reference import RefModel, StreamedLayers  # noqa: E402
 from comfyui_a3b.prune.source import SourceModel  # noqa: E402
@@ -220,3 +221,65 @@ def test_the_writer_lets_go_of_the_source_files_pages(tmp_path):
     assert size > 8 << 20
     assert got["resident"] < size // 10, (got, size)
     assert (tmp_path / "out.gguf").stat().st_size > size * 0.9
+
+
+def _same_index(path: Path) -> None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path), "r")
+    _, fields, tensors = ggufindex.read_index(path)
+    assert list(fields) == list(reader.fields)
+    for name, f in reader.fields.items():
+        got, want = fields[name].contents(), f.contents()
+        assert fields[name].types == list(f.types) and got == want and type(got) is type(want), name
+        if isinstance(want, list) and want:
+            assert type(got[0]) is type(want[0]), name
+    assert list(tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        u = tensors[t.name]
+        assert (u.tensor_type, u.shape, u.n_elements, u.n_bytes, u.data_offset) == (
+            t.tensor_type, tuple(int(x) for x in t.shape), t.n_elements, t.n_bytes, t.data_offset), t.name
+        assert u.data.dtype == t.data.dtype and u.data.shape == t.data.shape and np.array_equal(u.data, t.data)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_source_index_gives_what_gguf_reader_does(tmp_path, monkeypatch, lazy):
+    if lazy:  # every array undecoded until asked for, as the vocabulary of a real model is
+        monkeypatch.setattr(ggufindex, "LAZY_ITEMS", 0)
+    for dtype in (np.float32, np.float16):
+        _same_index(write_tiny_gguf(tmp_path / f"{dtype.__name__}.gguf", "qwen3", n_layer=2, seed=1, dtype=dtype,
+                                    extra_kv={"general.name": "tiny", "qwen3.rope.freq_base": 5e5}))
+
+
+def _embedded() -> Path:
+    from comfyui_a3b.runtime import default_model_path
+
+    return default_model_path()
+
+
+def test_the_embedded_models_index_is_the_readers_and_holds_no_object_per_token():
+    """Its 49k-token vocabulary and merges: GGUFReader's views (one per string) left 80 MB held
+    through the whole run; the index holds the values undecoded. (The transient peak is inspect_gguf's,
+    which vets the file first, and is below the run's peak.)"""
+    model = _embedded()
+    _same_index(model)
+    got = _child(PEAK + f"""
+    from comfyui_a3b.prune.source import SourceModel
+    before = status("VmRSS")
+    src = SourceModel({str(model)!r}, torch_reference=False)
+    print(json.dumps({{"held": status("VmRSS") - before, "tokens": len(src.meta("tokenizer.ggml.tokens"))}}))
+    """)
+    assert got["tokens"] == 49152 and got["held"] < 20 << 20, got
+
+
+def test_one_shot_prune_of_the_embedded_model_peaks_under_one_and_a_half_times_its_file(tmp_path):
+    """`a3b prune --recover-steps 0` as the benchmark runs it (bench_prune_memory): the peak above a
+    process that only imports what pruning imports is at most 1.5 times the file (it was 1.83)."""
+    from comfyui_a3b.bench.bench_prune_memory import BASELINE, PEAK as RUN, rss_of
+
+    model = _embedded()
+    base, _, _ = rss_of(BASELINE)
+    peak, _, _ = rss_of(RUN, "prune", str(model), "--out", str(tmp_path / "o.gguf"), "--quiet", "--device", "cpu",
+                        "--cache-dir", str(tmp_path / "cache"), "--recover-steps", "0", "--calib-windows", "12")
+    size = model.stat().st_size
+    assert peak - base <= 1.5 * size, (peak, base, size, (peak - base) / size)
