@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..runtime.codeheader import file_header
+from ..runtime.codeheader import file_header, heal_split
 from ..runtime.requests import ContextChunk, InfillPrompt, TextPrompt
 from .documents import Cursor, safe_text
 
@@ -54,21 +54,8 @@ class Prompt:
 
 
 def heal_cut(cur: Cursor, text: str) -> tuple[str, str]:
-    """(prompt text, heal) for a prefix prompt: the cursor on a line of indentation only, the
-    prompt is cut back to the end of the line above and the answer must start with the cut text.
-
-    A prompt that ends in the middle of a whitespace run is one the model never saw in training:
-    BPE vocabularies write a newline and its indentation as one or two tokens that end where the
-    code starts (SmolLM2: "\n       " then " return" for eight spaces), so after "\n" and eight
-    spaces as their own tokens the likeliest next token is another space or a newline, not code
-    (0 of 80 held-out lines right, bench/nextline.py). Cut at the line break, the model writes the
-    break and the indentation its own way, and the server keeps what follows them (token
-    healing). Fill-in-the-middle prompts are left alone: those models are trained on cuts anywhere.
-    """
-    ind = cur.line_prefix
-    if not ind or ind.strip() or cur.line_suffix.strip() or not text.endswith("\n" + ind):
-        return text, ""
-    return text[:-len(ind) - 1], "\n" + ind
+    """(prompt text, heal) for a prefix prompt at `cur` (runtime/codeheader.py `heal_split`)."""
+    return heal_split(text, cur.line_prefix, cur.line_suffix)
 
 
 class PromptBuilder:

@@ -40,12 +40,34 @@ def test_prefix_samples_follow_the_editors_prompt_without_fim_tokens():
     body = _text(row[1 + len(header):], len(CODE))
     assert body == CODE                      # the window, from a line start, nothing lost or invented
     assert not w[:len(header)].any() and w[len(header):len(header) + n].all()   # the header is not learnt
-    # the text before the cursor and after it were tokenized apart, the cut after a line's indentation
+    # the prompt and the answer were tokenized apart, cut where the server cuts a prompt whose cursor
+    # stands after a line's indentation: at the end of the line above (runtime/codeheader.heal_split)
     before, after = next((a, b) for a, b in zip(calls, calls[1:]) if a + b == CODE)
-    last = before.split("\n")[-1]
-    assert not last.strip() and after[:1].strip() and CODE.split("\n")[before.count("\n")].startswith(last)
+    if after.startswith("\n "):      # an indented line: healed
+        assert not before.endswith("\n") and after.lstrip(" \n")[:1].strip()
+    else:                              # a line at the margin: nothing to heal
+        assert before.endswith("\n")
     again = Builder(_tok(bos=300), seq_len=400, fim_rate=1.0, seed=1).build([f])
     assert np.array_equal(again.tokens, s.tokens)
+
+
+def test_a_cursor_after_indentation_is_cut_as_the_server_heals_it():
+    import random
+
+    calls: list[str] = []
+    b = Builder(_tok(calls), seq_len=400, fim_rate=1.0)
+    lines = CODE.splitlines(keepends=True)
+    for seed in range(20):
+        calls.clear()
+        got = b.prefix(lines, "# a.py\n", random.Random(seed))
+        before, after = calls[-2], calls[-1]
+        assert got is not None and before + after == CODE
+        c = before.count("\n") + (0 if before.endswith("\n") else 1)
+        ind = lines[c][:len(lines[c]) - len(lines[c].lstrip(" "))]
+        if ind:
+            assert after.startswith("\n" + ind) and not before.endswith("\n")
+        else:
+            assert before.endswith("\n")
 
 
 def test_prefix_windows_start_at_line_starts_under_the_header():
@@ -115,8 +137,11 @@ def test_docstring_pairs_learn_only_the_body():
     n = int((row > 0).sum())
     prompt = "# m.py\n" + '@decorator\ndef documented(a, b=1):\n    """Add them.\n\n    Really."""\n    '
     assert _text(row, n) == prompt + "c = a + b\n    return c\n"
-    learnt = _text(row[len(prompt):], n)
-    assert not w[:len(prompt) - 1].any() and w[len(prompt) - 1:n - 1].all() and learnt.startswith("c = a")
+    # the prompt as the server heals it: cut at the end of the docstring's line, the line break and
+    # the indentation learnt with the body
+    healed = prompt[:-len("\n    ")]
+    learnt = _text(row[len(healed):], n)
+    assert not w[:len(healed) - 1].any() and w[len(healed) - 1:n - 1].all() and learnt.startswith("\n    c = a")
     fim = Builder(_tok(fim=True), seq_len=256, fim_rate=0.0, pairs=True).build([f])
     k = fim.kinds.index("pair")
     ids = [int(t) for t in fim.tokens[k]]

@@ -15,6 +15,7 @@ import ast
 import warnings
 from collections.abc import Iterator
 
+from ..runtime.codeheader import heal_split
 from .collect import SourceFile
 
 
@@ -51,7 +52,9 @@ def docstring_pairs(f: SourceFile, builder, header: str) -> list[tuple[list[int]
         if builder.layout == "fim":
             got = builder.fim_ids(header + before, body, "", learn_prefix=False)
         else:
-            got = builder.prefix_ids(header, before, body, learn_before=False)
+            ind = before[before.rfind("\n") + 1:]
+            cut, heal = heal_split(before, ind)   # the prompt as the server cuts it at that cursor
+            got = builder.prefix_ids(header, cut, heal + body, learn_before=False)
         if got is not None:
             out.append(got)
     return out

@@ -11,11 +11,10 @@ A model without the three tokens is asked to continue a prefix, and the editor's
 lsp_server/prompt.py's: a one-line file header ("# parser.py"), a window of the file that starts at
 a line start, and the text of the cursor's line before the cursor. A "prefix" sample is that: the
 header, a window of lines, and a cursor at the start of one of its lines after the line's
-indentation (where an editor's auto-indent leaves it), the text before and after the cursor
-tokenized apart, as the editor's prompt is. That split matters: a BPE vocabulary reads
-"\n        return" as "\n       " + " return", but a prompt that ends at the cursor ends with the
-whole run of spaces, a token sequence plain text never shows the model; the adapter has to learn
-to continue from there. The header is not learnt (weight 0); everything after it is.
+indentation (where an editor's auto-indent leaves it), the prompt and the answer tokenized apart, as
+the editor's are. There the server heals the prompt (runtime/codeheader.py `heal_split`): it ends at
+the line above, and the answer starts with the line break and the indentation, so the sample is cut
+the same way. The header is not learnt (weight 0); everything after it is.
 
 Where the middle is cut: at syntactic boundaries, found from indentation (any language): the middle
 starts at the beginning of a line and runs over whole lines up to the end of the statement or block
@@ -40,7 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..runtime.codeheader import file_header
+from ..runtime.codeheader import file_header, heal_split
 from .collect import SourceFile
 from .pairs import docstring_pairs
 
@@ -183,7 +182,8 @@ class Builder:
             return None
         c = rng.choice(starts)
         ind = lines[c][:_indent(lines[c])]
-        return self.prefix_ids(header, "".join(lines[:c]) + ind, "".join(lines[c:])[len(ind):])
+        before, heal = heal_split("".join(lines[:c]) + ind, ind)   # as the server cuts its prompt
+        return self.prefix_ids(header, before, heal + "".join(lines[c:])[len(ind):])
 
     def prefix_ids(self, header: str, before: str, after: str, learn_before: bool = True):
         """Header + text before the cursor, then the text after it, each tokenized on its own; the
