@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,29 +29,12 @@ CONCURRENCY = (1, 4, 16)
 
 
 def runtime_run(rt, spec, n: int, gen: int) -> dict:
-    from comfyui_a3b.runtime import ConfidenceConfig, preset
+    from comfyui_a3b.runtime import preset
 
-    from .bench_gpu import prompt
+    from .bench_gpu import concurrent
 
-    spans: list[tuple[float, float, int]] = []
-
-    def one(i: int):
-        t = time.perf_counter()
-        r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
-                        sampling=preset("greedy"), confidence=ConfidenceConfig(enabled=False))
-        first = t + r.time_to_first_token
-        spans.append((first, first + r.decode_time, r.n_tokens))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t0
-    decode = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
-    return {"decode_tps": sum(k - 1 for *_, k in spans) / max(decode, 1e-9),
-            "wall_tps": sum(k for *_, k in spans) / wall}
+    _, decode_tps, wall_tps = concurrent(rt, spec, n, gen, preset("greedy"))
+    return {"decode_tps": decode_tps, "wall_tps": wall_tps}
 
 
 def floor_run(weights, spec, n: int, gen: int) -> dict:

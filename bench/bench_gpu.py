@@ -164,6 +164,35 @@ def prompt(n_tokens: int, offset: int = 0) -> list[int]:
     return [1] + PROMPT_IDS[offset:offset + n_tokens]
 
 
+def concurrent(rt, spec, n: int, gen: int, sampling) -> tuple[list, float, float]:
+    """`n` concurrent requests of `gen` tokens from prompts of 16 ids, confidence off: (their
+    results, decode tokens/s counted from the first request's first token to the last one's last
+    token, as llama-batched-bench counts its decode phase (each request's first token is its
+    prompt's, so it is left out), tokens/s over the whole wall time, prompts included)."""
+    from comfyui_a3b.runtime import ConfidenceConfig
+
+    results: list = []
+
+    def one(i: int):
+        t = time.perf_counter()
+        r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
+                        sampling=sampling, confidence=ConfidenceConfig(enabled=False))
+        results.append((t + r.time_to_first_token, r))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if len(results) != n:
+        raise RuntimeError(f"{n - len(results)} of {n} requests failed")
+    rs = [r for _, r in results]
+    decode = max(first + r.decode_time for first, r in results) - min(first for first, _ in results)
+    return rs, sum(r.n_tokens - 1 for r in rs) / max(decode, 1e-9), sum(r.n_tokens for r in rs) / wall
+
+
 # -- 2. raw llama-cpp-python ------------------------------------------------------------------------
 def raw_llama(path: Path, gen: int) -> dict:
     from llama_cpp import Llama

@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
-from .bench_gpu import SHAPES, batched_bench, gpu_layers, prompt, write_model
+from .bench_gpu import SHAPES, batched_bench, concurrent, gpu_layers, write_model
 from .common import device_label
 
 MODES = ("off", "ngram", "self-draft")
@@ -47,32 +46,11 @@ def _spec(rt, path: Path, mode: str, n_slots: int = 16):
 
 
 def _run(rt, spec, n: int, gen: int, sampling) -> dict:
-    """`n` concurrent requests of `gen` tokens: decode tokens/s counted from the first request's first
-    token to the last request's last token, as llama-batched-bench counts its decode phase (`tps`;
-    each request's first token is its prompt's, so it is left out of the count), tokens/s over the
-    whole wall time, prompts included (`wall_tps`), their drafts, and which sampler drew them."""
-    from comfyui_a3b.runtime import ConfidenceConfig
-
-    results = []
-
-    def one(i: int):
-        t = time.perf_counter()
-        r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
-                        sampling=sampling, confidence=ConfidenceConfig(enabled=False))
-        results.append((t + r.time_to_first_token, r))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    if len(results) != n:
-        raise RuntimeError(f"{n - len(results)} of {n} requests failed")
-    rs = [r for _, r in results]
-    decode = max(first + r.decode_time for first, r in results) - min(first for first, _ in results)
-    return {"tps": sum(r.n_tokens - 1 for r in rs) / max(decode, 1e-9), "wall_tps": sum(r.n_tokens for r in rs) / dt,
+    """`n` concurrent requests of `gen` tokens (bench_gpu.concurrent): decode tokens/s as
+    llama-batched-bench counts it (`tps`), over the whole wall time (`wall_tps`), their drafts, and
+    which sampler drew them."""
+    rs, tps, wall_tps = concurrent(rt, spec, n, gen, sampling)
+    return {"tps": tps, "wall_tps": wall_tps,
             "tokens": sum(r.n_tokens for r in rs), "drafted": sum(r.n_drafted_tokens for r in rs),
             "accepted": sum(r.n_accepted_tokens for r in rs),
             "sampler": ",".join(sorted({r.sampler or "?" for r in rs}))}

@@ -37,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -135,6 +134,8 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
     from comfyui_a3b.runtime import ConfidenceConfig, Runtime, preset
     from comfyui_a3b.runtime.llama.backend import thread_counts
 
+    from .bench_gpu import concurrent
+
     rt = Runtime()
     spec = rt.spec(str(path), n_gpu_layers=n_gpu_layers, n_ctx=args.n_ctx, n_parallel=4, n_batch=512,
                    speculative=args.speculative)
@@ -145,31 +146,8 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
     greedy, off = preset("greedy"), ConfidenceConfig(enabled=False)
     rt.generate(prompt_tokens=prompt(16), model=spec, chat=False, max_tokens=4, sampling=greedy, confidence=off)
 
-    def run(n: int) -> tuple[float, float]:
-        """(decode tokens/s from the first request's first token to the last one's last token, as
-        llama-batched-bench counts its decode phase; tokens/s over the whole wall time, prompts and
-        first tokens included)."""
-        spans: list[tuple[float, float, int]] = []
-
-        def one(i: int):
-            t = time.perf_counter()
-            r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=args.gen,
-                            sampling=greedy, confidence=off)
-            first = t + r.time_to_first_token
-            spans.append((first, first + r.decode_time, r.n_tokens))
-
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        t = time.perf_counter()
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join()
-        wall = time.perf_counter() - t
-        decode = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
-        return sum(k - 1 for *_, k in spans) / max(decode, 1e-9), sum(k for *_, k in spans) / wall
-
-    for n in (1, 4):
-        runs = [run(n) for _ in range(args.reps)]
+    for n in (1, 4):   # decode counted as llama-batched-bench counts it; wall: prompts included
+        runs = [concurrent(rt, spec, n, args.gen, greedy)[1:] for _ in range(args.reps)]
         out[f"decode_tps_{n}"] = max(d for d, _ in runs)
         out[f"wall_tps_{n}"] = max(w for _, w in runs)
     out["threads_used"] = threads_used(m.backend)
