@@ -34,22 +34,30 @@ def _log_to_stderr(L):
     return _log
 
 
-def _check(path: str, decode: bool, repack: bool = True) -> dict:
-
-    import llama_cpp as L
-
-    _log = _log_to_stderr(L)   # held while llama.cpp may call it
+def _load(L, path: str, repack: bool):
+    """(model, its vocabulary, "Hello world" as up to 64 token ids, their count) on the CPU, weights
+    repacked for it or not; (None, None, None, 0) when llama.cpp refuses the file."""
     params = L.llama_model_default_params()
     params.n_gpu_layers = 0
     if not repack:
         params.use_extra_bufts = False
     model = L.llama_model_load_from_file(path.encode("utf-8"), params)
     if not model:
-        return {"ok": True, "loads": False}   # a clean refusal: the host's own load reports it
+        return None, None, None, 0
     vocab = L.llama_model_get_vocab(model)
     buf = (L.llama_token * 64)()
     text = b"Hello world"
-    n = L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
+    return model, vocab, buf, L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
+
+
+def _check(path: str, decode: bool, repack: bool = True) -> dict:
+
+    import llama_cpp as L
+
+    _log = _log_to_stderr(L)   # held while llama.cpp may call it
+    model, vocab, buf, n = _load(L, path, repack)
+    if not model:
+        return {"ok": True, "loads": False}   # a clean refusal: the host's own load reports it
     if not decode or n <= 0:
         return {"ok": True, "loads": True, "decoded": False}
     cp = L.llama_context_default_params()
@@ -76,15 +84,9 @@ def _check_sampling(path: str, repack: bool) -> dict:
     import llama_cpp as L
 
     _log = _log_to_stderr(L)   # held while llama.cpp may call it
-    params = L.llama_model_default_params()
-    params.n_gpu_layers = 0
-    if not repack:
-        params.use_extra_bufts = False
-    model = L.llama_model_load_from_file(path.encode("utf-8"), params)
-    vocab = L.llama_model_get_vocab(model)
-    buf = (L.llama_token * 64)()
-    text = b"Hello world"
-    n = L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
+    model, vocab, buf, n = _load(L, path, repack)
+    if not model or n <= 0:
+        return {"ok": True, "works": False, "why": "the probe's model did not load"}
 
     def context():
         cp = L.llama_context_default_params()
