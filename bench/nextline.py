@@ -71,18 +71,18 @@ def run(rt, spec, files, picked, settings) -> list[bool]:
 
 
 def _first_line(rt, sent, heal: str, **kw):
-    """Generate for `sent`; a healed prompt (prompt.heal_cut) starts its answer with the line break,
+    """Generate for `sent`; a healed prompt (codeheader.heal_split) starts its answer with the line break,
     so its generation is cancelled once the line after it is complete (the partial result kept)."""
     from ..runtime.errors import Cancelled
 
     if not heal:
         return rt.submit(sent, stop=["\n"], **kw).result()
     box: list = []
-    seen: list[str] = []
+    seen = [""]
 
     def on_token(ev) -> None:
-        seen.append(ev.text)
-        if box and "\n" in "".join(seen)[len(heal):]:
+        seen[0] += ev.text
+        if box and "\n" in seen[0][len(heal):]:
             box[0].cancel("first line")
 
     box.append(rt.submit(sent, on_token=on_token, **kw))

@@ -50,7 +50,7 @@ class Gen:
         self.key = key
         self.multiline = multiline
         self.doc_len = doc_len
-        self.heal = heal                # what the model writes first and the cursor already has (prompt.heal_cut)
+        self.heal = heal                # what the model writes first and the cursor already has (codeheader.heal_split)
         self.raw = ""
         self.text = ""
         self.stream = None

@@ -70,7 +70,7 @@ def block_end(text: str, cur: Cursor) -> int | None:
 
 
 def healed(raw: str, heal: str) -> str | None:
-    """The model's text after the `heal` its prompt was cut by (prompt.heal_cut): "" while the
+    """The model's text after the `heal` its prompt was cut by (codeheader.heal_split): "" while the
     text has not got past it yet, None once it has written something else there (it continued the
     line above, or indented differently: nothing to show at this cursor)."""
     if not heal or raw.startswith(heal):

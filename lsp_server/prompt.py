@@ -49,13 +49,8 @@ class Prompt:
     anchor: int                  # document offset where the window starts
     window_tokens: int
     context_files: list[str] = field(default_factory=list)
-    #: text cut from the end of a prefix prompt that the answer must start with (see `heal_cut`)
+    #: text cut from the end of a prefix prompt that the answer must start with (runtime/codeheader.py `heal_split`)
     heal: str = ""
-
-
-def heal_cut(cur: Cursor, text: str) -> tuple[str, str]:
-    """(prompt text, heal) for a prefix prompt at `cur` (runtime/codeheader.py `heal_split`)."""
-    return heal_split(text, cur.line_prefix, cur.line_suffix)
 
 
 class PromptBuilder:
@@ -112,6 +107,7 @@ class PromptBuilder:
         anchor, n_window = self.choose_anchor(cur, anchor, budget)
         multiline = is_multiline(cur)
         head = self.header(cur) + cur.prefix[anchor - cur.prefix_start:]
+        heal = ""
         if use_fim and self.fim:
             chunks = (ContextChunk("", safe_text(context_block)),) if context_block else ()
             sent: TextPrompt | InfillPrompt = InfillPrompt(
@@ -120,8 +116,8 @@ class PromptBuilder:
             mode = "fim"
         else:
             # one text, so that the text typed at the end changes only the last tokens
-            text, heal = heal_cut(cur, safe_text(context_block + head))
+            # token healing at a cursor after indentation only (codeheader.heal_split)
+            text, heal = heal_split(safe_text(context_block + head), cur.line_prefix, cur.line_suffix)
             sent = TextPrompt(text, parse_special=False)
             mode = "prefix"
-            return Prompt(sent, mode, multiline, anchor, n_window, context_files or [], heal)
-        return Prompt(sent, mode, multiline, anchor, n_window, context_files or [])
+        return Prompt(sent, mode, multiline, anchor, n_window, context_files or [], heal)
