@@ -164,11 +164,12 @@ def prompt(n_tokens: int, offset: int = 0) -> list[int]:
     return [1] + PROMPT_IDS[offset:offset + n_tokens]
 
 
-def concurrent(rt, spec, n: int, gen: int, sampling) -> tuple[list, float, float]:
-    """`n` concurrent requests of `gen` tokens from prompts of 16 ids, confidence off: (their
-    results, decode tokens/s counted from the first request's first token to the last one's last
-    token, as llama-batched-bench counts its decode phase (each request's first token is its
-    prompt's, so it is left out), tokens/s over the whole wall time, prompts included)."""
+def concurrent(rt, spec, n: int, gen: int, sampling, confidence=None) -> tuple[list, float, float]:
+    """`n` concurrent requests of `gen` tokens from prompts of 16 ids, confidence spans off unless
+    `confidence` says otherwise: (their results, decode tokens/s counted from the first request's
+    first token to the last one's last token, as llama-batched-bench counts its decode phase (each
+    request's first token is its prompt's, so it is left out), tokens/s over the whole wall time,
+    prompts included)."""
     from comfyui_a3b.runtime import ConfidenceConfig
 
     results: list = []
@@ -176,7 +177,7 @@ def concurrent(rt, spec, n: int, gen: int, sampling) -> tuple[list, float, float
     def one(i: int):
         t = time.perf_counter()
         r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
-                        sampling=sampling, confidence=ConfidenceConfig(enabled=False))
+                        sampling=sampling, confidence=confidence or ConfidenceConfig(enabled=False))
         results.append((t + r.time_to_first_token, r))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -223,20 +224,7 @@ def runtime_rows(path: Path, gen: int, label: str) -> dict:
     out = {"label": label, "offload": m.info.offload, "n_gpu_layers": m.info.n_gpu_layers}
 
     def run(n: int, confidence=off) -> float:
-        toks: list[int] = []
-
-        def one(i: int):
-            r = rt.generate(prompt_tokens=prompt(16, 5 + i * 11), model=spec, chat=False, max_tokens=gen,
-                            sampling=greedy, confidence=confidence)
-            toks.append(r.n_tokens)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sum(toks) / (time.perf_counter() - t0)
+        return concurrent(rt, spec, n, gen, greedy, confidence)[2]   # over the whole wall time, as before
 
     out["decode_tps"] = run(1)
     out["decode_tps_entropy"] = run(1, ConfidenceConfig(enabled=True))
