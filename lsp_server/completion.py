@@ -51,7 +51,7 @@ class Gen:
         self.multiline = multiline
         self.doc_len = doc_len
         self.heal = heal                # what the model writes first and the cursor already has (codeheader.heal_split)
-        self.raw = ""
+        self.raw: str | None = ""       # the model's text until it has got past the heal, then None
         self.text = ""
         self.stream = None
         self.waiters = 0
@@ -62,12 +62,17 @@ class Gen:
         self.cancel_reason: str | None = None
 
     def on_token(self, ev) -> None:  # scheduler thread
-        self.raw += ev.text
-        text = healed(self.raw, self.heal)
-        if text is None:
-            self.stream.cancel("heal mismatch")  # it writes elsewhere than at the cursor: nothing to show
-            return
-        self.text = text
+        if self.raw is None:            # past the heal: the text grows by what each token adds
+            self.text += ev.text
+        else:
+            self.raw += ev.text
+            text = healed(self.raw, self.heal)
+            if text is None:
+                self.stream.cancel("heal mismatch")  # it writes elsewhere than at the cursor: nothing to show
+                return
+            if len(self.raw) >= len(self.heal):
+                self.raw = None
+            self.text = text
         if self.multiline and "\n" in ev.text and block_end(self.text, self.cur) is not None:
             self.stream.cancel("block end")  # the rest would be cut anyway: stop decoding it
 

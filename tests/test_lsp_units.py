@@ -397,3 +397,26 @@ def test_the_strict_converter_still_reads_the_protocols_enumerations():
     assert conv.structure({"kind": "markdown", "value": "x"}, T.MarkupContent).kind is T.MarkupKind.Markdown
     with pytest.raises(Exception):   # noqa: B017 - cattrs' error group; what matters is the refusal
         conv.structure({"range": rng, "message": "m", "severity": "1"}, T.Diagnostic)
+
+
+async def test_a_healed_generation_streams_only_what_follows_the_heal_and_stops_when_it_writes_elsewhere():
+    from types import SimpleNamespace
+
+    from comfyui_a3b.lsp_server.completion import Gen
+
+    class Stream:
+        reason = None
+
+        def cancel(self, reason):
+            self.reason = reason
+
+    cur = cursor_at("def area(r):\n    x = r * r\n    |")
+    g = Gen(None, cur, "k", True, 0, heal="\n    ")
+    g.stream = Stream()
+    for piece in ("\n  ", "  ret", "urn x", " * 2"):
+        g.on_token(SimpleNamespace(text=piece))
+    assert g.text == "return x * 2" and g.agrees("return") and g.stream.reason is None
+    wrong = Gen(None, cur, "k", True, 0, heal="\n    ")
+    wrong.stream = Stream()
+    wrong.on_token(SimpleNamespace(text=" # a comment"))   # the line above, not the cursor's
+    assert wrong.stream.reason == "heal mismatch" and wrong.text == ""
