@@ -90,3 +90,21 @@ def test_ctrl_c_keeps_the_best_adapter_and_a_run_resumes(tmp_path):
     m3 = _model()
     hist3, _ = _run(m3, 10, checkpoint=ckpt, fingerprint={"run": 2})   # other settings: from the start
     assert hist3.evals[0][0] == 0 and len(hist3.losses) == 10
+
+
+def test_dropout_is_seeded_by_the_run_not_by_what_the_process_drew_before():
+    def dropout_model():
+        return Adapted(random_base(hparams("tiny"), "cpu", seed=3), list(TARGETS), 4, 8.0, 0.3, seed=1)
+
+    adapters = []
+    for before in (0, 12345):
+        torch.manual_seed(before)           # whatever the process drew before the run
+        m = dropout_model()
+        _run(m, 4)
+        adapters.append(m.loras.state_dict())
+    assert all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    _run(dropout_model(), 2)
+    assert torch.equal(torch.rand(3), want)   # the caller's generator is left as it was

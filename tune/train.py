@@ -116,45 +116,52 @@ def train(model: Adapted, stream: Stream, heldout: Samples, *, steps: int, lr: f
     model.train()
     step = start
     report = progress or (lambda _ev: None)
-    try:
-        while step < steps:
-            x, w = stream.at(step)
-            x, w = torch.from_numpy(x).to(device), torch.from_numpy(w).to(device)
-            with autocast(device):
-                s, c = token_losses(model, x, w)
-            loss = s / c.clamp_min(1.0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            hist.losses.append(float(loss.detach()))
-            hist.tokens += int(c)
-            rate = (hist.tokens - tokens0) / max(time.perf_counter() - t0, 1e-9)
-            pb.update(1)
-            pb.set_postfix(loss=f"{np.mean(hist.losses[-10:]):.3f}", tok_s=f"{rate:.0f}",
-                           heldout=f"{hist.evals[-1][1]:.3f}")
-            report({"step": step, "steps": steps, "loss": hist.losses[-1], "tokens_per_s": rate})
-            if step % eval_every == 0 or step == steps:
-                h = evaluate(model, heldout, eval_batch, device)
-                hist.evals.append((step, h))
-                if h < hist.best * (1 - MIN_GAIN):
-                    hist.best, hist.best_step, best_state, stale = h, step, _state(model), 0
-                else:
-                    stale += 1
-                report({"step": step, "steps": steps, "heldout": h, "best": hist.best})
-                if checkpoint:
-                    _save(checkpoint, fingerprint, step, model, opt, sched, hist, best_state)
-                if patience and stale >= patience:
-                    hist.stopped = "early"
-                    break
-    except KeyboardInterrupt:
-        hist.stopped = "interrupted"
-    finally:
-        pb.close()
-        hist.seconds += time.perf_counter() - t0
-        model.eval()
+    # LoRA dropout draws from torch's global generator (the one gradient checkpointing saves and
+    # restores for its recomputation): seeded from the run's seed and the step, so a run gives the
+    # same adapter every time and a resumed run the same as an uninterrupted one, whatever the
+    # process drew before; forked, so the caller's generator is left as it was
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        try:
+            while step < steps:
+                torch.manual_seed(stream.seed * 1_000_003 + step)
+                x, w = stream.at(step)
+                x, w = torch.from_numpy(x).to(device), torch.from_numpy(w).to(device)
+                with autocast(device):
+                    s, c = token_losses(model, x, w)
+                loss = s / c.clamp_min(1.0)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                step += 1
+                hist.losses.append(float(loss.detach()))
+                hist.tokens += int(c)
+                rate = (hist.tokens - tokens0) / max(time.perf_counter() - t0, 1e-9)
+                pb.update(1)
+                pb.set_postfix(loss=f"{np.mean(hist.losses[-10:]):.3f}", tok_s=f"{rate:.0f}",
+                               heldout=f"{hist.evals[-1][1]:.3f}")
+                report({"step": step, "steps": steps, "loss": hist.losses[-1], "tokens_per_s": rate})
+                if step % eval_every == 0 or step == steps:
+                    h = evaluate(model, heldout, eval_batch, device)
+                    hist.evals.append((step, h))
+                    if h < hist.best * (1 - MIN_GAIN):
+                        hist.best, hist.best_step, best_state, stale = h, step, _state(model), 0
+                    else:
+                        stale += 1
+                    report({"step": step, "steps": steps, "heldout": h, "best": hist.best})
+                    if checkpoint:
+                        _save(checkpoint, fingerprint, step, model, opt, sched, hist, best_state)
+                    if patience and stale >= patience:
+                        hist.stopped = "early"
+                        break
+        except KeyboardInterrupt:
+            hist.stopped = "interrupted"
+        finally:
+            pb.close()
+            hist.seconds += time.perf_counter() - t0
+            model.eval()
     return hist, best_state
 
 
