@@ -200,7 +200,9 @@ class StreamedLayers:
     def __iter__(self):
         for i, names in enumerate(self._names):
             p = f"blk.{i}."
-            yield Layer(self.hp, {n[len(p):]: torch.from_numpy(self.src.weight(n)) for n in names})
+            # each tensor's pages of the file go once read: touched by every forward, they would
+            # otherwise keep the whole file resident beside the student (SourceModel.release)
+            yield Layer(self.hp, {n[len(p):]: torch.from_numpy(self.src.weight(n, release=True)) for n in names})
 
 
 @torch.no_grad()

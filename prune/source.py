@@ -159,8 +159,14 @@ class SourceModel:
         """A tensor's ggml type (GGMLQuantizationType value)."""
         return int(self.tensors[name].tensor_type)
 
-    def weight(self, name: str) -> np.ndarray:
-        """Dequantised float32 values, numpy row-major: (rows, cols) = (out, in) for matrices."""
+    def release_all(self) -> None:
+        """Drop every tensor's pages from this process's map of the file (see `release`)."""
+        for name in self.tensors:
+            self.release(name)
+
+    def weight(self, name: str, release: bool = False) -> np.ndarray:
+        """Dequantised float32 values, numpy row-major: (rows, cols) = (out, in) for matrices (a copy:
+        `release` then drops the stored bytes' pages from the map, see `release`)."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -169,6 +175,8 @@ class SourceModel:
             a = np.array(t.data, dtype=np.float32)
         else:
             a = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+        if release:
+            self.release(name)
         shape = tuple(int(x) for x in reversed(t.shape))
         return a.reshape(shape)
 

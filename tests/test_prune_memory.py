@@ -195,14 +195,9 @@ def test_obs_holds_one_matrix_the_size_of_the_fit_beside_the_statistics_it_takes
     assert got["peak"] < 1.6 * gram, (got, gram)
 
 
-def test_the_writer_lets_go_of_the_source_files_pages(tmp_path):
-    """Tensors copied as they are stored are read through the source's memory map; once written, their
-    pages leave the process (else the whole source file would count in the peak of every run)."""
-    path = write_tiny_gguf(tmp_path / "w.gguf", "llama", n_embd=64, n_layer=8, n_ff=4096, n_ctx=256, seed=3)
-    got = _child(f"""
+#: `mapped(path)`: the bytes of `path` resident in this process's maps of it
+MAPPED = """
     import json
-    from comfyui_a3b.prune.source import SourceModel
-    from comfyui_a3b.prune.writing import gguf
     def mapped(path):
         rss, mine = 0, False
         with open("/proc/self/smaps") as f:
@@ -212,6 +207,16 @@ def test_the_writer_lets_go_of_the_source_files_pages(tmp_path):
                 elif mine and ln.startswith("Rss:"):
                     rss += int(ln.split()[1]) * 1024
         return rss
+"""
+
+
+def test_the_writer_lets_go_of_the_source_files_pages(tmp_path):
+    """Tensors copied as they are stored are read through the source's memory map; once written, their
+    pages leave the process (else the whole source file would count in the peak of every run)."""
+    path = write_tiny_gguf(tmp_path / "w.gguf", "llama", n_embd=64, n_layer=8, n_ff=4096, n_ctx=256, seed=3)
+    got = _child(MAPPED + f"""
+    from comfyui_a3b.prune.source import SourceModel
+    from comfyui_a3b.prune.writing import gguf
     src = SourceModel({str(path)!r}, torch_reference=False)
     gguf.write_file(src, {str(tmp_path / "out.gguf")!r}, [gguf.copy_tensor(src, n) for n in src.tensors],
                     n_ff=None, a3b={{}})
@@ -221,6 +226,31 @@ def test_the_writer_lets_go_of_the_source_files_pages(tmp_path):
     assert size > 8 << 20
     assert got["resident"] < size // 10, (got, size)
     assert (tmp_path / "out.gguf").stat().st_size > size * 0.9
+
+
+def test_the_streamed_teacher_lets_go_of_the_source_files_pages(tmp_path):
+    """Recovery's teacher on the CPU reads every block from the file in each forward; the pages it read
+    leave the process once dequantised (they kept the whole file resident beside the student)."""
+    path = write_tiny_gguf(tmp_path / "s.gguf", "llama", n_embd=64, n_layer=8, n_ff=4096, n_ctx=256, seed=3)
+    got = _child(MAPPED + f"""
+    import numpy as np, torch
+    from comfyui_a3b.prune.reference import RefModel, StreamedLayers
+    from comfyui_a3b.prune.source import SourceModel
+    src = SourceModel({str(path)!r})
+    teacher = RefModel(src.hp, {{n: src.weight(n) for n in src.tensors if not n.startswith("blk.")}},
+                       layers=StreamedLayers(src))
+    with torch.no_grad():
+        teacher(torch.arange(3, 40)[None])
+    after_forward = mapped({str(path)!r})
+    for n in src.tensors:
+        src.weight(n)
+    touched = mapped({str(path)!r})
+    src.release_all()
+    print(json.dumps({{"after_forward": after_forward, "touched": touched, "released": mapped({str(path)!r})}}))
+    """)
+    size = path.stat().st_size
+    assert got["touched"] > size // 2, (got, size)   # reading does make the pages resident
+    assert got["after_forward"] < size // 10 and got["released"] < size // 10, (got, size)
 
 
 def _same_index(path: Path) -> None:
