@@ -1,6 +1,8 @@
 """Errors of the pruning pipeline. All are `A3BError`s, so the CLI prints one line and exits 2."""
 from __future__ import annotations
 
+import os
+
 from ..runtime.errors import A3BError, InvalidRequest, UnsupportedArchitecture  # noqa: F401  (re-exported)
 
 INSTALL_HINT = "pip install 'comfyui-a3b[prune]'"
@@ -26,6 +28,10 @@ class PruneInterrupted(A3BError):
 
 def require_torch():
     """Import torch or raise TorchMissing with the install command."""
+    # MKL's own memory manager keeps the buffers of its matrix products for later ones; without it
+    # recovery of the embedded model peaked 25 MiB lower at the same step time (only where torch
+    # is not imported yet: MKL reads this once)
+    os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
     try:
         import torch
     except ImportError as e:
