@@ -5,7 +5,7 @@ emptied down to its indentation (where an editor's auto-indent leaves the cursor
 cursor at the end of the indentation, the code below still in place. The prompt is what the
 language server sends for that cursor (lsp_server/prompt.py: the file header and a window of the
 text before the cursor; a model without FIM tokens gets it as text to continue), sampled as the
-server samples (its "code" preset, seed 0, its token limit), and the answer goes through the
+server samples (its "code" preset, seed 0, its token limit, a healed prompt's grammar), and the answer goes through the
 server's post-processing (lsp_server/postprocess.finish). A hit is the suggestion's first line,
 after the indentation already typed, equal to the line (trailing spaces aside).
 
@@ -63,7 +63,8 @@ def run(rt, spec, files, picked, settings) -> list[bool]:
                           suffix_tokens=settings.suffix_tokens, use_fim=use_fim)
         anchors[fi] = p.anchor
         res = _first_line(rt, p.sent, p.heal, model=spec, max_tokens=settings.max_tokens,
-                          sampling=preset("code", seed=0), priority=PRIORITY_INTERACTIVE, thinking="off")
+                          sampling=preset("code", seed=0), grammar=p.grammar, priority=PRIORITY_INTERACTIVE,
+                          thinking="off")
         text = healed(res.text, p.heal)
         got = finish(text, cur, p.multiline).split("\n", 1)[0] if text else ""
         hits.append((cur.line_prefix + got).rstrip() == line.rstrip())

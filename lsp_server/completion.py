@@ -212,7 +212,8 @@ class Completer:
         stop = ["\n\n\n"] if multiline else ["\n"]
         g.stream = self.engine.rt.submit(
             prompt.sent, model=self.spec(), max_tokens=max_tokens,
-            sampling=preset("code", seed=0), stop=stop, priority=PRIORITY_INTERACTIVE, thinking="off",
+            sampling=preset("code", seed=0), stop=stop, grammar=prompt.grammar, priority=PRIORITY_INTERACTIVE,
+            thinking="off",
             confidence=ConfidenceConfig(enabled=True, threshold=s.confidence_threshold),
             speculative=s.speculative, on_token=g.on_token)
         self.gen = g

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..runtime.codeheader import file_header, heal_split
+from ..runtime.codeheader import file_header, heal_grammar, heal_split
 from ..runtime.requests import ContextChunk, InfillPrompt, TextPrompt
 from .documents import Cursor, safe_text
 
@@ -51,6 +51,12 @@ class Prompt:
     context_files: list[str] = field(default_factory=list)
     #: text cut from the end of a prefix prompt that the answer must start with (runtime/codeheader.py `heal_split`)
     heal: str = ""
+
+    @property
+    def grammar(self) -> str | None:
+        """The GBNF grammar a healed prompt's answer is sampled with (codeheader.heal_grammar): it starts
+        with the heal and then code, at the cursor. None for a prompt that was not cut."""
+        return heal_grammar(self.heal) if self.heal else None
 
 
 class PromptBuilder:

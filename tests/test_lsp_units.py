@@ -146,6 +146,36 @@ def test_a_cursor_after_indentation_cuts_the_prompt_at_the_line_break_and_heals_
                        use_fim=False).heal == ""                   # code at or after the cursor
 
 
+def test_a_healed_prompt_is_answered_at_the_cursor_not_where_the_model_likes(rt):
+    """Cut at the line break, the prompt no longer says how deep the cursor is: after a `return` the
+    model breaks the line and starts a new function at column 0, which is not at the cursor (nothing
+    to show). The server samples the answer with the heal's grammar: the line break and the
+    indentation typed, then code."""
+    import inspect
+
+    from comfyui_a3b.bench import nextline
+    from comfyui_a3b.lsp_server import completion
+    from comfyui_a3b.lsp_server.postprocess import healed
+    from comfyui_a3b.runtime import preset
+
+    b = PromptBuilder(rt.load())
+    for text, heal in (("def area(r):\n    return r * r\n    |", "\n    "),
+                       ('def area(r):\n\t"""Area."""\n\tx = r * r\n\treturn x\n\t|', "\n\t")):
+        p = b.build(cursor_at(text), anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=False)
+        assert p.heal == heal
+        free = rt.submit(p.sent, max_tokens=12, sampling=preset("code", seed=0), thinking="off").result()
+        assert healed(free.text, p.heal) is None, free.text        # unconstrained: elsewhere
+        got = rt.submit(p.sent, max_tokens=12, sampling=preset("code", seed=0), grammar=p.grammar,
+                        thinking="off").result()
+        after = healed(got.text, p.heal)
+        assert after and not after[0].isspace(), got.text
+    assert b.build(cursor_at("x = |"), anchor=None, context_block="", budget=120, suffix_tokens=16,
+                   use_fim=False).grammar is None
+    # the server and the next-line measure sample with it
+    assert "grammar=prompt.grammar" in inspect.getsource(completion.Completer._start)
+    assert "grammar=p.grammar" in inspect.getsource(nextline.run)
+
+
 def test_document_text_cannot_inject_control_tokens(rt):
     m = rt.load()
     b = PromptBuilder(m)
