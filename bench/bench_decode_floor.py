@@ -42,7 +42,7 @@ def floor_run(weights, spec, n: int, gen: int) -> dict:
     import numpy as np
 
     from comfyui_a3b.runtime.llama.backend import context_params
-    from comfyui_a3b.runtime.llama.binding import llama
+    from comfyui_a3b.runtime.llama.binding import fill_batch, llama, sequence
 
     from .bench_gpu import prompt
 
@@ -51,23 +51,17 @@ def floor_run(weights, spec, n: int, gen: int) -> dict:
     batch = L.llama_batch_init(512, 0, 1)
     nv = weights.n_vocab
 
-    def fill(items):
-        batch.n_tokens = len(items)
-        for i, (tok, pos, seq, out) in enumerate(items):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, out
-            batch.seq_id[i][0] = seq
-
     out = {}
     try:
         for s in range(n):
             p = prompt(16, 5 + s * 11)
-            fill([(t, k, s, k == len(p) - 1) for k, t in enumerate(p)])
+            fill_batch(batch, sequence(p, 0, s))
             L.llama_decode(ctx, batch)
         for argmax in (False, True):
             tok = [1] * n
             t0 = time.perf_counter()
             for step in range(gen):
-                fill([(tok[s], 16 + step + (gen if argmax else 0), s, True) for s in range(n)])
+                fill_batch(batch, [(tok[s], 16 + step + (gen if argmax else 0), s, True) for s in range(n)])
                 L.llama_decode(ctx, batch)
                 if argmax:
                     tok = [int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, s), shape=(nv,)).argmax())

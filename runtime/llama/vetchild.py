@@ -50,6 +50,19 @@ def _load(L, path: str, repack: bool):
     return model, vocab, buf, L.llama_tokenize(vocab, text, len(text), buf, 64, True, False)
 
 
+def _decode(L, ctx, batch, seqs, start: int, toks) -> int:
+    """One llama_decode of `toks` from position `start` in each of the sequences `seqs`, logits
+    for each sequence's last token (binding.fill_batch's work: this process imports no package code)."""
+    k = 0
+    for s in seqs:
+        for i, t in enumerate(toks):
+            batch.token[k], batch.pos[k], batch.n_seq_id[k] = t, start + i, 1
+            batch.seq_id[k][0], batch.logits[k] = s, i == len(toks) - 1
+            k += 1
+    batch.n_tokens = k
+    return L.llama_decode(ctx, batch)
+
+
 def _check(path: str, decode: bool, repack: bool = True) -> dict:
 
     import llama_cpp as L
@@ -66,13 +79,7 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         return {"ok": True, "loads": True, "decoded": False}
-    batch = L.llama_batch_init(64, 0, 1)
-    for i in range(n):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i] = buf[i], i, 1
-        batch.seq_id[i][0] = 0
-        batch.logits[i] = i == n - 1
-    batch.n_tokens = n
-    rc = L.llama_decode(ctx, batch)
+    rc = _decode(L, ctx, L.llama_batch_init(64, 0, 1), [0], 0, list(buf[:n]))
     return {"ok": True, "loads": True, "decoded": rc == 0}
 
 
@@ -97,14 +104,7 @@ def _check_sampling(path: str, repack: bool) -> dict:
     batch = L.llama_batch_init(64, 0, 1)
 
     def decode(ctx, seqs, start, toks):
-        k = 0
-        for s in seqs:
-            for i, t in enumerate(toks):
-                batch.token[k], batch.pos[k], batch.n_seq_id[k] = t, start + i, 1
-                batch.seq_id[k][0], batch.logits[k] = s, i == len(toks) - 1
-                k += 1
-        batch.n_tokens = k
-        return L.llama_decode(ctx, batch)
+        return _decode(L, ctx, batch, seqs, start, toks)
 
     plain = context()
     if decode(plain, [0], 0, list(buf[:n])) != 0:
