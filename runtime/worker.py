@@ -380,8 +380,7 @@ class LoadedModel(Model):
             job.grammar_live = job.grammar is not None and job.asm.split.answering
             seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
             job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
-                                                   job.grammar if job.grammar_live else None,
-                                                   **({"seq_id": seq} if seq is not None else {}))
+                                                   job.grammar if job.grammar_live else None, seq_id=seq)
             if seq is not None and not getattr(job.sampler, "backend", True):
                 job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
         elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
