@@ -35,9 +35,10 @@ pytestmark = [pytest.mark.slow,  # torch and llama.cpp in child processes
 TESTS = Path(__file__).resolve().parent
 
 
-def _child(code: str, timeout: int = 600) -> dict:
-    """Run `code` in a fresh interpreter; it prints one JSON line (the last of its output)."""
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+def _child(code: str, timeout: int = 600, args: tuple[str, ...] = ()) -> dict:
+    """Run `code` in a fresh interpreter (with `args` as sys.argv[1:]); it prints one JSON line (the
+    last of its output)."""
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
                        timeout=timeout, cwd=TESTS)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -313,3 +314,20 @@ def test_one_shot_prune_of_the_embedded_model_peaks_under_one_and_a_half_times_i
                         "--cache-dir", str(tmp_path / "cache"), "--recover-steps", "0", "--calib-windows", "12")
     size = model.stat().st_size
     assert peak - base <= 1.5 * size, (peak, base, size, (peak - base) / size)
+
+
+def test_pruning_imports_torch_with_mkls_memory_manager_off_unless_the_user_set_it():
+    """MKL's fast memory manager kept its product buffers through recovery (10-29 MiB of its peak):
+    pruning's torch import turns it off, before MKL reads the setting, and leaves a user's own value."""
+    code = """
+    import json, os, sys
+    os.environ.pop("MKL_DISABLE_FAST_MM", None)
+    if len(sys.argv) > 1:
+        os.environ["MKL_DISABLE_FAST_MM"] = sys.argv[1]
+    from comfyui_a3b.prune.errors import require_torch
+    assert "torch" not in sys.modules
+    require_torch()
+    print(json.dumps({"value": os.environ.get("MKL_DISABLE_FAST_MM")}))
+    """
+    assert _child(code)["value"] == "1"
+    assert _child(code, args=("0",))["value"] == "0"
