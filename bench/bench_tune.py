@@ -1,7 +1,7 @@
 """`a3b tune` on a real package: held-out perplexity, next-line exact match, prose, training speed.
 
-    python -m comfyui_a3b.bench.bench_tune                        # markdown_it from site-packages, a few minutes
-    python -m comfyui_a3b.bench.bench_tune --package cattrs --steps 200 --seq-len 256 --eval-every 50
+    python -m comfyui_a3b.bench.bench_tune                        # markdown_it from site-packages, ~12 minutes
+    python -m comfyui_a3b.bench.bench_tune --package cattrs --steps 80 --eval-every 40
 
 The embedded model (SmolLM2-135M) is tuned on the sources of one installed package the tests do not
 use (default markdown_it: 66 files, 240 KB), split by whole file as `a3b tune` splits it, with the
@@ -62,14 +62,15 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", default="markdown_it")
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seq-len", type=int, default=384,
+                    help="sample length; the server's prompts carry up to 320 tokens of the file (context_tokens)")
+    ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rank", type=int, default=o.RANK.default)
-    ap.add_argument("--eval-every", type=int, default=12)
+    ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--eval-samples", type=int, default=24, help="held-out samples evaluated (a seeded choice)")
-    ap.add_argument("--lines", type=int, default=200, help="next-line cases")
+    ap.add_argument("--lines", type=int, default=400, help="next-line cases")
     ap.add_argument("--fim-rate", type=float, default=o.FIM_RATE.default,
                     help="share of samples in the editor's layout (0: plain windows only)")
     ap.add_argument("--docstring-pairs", action="store_true", help="add docstring -> body pairs")
@@ -141,9 +142,15 @@ def main(argv=None) -> int:
     plain = rt.spec(base, n_ctx=n_ctx, n_parallel=1)
     tuned = rt.spec(base, n_ctx=n_ctx, n_parallel=1, lora_path=str(out))
     t1 = time.perf_counter()
-    hits_base = nextline.run(rt, plain, parts.heldout, picked, settings)
-    hits_tuned = nextline.run(rt, tuned, parts.heldout, picked, settings)
+    said_base: list[str] = []
+    said_tuned: list[str] = []
+    hits_base = nextline.run(rt, plain, parts.heldout, picked, settings, said_base)
+    hits_tuned = nextline.run(rt, tuned, parts.heldout, picked, settings, said_tuned)
     nl = nextline.compare(hits_base, hits_tuned)
+    # the lines only one side got right, with what the other said there
+    apart = [{"file": parts.heldout[fi].path, "line": i + 1, "base": b, "adapter": t,
+              "right": "adapter" if ht else "base"}
+             for (fi, i), b, t, hb, ht in zip(picked, said_base, said_tuned, hits_base, hits_tuned) if hb != ht]
     em_base, em_tuned = nl["base_hits"] / max(nl["cases"], 1), nl["tuned_hits"] / max(nl["cases"], 1)
     loads = rt.store.weight_loads
     print(f"next-line exact match {nl['base_hits']}/{nl['cases']} -> {nl['tuned_hits']}/{nl['cases']} "
@@ -167,7 +174,8 @@ def main(argv=None) -> int:
             "prose_ratio": prose_ratio, "prose_rows": len(prose), "next_line_cases": nl["cases"], "next_line": nl,
             "exact_match_base": em_base, "exact_match_tuned": em_tuned, "weight_loads": loads,
             "train_tokens": r.tokens, "train_seconds": r.seconds, "train_tokens_per_s": rate, "command_seconds": tune_s,
-            "steps": r.steps, "best_step": r.best_step, "evals": meta.get("a3b.tune.heldout_loss"),
+            "next_line_apart": apart, "steps": r.steps,
+            "best_step": r.best_step, "evals": meta.get("a3b.tune.heldout_loss"),
             "adapter_bytes": out.stat().st_size, "samples": meta.get("a3b.tune.samples")}
     write_results(args.name, data)
 

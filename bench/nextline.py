@@ -44,8 +44,9 @@ def document(text: str, i: int) -> tuple[str, int, str]:
     return before + "\n" + "".join(lines[i + 1:]), len(before), line
 
 
-def run(rt, spec, files, picked, settings) -> list[bool]:
-    """Hit or miss per case, through the server's prompt and post-processing."""
+def run(rt, spec, files, picked, settings, answers: list | None = None) -> list[bool]:
+    """Hit or miss per case, through the server's prompt and post-processing; the suggested lines go
+    to `answers` when one is given."""
     from ..lsp_server.documents import Document
     from ..lsp_server.postprocess import finish, healed
     from ..lsp_server.prompt import PromptBuilder
@@ -68,6 +69,8 @@ def run(rt, spec, files, picked, settings) -> list[bool]:
         text = healed(res.text, p.heal)
         got = finish(text, cur, p.multiline).split("\n", 1)[0] if text else ""
         hits.append((cur.line_prefix + got).rstrip() == line.rstrip())
+        if answers is not None:
+            answers.append(cur.line_prefix + got)
     return hits
 
 
