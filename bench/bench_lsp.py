@@ -144,9 +144,10 @@ async def replay_server(files, rng_seed: int, server_cmd: list[str]) -> dict:
 def replay_runtime(files, requests_by_file, settings) -> dict:
     """The same requests, at the same moments, straight to the runtime: no cache, no cancellation."""
     from ..lsp_server.documents import Document
+    from ..lsp_server.completion import SAMPLING
     from ..lsp_server.postprocess import finish
     from ..lsp_server.prompt import PromptBuilder
-    from ..runtime import PRIORITY_INTERACTIVE, get_runtime, preset
+    from ..runtime import PRIORITY_INTERACTIVE, get_runtime
 
     rt = get_runtime()
     spec = rt.spec(None)
@@ -171,7 +172,7 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
             t0 = time.perf_counter()
             stream = rt.submit(p.sent, model=spec,
                                max_tokens=settings.max_tokens if multi else settings.max_tokens_single_line,
-                               sampling=preset("code", seed=0), stop=["\n\n\n"] if multi else ["\n"],
+                               sampling=SAMPLING, stop=["\n\n\n"] if multi else ["\n"],
                                priority=PRIORITY_INTERACTIVE)
             # the typist's next keystroke makes the answer stale
             rec = {"multiline": multi, "file": name, "deadline": next_key - first_t, "sent": t - first_t}
@@ -198,8 +199,9 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
 def isolated_runtime(requests_by_file, settings) -> list[dict]:
     """Each request alone, one after the other: the model's own cost of a request, without cache."""
     from ..lsp_server.documents import Document
+    from ..lsp_server.completion import SAMPLING
     from ..lsp_server.prompt import PromptBuilder
-    from ..runtime import PRIORITY_INTERACTIVE, get_runtime, preset
+    from ..runtime import PRIORITY_INTERACTIVE, get_runtime
 
     rt = get_runtime()
     spec = rt.spec(None)
@@ -215,7 +217,7 @@ def isolated_runtime(requests_by_file, settings) -> list[dict]:
             t0 = time.perf_counter()
             rt.generate(p.sent, model=spec, priority=PRIORITY_INTERACTIVE,
                         max_tokens=settings.max_tokens if multi else settings.max_tokens_single_line,
-                        sampling=preset("code", seed=0), stop=["\n\n\n"] if multi else ["\n"])
+                        sampling=SAMPLING, stop=["\n\n\n"] if multi else ["\n"])
             out.append({"multiline": multi, "latency_ms": (time.perf_counter() - t0) * 1000})
     return out
 

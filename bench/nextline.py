@@ -5,9 +5,10 @@ emptied down to its indentation (where an editor's auto-indent leaves the cursor
 cursor at the end of the indentation, the code below still in place. The prompt is what the
 language server sends for that cursor (lsp_server/prompt.py: the file header and a window of the
 text before the cursor; a model without FIM tokens gets it as text to continue), sampled as the
-server samples (its "code" preset, seed 0, its token limit, a healed prompt's grammar), and the answer goes through the
-server's post-processing (lsp_server/postprocess.finish). A hit is the suggestion's first line,
-after the indentation already typed, equal to the line (trailing spaces aside).
+server samples (lsp_server/completion.py SAMPLING, its token limit, a healed prompt's grammar),
+and the answer goes through the server's post-processing (lsp_server/postprocess.finish). A hit
+is the suggestion's first line, after the indentation already typed, equal to the line (trailing
+spaces aside).
 
 Cases run file by file, top to bottom, and the window's anchor carries over from one case to the
 next as it does while a user moves down a file: the runtime's KV prefix reuse then covers the
@@ -50,7 +51,8 @@ def run(rt, spec, files, picked, settings, answers: list | None = None) -> list[
     from ..lsp_server.documents import Document
     from ..lsp_server.postprocess import finish, healed
     from ..lsp_server.prompt import PromptBuilder
-    from ..runtime import PRIORITY_INTERACTIVE, preset
+    from ..lsp_server.completion import SAMPLING
+    from ..runtime import PRIORITY_INTERACTIVE
 
     builder = PromptBuilder(rt.load(spec))
     use_fim = settings.fim != "off" and builder.fim is not None
@@ -64,7 +66,7 @@ def run(rt, spec, files, picked, settings, answers: list | None = None) -> list[
                           suffix_tokens=settings.suffix_tokens, use_fim=use_fim)
         anchors[fi] = p.anchor
         res = _first_line(rt, p.sent, p.heal, model=spec, max_tokens=settings.max_tokens,
-                          sampling=preset("code", seed=0), grammar=p.grammar, priority=PRIORITY_INTERACTIVE,
+                          sampling=SAMPLING, grammar=p.grammar, priority=PRIORITY_INTERACTIVE,
                           thinking="off")
         text = healed(res.text, p.heal)
         got = finish(text, cur, p.multiline).split("\n", 1)[0] if text else ""

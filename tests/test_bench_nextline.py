@@ -35,3 +35,18 @@ def test_interval_and_sign_test():
     assert math.isclose(nextline.sign_test(2, 8), 2 * (1 + 10 + 45) / 1024)
     c = nextline.compare([True, False, True, False], [True, True, False, True])
     assert (c["base_hits"], c["tuned_hits"], c["only_base"], c["only_tuned"]) == (2, 3, 1, 2)
+
+
+def test_completions_are_sampled_without_a_repeat_penalty_and_the_measure_samples_alike():
+    """Code repeats its own names from line to line; a repeat penalty pushes the model off them."""
+    import inspect
+
+    from comfyui_a3b.lsp_server import completion
+    from comfyui_a3b.runtime import preset
+
+    code = preset("code")
+    assert completion.SAMPLING.repeat_penalty == 1.0 and code.repeat_penalty > 1.0
+    assert (completion.SAMPLING.temperature, completion.SAMPLING.top_k) == (code.temperature, code.top_k)
+    assert completion.SAMPLING.seed is not None                    # the same suggestion for the same prompt
+    assert "sampling=SAMPLING" in inspect.getsource(completion.Completer._start)
+    assert "sampling=SAMPLING" in inspect.getsource(nextline.run)
