@@ -143,8 +143,8 @@ async def replay_server(files, rng_seed: int, server_cmd: list[str]) -> dict:
 
 def replay_runtime(files, requests_by_file, settings) -> dict:
     """The same requests, at the same moments, straight to the runtime: no cache, no cancellation."""
-    from ..lsp_server.documents import Document
     from ..lsp_server.completion import SAMPLING
+    from ..lsp_server.documents import Document
     from ..lsp_server.postprocess import finish
     from ..lsp_server.prompt import PromptBuilder
     from ..runtime import PRIORITY_INTERACTIVE, get_runtime
@@ -198,8 +198,8 @@ def replay_runtime(files, requests_by_file, settings) -> dict:
 
 def isolated_runtime(requests_by_file, settings) -> list[dict]:
     """Each request alone, one after the other: the model's own cost of a request, without cache."""
-    from ..lsp_server.documents import Document
     from ..lsp_server.completion import SAMPLING
+    from ..lsp_server.documents import Document
     from ..lsp_server.prompt import PromptBuilder
     from ..runtime import PRIORITY_INTERACTIVE, get_runtime
 

@@ -58,13 +58,15 @@ def prose_texts(exclude: str, n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def main(argv=None) -> int:
+    from ..lsp_server.config import CONTEXT_TOKENS
     from ..tune import options as o
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", default="markdown_it")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seq-len", type=int, default=384,
-                    help="sample length; the server's prompts carry up to 320 tokens of the file (context_tokens)")
+                    help="sample length; the server's prompts carry up to context_tokens "
+                         f"({CONTEXT_TOKENS.default}) tokens of the file")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rank", type=int, default=o.RANK.default)

@@ -48,10 +48,10 @@ def document(text: str, i: int) -> tuple[str, int, str]:
 def run(rt, spec, files, picked, settings, answers: list | None = None) -> list[bool]:
     """Hit or miss per case, through the server's prompt and post-processing; the suggested lines go
     to `answers` when one is given."""
+    from ..lsp_server.completion import SAMPLING
     from ..lsp_server.documents import Document
     from ..lsp_server.postprocess import finish, healed
     from ..lsp_server.prompt import PromptBuilder
-    from ..lsp_server.completion import SAMPLING
     from ..runtime import PRIORITY_INTERACTIVE
 
     builder = PromptBuilder(rt.load(spec))

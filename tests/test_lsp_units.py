@@ -156,16 +156,15 @@ def test_a_healed_prompt_is_answered_at_the_cursor_not_where_the_model_likes(rt)
     from comfyui_a3b.bench import nextline
     from comfyui_a3b.lsp_server import completion
     from comfyui_a3b.lsp_server.postprocess import healed
-    from comfyui_a3b.runtime import preset
 
     b = PromptBuilder(rt.load())
     for text, heal in (("def area(r):\n    return r * r\n    |", "\n    "),
                        ('def area(r):\n\t"""Area."""\n\tx = r * r\n\treturn x\n\t|', "\n\t")):
         p = b.build(cursor_at(text), anchor=None, context_block="", budget=120, suffix_tokens=16, use_fim=False)
         assert p.heal == heal
-        free = rt.submit(p.sent, max_tokens=12, sampling=preset("code", seed=0), thinking="off").result()
+        free = rt.submit(p.sent, max_tokens=12, sampling=completion.SAMPLING, thinking="off").result()
         assert healed(free.text, p.heal) is None, free.text        # unconstrained: elsewhere
-        got = rt.submit(p.sent, max_tokens=12, sampling=preset("code", seed=0), grammar=p.grammar,
+        got = rt.submit(p.sent, max_tokens=12, sampling=completion.SAMPLING, grammar=p.grammar,
                         thinking="off").result()
         after = healed(got.text, p.heal)
         assert after and not after[0].isspace(), got.text
