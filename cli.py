@@ -114,7 +114,8 @@ def cmd_generate(args) -> int:
     rt = get_runtime()
     spec = _spec(rt, args)
     sampling = preset(args.preset, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                      min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+                      min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
+                      ignore_eos=args.ignore_eos)
     conf = ConfidenceConfig(enabled=True, threshold=args.entropy_threshold, min_run=args.entropy_run,
                             insert_marker=args.mark_low_confidence)
     prompt = cliwords.read_stdin("the prompt") if args.prompt == cliwords.STDIN else args.prompt
@@ -302,6 +303,7 @@ def _add_generate(sub) -> None:
     for name in SAMPLING_OPTIONS:
         add_argument(g, opt.SAMPLING_OPTIONS[name], default=None, default_text="the preset's value")
     add_argument(g, opt.SEED, metavar="N", default_text="a fresh seed per run, printed at the end")
+    add_argument(g, opt.IGNORE_EOS, action="store_true")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop before this text (repeatable; default: none)")
     add_argument(g, opt.THRESHOLD, "--entropy-threshold", metavar="NATS")

@@ -31,7 +31,7 @@ log = logging.getLogger("a3b")
 
 #: GenerationRequest fields `Runtime.request` passes on by name
 THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar",
-                             "speculative", "draft_max"})
+                             "speculative", "draft_max", "n_indent"})
 
 
 class Runtime:

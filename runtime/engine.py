@@ -208,8 +208,14 @@ class Backend(Protocol):
     #: tokens `trim` can drop from a sequence's end (recurrent layers); None: any number
     max_rollback: int | None
 
+    #: whether `move` may be asked (the policy closes holes between running slots: slots.py)
+    can_move: bool = False
+
     def trim(self, seq_id: int, keep: int) -> None:
         """Drop the KV cache of sequence `seq_id` from position `keep` on."""
+
+    def move(self, src: int, dst: int) -> None:
+        """Make sequence `dst`'s KV cache a copy of `src`'s (before the next decode)."""
 
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""

@@ -51,6 +51,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("A3B_CPU_REPACK", "on", "off: no llama.cpp CPU weight repacking", ("runtime/vet.py",)),
     Variable("A3B_SAMPLE_THREADS", None, "threads sampling the rows of one decode step (default: the CPU cores, "
              "at most 16; 0 or 1: off)", ("runtime/llama/backend.py",)),
+    Variable("A3B_COUNT_PASSES", "off", "on: count llama.cpp's passes through the model per decode step (slower)",
+             ("runtime/llama/passes.py",)),
     Variable("A3B_MALLOC_TUNING", "on", "off: leave glibc's allocator alone", ("runtime/memory.py",)),
     Variable("A3B_PRELOAD_LLAMA", "on", "off: do not import llama-cpp-python early for the library order",
              ("runtime/llama/cxxruntime.py",)),

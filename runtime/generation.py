@@ -20,7 +20,7 @@ from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
 from .options import CONFIDENCE_OPTIONS, SAMPLING_OPTIONS, check_fields
 from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
 from .pieces import PieceText
-from .stops import StopMatcher
+from .stops import IndentStop, StopMatcher
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import GenerationRequest
@@ -59,6 +59,10 @@ class SamplingParams:
     repeat_last_n: int = SAMPLING_OPTIONS["repeat_last_n"].default
     #: None draws a fresh seed per request (recorded in the result); an int is passed to the sampler.
     seed: int | None = SAMPLING_OPTIONS["seed"].default
+    #: the end-of-generation tokens are never drawn (llama-server's ignore_eos)
+    ignore_eos: bool = SAMPLING_OPTIONS["ignore_eos"].default
+    #: the samplers in the order they apply (options.SAMPLERS); None: the default order
+    samplers: tuple[str, ...] | None = SAMPLING_OPTIONS["samplers"].default
 
     def validate(self) -> None:
         check_fields(self, SAMPLING_OPTIONS)
@@ -328,9 +332,10 @@ class TextAssembler:
     inserted on its own line before the line where a span starts.
     """
 
-    def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig):
+    def __init__(self, stop: tuple[str, ...], confidence: ConfidenceConfig, n_indent: int = 0):
         self.stop = stop
         self._stops = StopMatcher(stop) if stop else None
+        self._indent = IndentStop(n_indent) if n_indent > 0 else None
         self.conf = confidence
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = PieceText()    # all decoded text (without stop string)
@@ -361,15 +366,18 @@ class TextAssembler:
             self._track(entropy)
         elif not text:
             return ""
-        if self._stops is not None:
-            # A stop string is searched for only where it can end: in the new text (stops.py).
-            hit = self._stops.feed(text, start)
-            if hit >= 0:
-                self._text.cut(hit)
-                self.stopped = True
-                return self._release(hit)
-            return self._release(len(self._text) - self._stops.hold)
-        return self._release(len(self._text))
+        if self._stops is None and self._indent is None:
+            return self._release(len(self._text))
+        # A stop string is searched for only where it can end: in the new text (stops.py).
+        hits = [h for h in (self._stops.feed(text, start) if self._stops else -1,
+                            self._indent.feed(text, start) if self._indent else -1) if h >= 0]
+        if hits:
+            self._text.cut(min(hits))
+            self.stopped = True
+            return self._release(min(hits))
+        end = len(self._text)
+        return self._release(end - max(self._stops.hold if self._stops else 0,
+                                       self._indent.hold(end) if self._indent else 0))
 
     def flush(self) -> str:
         out = self.add_text(self._decoder.decode(b"", final=True), None)

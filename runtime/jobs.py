@@ -64,3 +64,10 @@ class EmbedRequest(EmbedJob):
     out: np.ndarray | None = None
     error: BaseException | None = None
     finished: threading.Event = field(default_factory=threading.Event)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Wake the caller waiting for the vectors: done (normalised if asked), or `error`."""
+        if error is None and self.normalize and self.out is not None:
+            self.out = self.out / np.maximum(np.linalg.norm(self.out, axis=1, keepdims=True), 1e-12)
+        self.error = error
+        self.finished.set()

@@ -65,7 +65,7 @@ class Option:
     """One setting: what every surface shows and checks for it."""
 
     name: str
-    type: type                      # int, float, str, bool, or dict (a JSON object)
+    type: type                      # int, float, str, bool, dict (a JSON object) or tuple (of choices)
     default: Any
     #: one or two sentences; node tooltips show it as written, the CLI's help in its own style
     help: str
@@ -138,6 +138,14 @@ def check(option: Option, value: Any, name: str | None = None, error: type[Excep
     name = name or option.label or option.name
     if value is None and option.nullable:
         return value
+    if option.type is tuple:   # names from `choices`, in an order, each at most once
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise error(f"{name} must be a list of names ({', '.join(option.choices or ())}), got {value!r}")
+        bad = [v for v in value if v not in (option.choices or ())]
+        if bad or len(set(value)) < len(value):
+            what = f"{bad[0]!r} is not supported" if bad else "a name is given twice"
+            raise error(f"{name}: {what}; give each at most once, from {', '.join(option.choices or ())}")
+        return tuple(value)
     if isinstance(value, str) and value in option.words:
         return value
     if option.choices is not None:
@@ -311,6 +319,15 @@ REPEAT_PENALTY = Option("repeat_penalty", float, 1.1, "Penalty on recently seen 
                         min=0.0, low_open=True, max=2.0, step=0.01)
 REPEAT_LAST_N = Option("repeat_last_n", int, 64, "Recent tokens the repeat penalty looks at; 0 = none.",
                        min=0, max=MAX_CONTEXT)
+#: the samplers a request may order, and their order when it gives none (llama-server's names)
+SAMPLER_NAMES = ("top_k", "penalties", "top_p", "min_p", "temperature", "infill")
+SAMPLERS = Option("samplers", tuple, None,
+                  "The order in which the samplers apply, as llama-server's field names them (top_k, penalties, "
+                  "top_p, min_p, temperature, infill); one left out does not apply. Default: top_k, penalties, "
+                  "top_p, min_p, temperature.", choices=SAMPLER_NAMES, nullable=True)
+IGNORE_EOS = Option("ignore_eos", bool, False,
+                    "Never end at the model's end-of-generation token: generate up to max_tokens (or a stop "
+                    "string); llama-server's and vLLM's field of the same name.")
 SEED = Option("seed", int, None, "Sampler seed: the same seed and settings give the same text.",
               min=0, max=2**32 - 1, nullable=True)   # None: a fresh seed per request, recorded in the result
 
@@ -363,6 +380,10 @@ N_PREDICT = Option("n_predict", int, -1, "Most tokens to generate; -1 or 0 = the
 INFILL_N_PREDICT = replace(N_PREDICT, default=128, min=1, help="Most tokens of an /infill answer.")
 T_MAX_PREDICT_MS = Option("t_max_predict_ms", int, 0, "Time limit of an /infill generation, in ms; 0 = none.",
                           min=0, max=10**7)
+N_INDENT = Option("n_indent", int, 0,
+                  "Every line of the answer after the first must be indented by at least this many spaces or tabs; "
+                  "the first one that is not ends the answer there (llama-server's field; 0 = off).",
+                  min=0, max=MAX_CONTEXT)
 
 # -- the servers' tokens ------------------------------------------------------------------------------------
 LSP_TOKEN = Option("token", str, None, "Shared secret TCP/WebSocket editors must send.", nullable=True,
@@ -384,10 +405,11 @@ LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, 
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
                                      CTX_POLICY, SPECULATIVE, DRAFT_MAX, CPU_MOE, N_CPU_MOE, OVERRIDE_TENSOR,
                                      BACKEND_SAMPLING)}
-SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED)}
+SAMPLING_OPTIONS = {o.name: o for o in (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N, SEED,
+                                        IGNORE_EOS, SAMPLERS)}
 CONFIDENCE_OPTIONS = {o.name: o for o in (THRESHOLD, MIN_RUN)}
 REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS,
-                                        JSON_SCHEMA)}
+                                        JSON_SCHEMA, N_INDENT)}
 #: every option above, by name
 OPTIONS = {**LOAD_OPTIONS, **SAMPLING_OPTIONS, **CONFIDENCE_OPTIONS, **REQUEST_OPTIONS, POOLING.name: POOLING,
            NORMALIZE.name: NORMALIZE, IMAGE_MAX_PIXELS.name: IMAGE_MAX_PIXELS, IMAGE_MAX_BYTES.name: IMAGE_MAX_BYTES}

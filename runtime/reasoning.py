@@ -281,11 +281,12 @@ class ChannelAssembler:
     the block (its closing tag included), so a budget of N closes it after N of them.
     """
 
-    def __init__(self, fmt: str, stop: tuple[str, ...], confidence: ConfidenceConfig, start: str = "start"):
+    def __init__(self, fmt: str, stop: tuple[str, ...], confidence: ConfidenceConfig, start: str = "start",
+                 n_indent: int = 0):
         self.format = FORMAT_OF[fmt]
         self.split = splitter(fmt, start)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.answer = TextAssembler(stop, confidence)
+        self.answer = TextAssembler(stop, confidence, n_indent)
         self.reasoning = TextAssembler((), confidence)
         self.n_reasoning = 0
         self.n_answer = 0

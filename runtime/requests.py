@@ -25,7 +25,8 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams, check_stops
-from .options import DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, REASONING_BUDGET, THINKING, check
+from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
+                      THINKING, check)
 from .scheduler import PRIORITY_BATCH
 from .speculative import parse_mode
 
@@ -264,6 +265,8 @@ class GenerationRequest:
     #: Speculative decoding for this request (options.py: SPECULATIVE, DRAFT_MAX); None = the model's
     speculative: str | None = None
     draft_max: int | None = None
+    #: lines after the first must be indented at least this much, else the answer ends (options.N_INDENT)
+    n_indent: int = N_INDENT.default
 
     def __post_init__(self):
         if isinstance(self.prompt, str):
@@ -280,7 +283,7 @@ class GenerationRequest:
         check(LOGPROBS, self.logprobs)
         self.confidence.validate()
         self.sampling.validate()
-        for option in (THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS, JSON_SCHEMA):
+        for option in (THINKING, REASONING_BUDGET, MAX_TOTAL_TOKENS, JSON_SCHEMA, N_INDENT):
             check(option, getattr(self, option.name))
         if self.json_schema is not None:
             try:
@@ -291,6 +294,9 @@ class GenerationRequest:
             raise InvalidRequest("grammar must be GBNF text.")
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidRequest("Give a json_schema or a grammar, not both.")
+        if self.sampling.ignore_eos and (self.grammar is not None or self.json_schema is not None):
+            raise InvalidRequest("ignore_eos with a json_schema or grammar cannot work: a finished answer ends with "
+                                 "the end-of-generation token the grammar allows. Leave one of them out.")
         if self.speculative is not None:
             parse_mode(self.speculative)
         check(DRAFT_MAX.or_none(), self.draft_max)

@@ -8,7 +8,8 @@ sorts a whole vocabulary row for it. What the backend chain cannot give decides 
 
 * a grammar (json_schema, grammar) matches token texts against its stacks: CPU only;
 * a repeat penalty stays on the CPU (its place in the chain, after top-k, is what today's output is
-  made of; the graph version would change the order and so the text);
+  made of; the graph version would change the order and so the text), and so does a sampler order
+  given by the request (llama-server's `samplers`: the infill sampler has no graph version);
 * logprobs and confidence spans read the raw logits row, which llama.cpp does not copy back for an
   output row whose sequence has a backend chain (and whose logits the chain transforms in place);
 * speculative drafts need one output row per drafted token, which the context is made for up to
@@ -35,6 +36,8 @@ def cpu_reasons(request) -> list[str]:
     why = []
     if sp.repeat_penalty != 1.0:
         why.append("repeat_penalty")
+    if sp.samplers is not None:
+        why.append("samplers")   # llama-server's order, and its infill sampler, run on the CPU
     if request.json_schema is not None or request.grammar is not None:
         why.append("grammar")
     if request.logprobs is not None:

@@ -14,11 +14,14 @@ Rules, in the order they apply:
   submitted with (`base_priority`); promotion (below) does not change it.
 * **Admission.** Waiting requests take free slots, highest class first, then oldest. A slot is
   chosen by the longest common prefix between its cached tokens and the request's prompt (KV reuse),
-  then least recently used. When every slot is taken, a waiting request may preempt (pause) a running
-  one of a lower class; the paused request waits again and resumes later from what its slot still
-  holds.
+  weighed against keeping the running slots side by side (slots.py: llama.cpp decodes a step in one
+  pass only over consecutive sequence ids); a step whose slots are not side by side first moves
+  requests into the holes between them (`DecodeStep.moves`) where the engine can copy a slot.
+  When every slot is taken, a waiting request may preempt (pause) a running one of a lower class;
+  the paused request waits again and resumes later from what its slot still holds.
 * **Batch composition.** Running sequences put in one token each, then prompt chunks share what is
-  left of the batch budget, shortest remainder first; a prompt longer than the budget is read over
+  left of the batch budget, shortest remainder first (the step's rows then go in ascending slot
+  order: slots.py); a prompt longer than the budget is read over
   several steps, so other requests keep decoding meanwhile. While editors are active (an
   interactive request in the last `interactive_window_s`), a lower-priority prompt is read at most
   `yield_tokens` at a time, so an editor request that arrives meanwhile waits for one small chunk
@@ -54,29 +57,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .steps import Admission, DecodeStep, EmbedStep, Entry, Trim
+from .slots import Slot, gather, placement_key
+from .steps import Admission, DecodeStep, EmbedStep, Entry, Move, Trim
 from .units import Units
 
-__all__ = ["Admission", "DecodeStep", "EmbedJob", "EmbedStep", "Entry", "Job", "Policy", "Slot", "Trim"]
+__all__ = ["Admission", "DecodeStep", "EmbedJob", "EmbedStep", "Entry", "Job", "Move", "Policy", "Slot", "Trim"]
 
 #: Priorities: higher runs first.
 PRIORITY_BATCH = 0
 PRIORITY_INTERACTIVE = 10
 
 _job_ids = itertools.count(1)
-
-
-class Slot:
-    """A sequence slot: the tokens whose KV cache it holds, and the job using it (if any)."""
-
-    def __init__(self, seq_id: int):
-        self.seq_id = seq_id
-        self.tokens: list[int] = []
-        self.job: Job | None = None
-        self.last_used = 0   # logical clock: higher is more recent
-
-    def __repr__(self) -> str:
-        return f"Slot({self.seq_id}, {len(self.tokens)} tokens, job={self.job.id if self.job else None})"
 
 
 class Job:
@@ -153,7 +144,8 @@ class Policy:
 
     def __init__(self, n_slots: int, batch_tokens: int, embed_pack_tokens: int = 32, embed_pack_texts: int = 8,
                  yield_tokens: int = 64, interactive_window_s: float = 30.0, promote_after_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_rollback: int | None = None):
+                 clock: Callable[[], float] = time.monotonic, max_rollback: int | None = None,
+                 can_move: bool = False):
         if n_slots < 1 or batch_tokens < 1:
             raise ValueError("a policy needs at least one slot and one batch token")
         self.yield_tokens = yield_tokens
@@ -166,6 +158,9 @@ class Policy:
         #: as far as the snapshots the context keeps, so reusing a slot's prefix that ends earlier
         #: than its cached tokens is impossible there, and the slot starts over.
         self.max_rollback = max_rollback
+        #: the engine copies a slot's cache into another (slots.compact closes holes between slots)
+        self.can_move = can_move
+        self.moves = 0
         self._last_interactive: float | None = None
         self.slots = [Slot(i) for i in range(n_slots)]
         self.batch_tokens = max(batch_tokens, n_slots)
@@ -236,6 +231,16 @@ class Policy:
                 out.trims.append(trim)
         return out
 
+    def _move(self, src: Slot, dst: Slot) -> Move:
+        """`src`'s job goes on in `dst`, whose cache becomes a copy of `src`'s; `src` keeps its cache
+        for a later request with the same prefix."""
+        job = src.job
+        dst.tokens = list(src.tokens)
+        dst.job, src.job, job.slot = job, None, dst
+        src.last_used = next(self._tick)
+        self.moves += 1
+        return Move(src.seq_id, dst.seq_id)
+
     def _promote(self) -> None:
         """Promote every job that has waited promote_after_s: queued, paused in a slot while higher
         classes decode, or an embedding not yet finished (a job that takes steps never has: each
@@ -258,7 +263,8 @@ class Policy:
         return job
 
     def _place(self, job: Job, free: list[Slot]) -> Trim | None:
-        best = max(free, key=lambda s: (common_prefix(s.tokens, job.seq), s.last_used))
+        running = {s.seq_id for s in self.slots if s.job is not None and s.job.base_priority == job.base_priority}
+        best = max(free, key=lambda s: placement_key(s, common_prefix(s.tokens, job.seq), running))
         # keep at least one token to decode: its logits give the next token
         common = min(common_prefix(best.tokens, job.seq), len(job.seq) - 1)
         inside = job.units.covering(common) if job.units else None
@@ -364,7 +370,6 @@ class Policy:
         if granted is not None:
             plan.append((granted, self.yield_tokens))
         entries: list[Entry] = []
-        row = 0
         for job, limit in plan:
             take = min(job.remaining, budget, limit)
             if take <= 0:
@@ -375,15 +380,22 @@ class Policy:
                 if unit is not None and entries and take > budget:
                     continue   # a unit larger than what is left of this step: whole, in a later one
             e = Entry(job, job.fed, take, pos=job.position(job.fed) if job.units else None, unit=unit)
-            if unit is None:   # a unit is decoded apart: it takes no row of the token batch
-                row += take
-                if take == job.remaining:
-                    e.output = row - 1
+            if unit is None and take == job.remaining:   # a unit is decoded apart: no row, no logits
+                e.output = 0
             entries.append(e)
             job.took = take
             budget -= take
+        if not entries:
+            return None
+        moves = []
+        if self.can_move:   # llama.cpp decodes consecutive ids in one pass (slots.py)
+            together = {e.job.slot.seq_id for e in entries if e.unit is None}
+            moves = [self._move(src, dst) for src, dst in gather(self.slots, together)]
+        entries.sort(key=lambda e: e.job.slot.seq_id)   # rows in ascending sequence id
         self._grant_drafts(entries, gens, budget, top)
-        return DecodeStep(entries) if entries else None
+        step = DecodeStep(entries, moves)
+        step.number_rows()
+        return step
 
     def _grant_drafts(self, entries: list[Entry], gens: list[Job], budget: int, top: int) -> None:
         """Speculative decoding takes only what the batch has left once every planned job has its

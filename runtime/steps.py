@@ -25,6 +25,14 @@ class Trim:
 
 
 @dataclass
+class Move:
+    """Copy slot `src`'s KV cache into slot `dst` (its own cache goes); the job goes on in `dst`."""
+
+    src: int
+    dst: int
+
+
+@dataclass
 class Entry:
     """One job's share of a decode step: tokens `job.seq[start:start + count]` at their positions.
 
@@ -56,6 +64,8 @@ class Entry:
 @dataclass
 class DecodeStep:
     entries: list[Entry]
+    #: slots to copy before the decode (the policy brought the step's slots side by side)
+    moves: list[Move] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:

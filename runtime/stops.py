@@ -73,3 +73,34 @@ class StopMatcher:
     def hold(self) -> int:
         """Characters at the end of the text that could still begin a stop string."""
         return max((a.state for a in self._automata), default=0)
+
+
+class IndentStop:
+    """llama-server's `n_indent`: every line after the first must be indented by at least `n` spaces
+    or tabs; the first one that is not (an empty line included) ends the text where it begins.
+
+    Fed piece by piece like StopMatcher: while a line's leading whitespace is still shorter than `n`
+    it is held back, since the next character decides; each character is looked at once."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._line: int | None = None   # start of the line being read after a newline, until decided
+        self._width = 0
+
+    def feed(self, text: str, offset: int) -> int:
+        """The start of the first line that is indented too little, ending in this piece, or -1."""
+        for i, c in enumerate(text):
+            if self._line is None:
+                if c == "\n":
+                    self._line, self._width = offset + i + 1, 0
+            elif c in " \t":
+                self._width += 1
+                if self._width >= self.n:
+                    self._line = None
+            else:   # text (or another line break) before the line is indented enough
+                return self._line
+        return -1
+
+    def hold(self, end: int) -> int:
+        """Characters at the end of a text of length `end` that are held back (an undecided line)."""
+        return 0 if self._line is None else end - self._line

@@ -33,7 +33,7 @@ from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
 from .requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
-from .scheduler import Admission, DecodeStep, EmbedJob, EmbedStep, Entry, Policy, Trim
+from .scheduler import Admission, DecodeStep, EmbedStep, Entry, Policy, Trim
 from .speculative import StepCost
 from . import drafting, sampler_choice
 
@@ -61,7 +61,8 @@ class LoadedModel(Model):
             if info is not None:
                 self.features["projector"] = Path(info.path).name
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts,
-                             max_rollback=getattr(backend, "max_rollback", None))
+                             max_rollback=getattr(backend, "max_rollback", None),
+                             can_move=getattr(backend, "can_move", False))
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
         #: the draft model this one drafts with (draftmodel.py), set by the store; None: none
@@ -122,7 +123,7 @@ class LoadedModel(Model):
 
     def _submit(self, request, on_token, how, grammar, tokens, text, units) -> GenerationStream:
         asm = ChannelAssembler(how.format, request.stop, request.confidence,
-                               reasoning.start_state(how.format, text))
+                               reasoning.start_state(how.format, text), request.n_indent)
         if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
             tokens = tokens + self._end_tokens(asm)
             asm.close()
@@ -262,7 +263,7 @@ class LoadedModel(Model):
             if isinstance(job, GenJob):
                 self._finish(job, "cancelled")
         for ej in adm.dropped_embeds:
-            self._end_embed(ej, Cancelled("Embedding cancelled."))
+            ej.end(Cancelled("Embedding cancelled."))
         for job in adm.first_placed:
             self.stats["prompt_tokens"] += len(job.prompt_tokens)
             self.stats["cached_prompt_tokens"] += job.n_cached or 0
@@ -289,6 +290,9 @@ class LoadedModel(Model):
                 self._finish(e.job, "error", err)
 
     def _decode(self, step: DecodeStep) -> None:
+        for move in step.moves:
+            self.backend.move(move.src, move.dst)
+        self.stats["moved"] += len(step.moves)
         if any(e.unit is not None for e in step.entries):
             self._encode_images(step)
             if not step.entries:
@@ -461,23 +465,14 @@ class LoadedModel(Model):
         except BaseException as e:  # noqa: BLE001 - the waiting caller gets the error; the worker keeps serving
             with self._lock:
                 self.policy.drop_embed(job)
-            self._end_embed(job, e)
+            job.end(e)
             return
         self.stats["embedded_texts"] += step.count
         self.stats["embedded_tokens"] += sum(len(t) for t in lists)
         with self._lock:
             complete = self.policy.embedded(step)
         if complete:
-            if job.normalize:
-                norms = np.linalg.norm(job.out, axis=1, keepdims=True)
-                job.out = job.out / np.maximum(norms, 1e-12)
-            self._end_embed(job, None)
-
-    @staticmethod
-    def _end_embed(job: EmbedJob, error: BaseException | None) -> None:
-        assert isinstance(job, EmbedRequest)
-        job.error = error
-        job.finished.set()
+            job.end()
 
     # -- shutdown --------------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -492,7 +487,7 @@ class LoadedModel(Model):
             except Exception as e:  # noqa: BLE001 - the stream must end even if building its result fails
                 job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
         for ej in embeds:
-            self._end_embed(ej, ModelUnloaded(f"{self.name} was unloaded ({reason}) before the embedding finished."))
+            ej.end(ModelUnloaded(f"{self.name} was unloaded ({reason}) before the embedding finished."))
         try:
             self.backend.close()
         finally:

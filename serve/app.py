@@ -38,7 +38,8 @@ from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPromp
 from . import answers, bridge
 from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
-from .fields import int_field, logprobs_of, messages_of, read_json, sampling_of, speculative_of, stops_of
+from .fields import (int_field, logprobs_of, messages_of, read_json, refuse_not_honoured, sampling_of, speculative_of,
+                     stops_of)
 
 log = logging.getLogger("a3b.serve")
 
@@ -243,6 +244,7 @@ class Api:
             typed, model=spec, on_token=on_token, **common, **opts))
 
     def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
+        refuse_not_honoured(body)
         n = body.get("n", 1)
         if n != 1:
             raise InvalidRequest("n must be 1: one choice per request.")
@@ -251,9 +253,12 @@ class Api:
         if body.get("n_predict") is not None and max_tokens is None:
             max_tokens = int_field(body, "n_predict", opt.N_PREDICT)
             max_tokens = None if max_tokens in (-1, 0) else max_tokens
+        extra = speculative_of(body)
+        if body.get("n_indent") is not None:
+            extra["n_indent"] = int_field(body, "n_indent", opt.N_INDENT)
         return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
-                    confidence=ConfidenceConfig(enabled=True), **speculative_of(body))
+                    confidence=ConfidenceConfig(enabled=True), **extra)
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:

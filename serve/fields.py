@@ -5,6 +5,7 @@ share, each checked against its declaration in runtime/options.py (a field that 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -41,6 +42,33 @@ async def read_json(request: Request) -> dict:
     return body
 
 
+def _is(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: any(v == x and type(v) is not bool or v is x for x in values)
+
+
+#: Fields of OpenAI's and llama-server's APIs that change the answer and that this server does not
+#: honour, each with the values that leave the answer as it is: any other value is a 400 naming the
+#: field, never a field quietly dropped (a field absent or null is left alone).
+NOT_HONOURED: dict[str, Callable[[Any], bool]] = {
+    "frequency_penalty": _is(0), "presence_penalty": _is(0), "logit_bias": _is({}), "best_of": _is(1),
+    "echo": _is(False), "suffix": _is(""), "typical_p": _is(1), "tfs_z": _is(1), "mirostat": _is(0),
+    "dynatemp_range": _is(0), "xtc_probability": _is(0), "dry_multiplier": _is(0), "top_n_sigma": _is(-1),
+    "penalize_nl": _is(False), "lora": _is([]),
+    "image_data": _is([]), "audio": lambda v: False, "min_keep": _is(0, 1),
+    "logits_processors": lambda v: False, "guided_regex": lambda v: False, "guided_choice": lambda v: False,
+}
+
+
+def refuse_not_honoured(body: dict) -> None:
+    """InvalidRequest naming a field that would change the answer and that this server ignores."""
+    for name, neutral in NOT_HONOURED.items():
+        v = body.get(name)
+        if v is not None and not neutral(v):
+            text = repr(v)
+            raise InvalidRequest(f"{name}={text[:60]}{'...' if len(text) > 60 else ''} is not supported by this "
+                                 f"server; leave it out (or send its neutral value).")
+
+
 def int_field(body: dict, name: str, option: Option, default: int | None = None) -> int | None:
     """body[name] as `option` takes it (a float with an integer value counts), or `default` when absent."""
     v = body.get(name)
@@ -62,6 +90,12 @@ def sampling_of(body: dict) -> SamplingParams:
             fields[name] = v
     if body.get("top_k") is not None:
         fields["top_k"] = int_field(body, "top_k", opt.TOP_K)
+    if body.get("repeat_last_n") is not None:
+        fields["repeat_last_n"] = int_field(body, "repeat_last_n", opt.REPEAT_LAST_N)
+    if body.get("ignore_eos") is not None:
+        fields["ignore_eos"] = check(opt.IGNORE_EOS, body["ignore_eos"])
+    if body.get("samplers") is not None:
+        fields["samplers"] = check(opt.SAMPLERS, body["samplers"])
     if body.get("seed") is not None:
         fields["seed"] = wrap_seed(body["seed"])
     sp = SamplingParams(**{**d.__dict__, **fields})
@@ -125,12 +159,16 @@ def content_parts_of(parts: list, where: str) -> str | tuple:
 
 
 def logprobs_of(body: dict, chat: bool) -> int | None:
+    """OpenAI's logprobs (chat: logprobs + top_logprobs); llama-server's n_probs for text and /infill."""
     if chat:
+        if body.get("n_probs"):
+            raise InvalidRequest("n_probs is llama-server's field for text completions and /infill; a chat asks "
+                                 "with logprobs and top_logprobs.")
         if not body.get("logprobs"):
             return None
         return int_field(body, "top_logprobs", opt.LOGPROBS, 0)
     if body.get("logprobs") is None or body.get("logprobs") is False:
-        return None
+        return int_field(body, "n_probs", opt.LOGPROBS) or None
     return int_field(body, "logprobs", opt.LOGPROBS, 0)
 
 

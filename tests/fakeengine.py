@@ -33,6 +33,7 @@ Model references: `fake://NAME[?key=value&...]` with keys
     position=1        the text follows the sequence's length, not the tokens generated: two such models
                       agree on what comes next whatever prompt they read (a draft model's test)
     n_vocab=N         report a vocabulary of N tokens (a draft model that does not fit)
+    move=0            the backend cannot copy a slot's cache into another (no holes closed)
     speculative=MODE  load it with this speculative setting whatever the spec says (its text repeats,
                       so n-gram drafts make a slow fake fast: tests that time a long generation
                       turn that off)
@@ -88,6 +89,8 @@ class FakeSettings:
     n_vocab: int = N_VOCAB
     #: the fake can attach samplers to sequences (backend sampling)
     backend_sampling: bool = False
+    #: the fake can copy a slot's cache into another (the policy closes holes between slots)
+    move: bool = True
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -105,7 +108,8 @@ class FakeSettings:
                    think=q.get("think"), think_loop=q.get("think_loop") == "1", vision=q.get("vision") == "1",
                    image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
                    speculative=q.get("speculative"), position=q.get("position") == "1",
-                   n_vocab=int(q.get("n_vocab", N_VOCAB)), backend_sampling=q.get("backend_sampling") == "1")
+                   n_vocab=int(q.get("n_vocab", N_VOCAB)), backend_sampling=q.get("backend_sampling") == "1",
+                   move=q.get("move", "1") == "1")
 
 
 class FakeVocab:
@@ -225,6 +229,32 @@ class FakeVision:
         return self.cache[chunk.digest]
 
 
+def equal_split_passes(seqs: list[int], n_ubatch: int) -> int:
+    """Micro-batches llama.cpp cuts a batch into when every sequence has a KV stream of its own: its
+    `llama_batch_allocr::split_equal(n_ubatch, sequential=true)`, for a batch whose token i belongs
+    to sequence seqs[i]. Each micro-batch takes sequences in batch order whose ids follow the first
+    one's by one (0, 1, 2, ...), and the same number of tokens from each."""
+    used = [False] * len(seqs)
+    passes = 0
+    while not all(used):
+        chosen: list[int] = []
+        for i, s in enumerate(seqs):
+            if not used[i] and s not in chosen and (not chosen or s == chosen[-1] + 1):
+                chosen.append(s)
+                if len(chosen) > n_ubatch:
+                    break
+        left = {s: [i for i, t in enumerate(seqs) if t == s and not used[i]] for s in chosen}
+        per_seq = 0
+        while all(per_seq < len(v) for v in left.values()):
+            for v in left.values():
+                used[v[per_seq]] = True
+            per_seq += 1
+            if (per_seq + 1) * len(chosen) > n_ubatch:
+                break
+        passes += 1
+    return passes
+
+
 class FakeBackend:
     """Decodes by bookkeeping: the KV cache is the list of tokens each sequence holds."""
 
@@ -253,6 +283,11 @@ class FakeBackend:
         #: seq_id -> the sampler attached there, as llama.cpp keeps it; every attach, in order
         self.attached: dict[int, dict] = {}
         self.attaches: list[int] = []
+        self.can_move = self.settings.move
+        self.moved: list[tuple[int, int]] = []
+        self.n_ubatch = max(spec.n_batch, spec.n_parallel)
+        #: micro-batches llama.cpp would cut each text decode into (equal_split_passes)
+        self.passes: list[int] = []
 
     def _same_thread(self) -> None:
         # the worker thread is the only caller of a backend: fail loudly otherwise
@@ -264,6 +299,13 @@ class FakeBackend:
         self._same_thread()
         del self.kv[seq_id][keep:]
 
+    def move(self, src: int, dst: int) -> None:
+        self._same_thread()
+        assert self.can_move, "a slot moved on a backend that cannot copy one"
+        assert src != dst
+        self.kv[dst] = list(self.kv[src])
+        self.moved.append((src, dst))
+
     def decode(self, step) -> None:
         self._same_thread()
         self.decodes += 1
@@ -273,6 +315,9 @@ class FakeBackend:
         if self.settings.fail_decode == self.decode_counter[self.path]:
             raise DecodeFailed("fake decode failure", fatal=self.settings.fatal)
         self.batch_sizes.append(step.n_tokens)
+        seqs = [e.job.slot.seq_id for e in step.entries if e.unit is None for _ in range(e.count + len(e.draft))]
+        if seqs:
+            self.passes.append(equal_split_passes(seqs, self.n_ubatch))
         self.rows = {}   # batch index -> the sequence's tokens up to it (what its logits depend on)
         self.row_seq: dict[int, int] = {}
         n = 0
@@ -388,6 +433,8 @@ class FakeBackend:
         sampler["n_gen"] = n_gen + 1
         tok = self._next(history, n_gen)
         sp = sampler["sampling"]
+        if sp.ignore_eos and tok in (EOS, EOT):   # the end-of-generation tokens are never drawn
+            tok = OFFSET + ord(".")
         if sp.temperature > 0 and tok >= OFFSET and sampler["rng"].random() < min(sp.temperature, 1.0) * 0.5:
             # a "creative" choice: an uppercase letter, chosen by the seeded generator
             tok = OFFSET + ord("A") + sampler["rng"].randrange(26)

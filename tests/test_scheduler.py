@@ -120,15 +120,17 @@ def test_decoding_sequences_go_first_and_prompt_chunks_share_the_rest_of_the_bud
     p.submit(small)
     p.admit()
     step = p.next_step()
-    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (small, 3), (big, 4)]
+    # the shortest prompt gets its share first; the rows go in slot order (a, big, small)
+    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (big, 4), (small, 3)]
+    assert [e.job.slot.seq_id for e in step.entries] == [0, 1, 2]
     assert step.n_tokens == 8
     out = {e.job: e.output for e in step.entries}
-    assert out[a] == 0 and out[small] == 3 and out[big] is None   # big's prompt is not read to its end yet
+    assert out[a] == 0 and out[small] == 7 and out[big] is None   # big's prompt is not read to its end yet
     decode_all(p, step)
     assert big.fed == 4 and big.remaining == 16
     # the long prompt goes on over the next steps while the others keep decoding
     step = p.next_step()
-    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (small, 1), (big, 6)]
+    assert [(e.job, e.count) for e in step.entries] == [(a, 1), (big, 6), (small, 1)]
 
 
 def test_cancelled_jobs_are_dropped_from_the_queue_and_reported_running():

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,19 +21,21 @@ from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
+from . import chain as chains, passes
+from .chain import greedy as chain_greedy
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
 from .mtp import MtpContext
+from .rows import THREADS_FROM, entropy, heavy
 from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
 
 log = logging.getLogger("a3b.llama")
 
-#: Rows sampled in parallel threads from this many on, for vocabularies at least this large (a row
-#: of a small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
-SAMPLE_THREADS_FROM = 4
+#: Rows are sampled in parallel threads (rows.py) for vocabularies at least this large (a row of a
+#: small vocabulary samples faster than a thread hand-off); A3B_SAMPLE_THREADS=0 turns it off.
 SAMPLE_THREADS_MIN_VOCAB = 32000
 
 
@@ -105,12 +107,16 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
     return p
 
 
-def entropy(logits: np.ndarray) -> float:
-    """Shannon entropy (nats) of softmax(logits)."""
-    z = logits - logits.max()
-    e = np.exp(z)
-    s = e.sum()
-    return float(np.log(s) - (e @ z) / s)
+#: bytes per KV cache element of each cache type (q8_0: 34 bytes a block of 32; q4_0: 18; ...)
+KV_TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                 "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+def kv_stream_bytes(weights: Weights, spec: LoadSpec) -> float:
+    """About what one slot's KV stream holds (keys and values of every layer over n_ctx cells): what
+    moving a slot copies."""
+    head = weights.n_embd // max(1, weights.n_head)
+    return weights.n_layer * spec.n_ctx * 2 * weights.n_head_kv * head * KV_TYPE_BYTES.get(spec.kv_cache_type, 2)
 
 
 @dataclass
@@ -122,6 +128,8 @@ class Sampler:
     greedy: bool = False
     grammar: Grammar | None = None
     seq_id: int | None = None
+    #: token ids never drawn (ignore_eos: the end-of-generation tokens; the chain holds them too)
+    ban: list[int] = field(default_factory=list)
 
     @property
     def backend(self) -> bool:
@@ -161,8 +169,13 @@ class LlamaBackend:
         self.spec = spec
         self.name = weights.info.name
         mark = log_mark()
+        params = context_params(spec)
+        #: llama.cpp's passes per decode (A3B_COUNT_PASSES), else None
+        self.passes = passes.counter()
+        if self.passes is not None:
+            self.passes.attach(params)
         with weights.use():
-            self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, context_params(spec)))
+            self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, params))
         self.threads = thread_counts(spec.n_threads)
         self._batch_threads = self.threads[1]
         self.tuner = ThreadTuner(*self.threads)
@@ -186,6 +199,11 @@ class LlamaBackend:
         #: a recurrent model's cache steps back only by the snapshots it keeps (scheduler.py)
         recurrent = L.llama_model_is_recurrent(weights.ptr) or L.llama_model_is_hybrid(weights.ptr)
         self.max_rollback = int(L.llama_n_rs_seq(self.ctx)) if recurrent else None
+        #: a slot's cache can be copied into another (the policy closes holes between running slots,
+        #: slots.py): one KV stream per slot, no MTP cache mirroring the slots, no recurrent state,
+        #: and a copy that costs less than the pass through the weights it saves
+        self.can_move = (spec.n_parallel > 1 and self.mtp is None and not recurrent
+                         and kv_stream_bytes(weights, spec) <= weights.size_bytes)
         #: backend chains may be attached (sampler_choice.py); the chain attached to each sequence
         self.backend_sampling = backend_sampling_available(weights, spec)
         self._attached: dict[int, Sampler] = {}
@@ -198,10 +216,17 @@ class LlamaBackend:
         threads = sample_threads()
         self._pool = (ThreadPoolExecutor(max_workers=min(threads, spec.n_parallel),
                                          thread_name_prefix=f"a3b-sample-{self.name}")
-                      if threads > 1 and spec.n_parallel >= SAMPLE_THREADS_FROM
+                      if threads > 1 and spec.n_parallel >= THREADS_FROM
                       and weights.n_vocab >= SAMPLE_THREADS_MIN_VOCAB else None)
 
     # -- generation ---------------------------------------------------------------------------
+    def move(self, src: int, dst: int) -> None:
+        """Copy sequence `src`'s KV stream into `dst`'s (llama.cpp copies the whole stream before the
+        next decode; `src` keeps its own)."""
+        L = llama()
+        L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
     def trim(self, seq_id: int, keep: int) -> None:
         if not llama().llama_memory_seq_rm(self.mem, seq_id, keep, -1):
             # the policy never asks a recurrent cache to step back further than it can
@@ -243,8 +268,11 @@ class LlamaBackend:
                 self.pools.use(want)
             self._batch_threads = want
         t0 = time.perf_counter()
+        before = self.passes.count if self.passes is not None else 0
         rc = L.llama_decode(self.ctx, self.batch)
         self.tuner.observe(tokens, chunk, want, time.perf_counter() - t0)
+        if self.passes is not None:
+            self.passes.per_step.append((tokens, len(texts), self.passes.count - before))
         if rc != 0:
             # 1 = no KV slot (should not happen: each sequence owns n_ctx cells), 2 = aborted,
             # -1 = invalid batch, below: a backend error (a device out of memory, say), after which
@@ -259,45 +287,26 @@ class LlamaBackend:
             check_gbnf(self.weights.vocab_ptr, text)
         return text
 
-    @staticmethod
-    def _chain(sp, seed: int, n_vocab: int):
-        L = llama()
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-
-        def add(s):
-            L.llama_sampler_chain_add(chain, s)
-
-        # top-k first when it is on: the penalty sampler is slow over the whole vocabulary
-        if sp.temperature > 0 and sp.top_k > 0:
-            add(L.llama_sampler_init_top_k(sp.top_k))
-        if sp.repeat_penalty != 1.0:
-            add(L.llama_sampler_init_penalties(n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
-        if sp.temperature <= 0:
-            add(L.llama_sampler_init_greedy())
-        else:
-            if sp.top_p < 1.0:
-                add(L.llama_sampler_init_top_p(sp.top_p, 1))
-            if sp.min_p > 0:
-                add(L.llama_sampler_init_min_p(sp.min_p, 1))
-            add(L.llama_sampler_init_temp(sp.temperature))
-            add(L.llama_sampler_init_dist(seed))
-        return chain
+    def _chain(self, sp, seed: int):
+        return chains.build(sp, seed, self.weights.n_vocab, self.weights.vocab_ptr,
+                           self.weights.eog_tokens() if sp.ignore_eos else [])
 
     def new_sampler(self, sp, seed: int, grammar: str | None = None, seq_id: int | None = None) -> Sampler:
         """The request's chain; with `seq_id` (sampler_choice.choose said backend), attached to that
         sequence so the decode draws its tokens, else (or where llama.cpp refuses it) a CPU chain."""
-        chain = self._chain(sp, seed, self.weights.n_vocab)
-        greedy = sp.temperature <= 0 and sp.repeat_penalty == 1.0
+        chain = self._chain(sp, seed)
+        greedy = chain_greedy(sp)
+        ban = self.weights.eog_tokens() if sp.ignore_eos else []
         if seq_id is not None and self.backend_sampling and grammar is None and sp.repeat_penalty == 1.0:
-            sampler = Sampler(chain, greedy=greedy)
+            sampler = Sampler(chain, greedy=greedy, ban=ban)
             if self._attach(sampler, seq_id):
                 return sampler
             # a chain that went through llama.cpp's backend set-up skips its backend part on the
             # CPU: a fresh one for the CPU
             llama().llama_sampler_free(chain)
-            chain = self._chain(sp, seed, self.weights.n_vocab)
+            chain = self._chain(sp, seed)
         g = Grammar(self.weights.vocab_ptr, grammar, self.weights.n_vocab, self.weights.eos) if grammar else None
-        return Sampler(chain, greedy=greedy, grammar=g)
+        return Sampler(chain, greedy=greedy, grammar=g, ban=ban)
 
     def _attach(self, sampler: Sampler, seq_id: int) -> bool:
         L = llama()
@@ -343,7 +352,7 @@ class LlamaBackend:
             sampler.chain = None
 
     def _sample_one(self, item) -> tuple[int, float | None]:
-        sampler, row, want_entropy = item
+        sampler, row, want_entropy, ptr = item
         L = llama()
         if sampler.backend:
             # drawn in the decode; accepting it commits the chain's random draw (one per token taken)
@@ -354,7 +363,7 @@ class LlamaBackend:
             return tok, None
         logits = None
         if want_entropy or sampler.greedy or sampler.grammar is not None:
-            logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.weights.n_vocab,))
+            logits = np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,))
         ent = entropy(logits) if want_entropy else None
         if sampler.grammar is not None:
             return sampler.grammar.pick(sampler.chain, logits, sampler.greedy), ent
@@ -362,6 +371,8 @@ class LlamaBackend:
             # the chain's answer without its candidate array: llama_sampler_sample first copies the
             # whole row into n_vocab (id, logit, p) records (0.16 ms for a 152k vocabulary), ten
             # times an argmax over the row, per token and per sequence. Both take the first maximum.
+            if sampler.ban:   # ignore_eos: the chain's -inf bias, on the row itself (read after the entropy)
+                logits[sampler.ban] = -np.inf
             return int(logits.argmax()), ent
         return L.llama_sampler_sample(sampler.chain, self.ctx, row), ent
 
@@ -377,23 +388,28 @@ class LlamaBackend:
         return float(z[token]) - lse, top
 
     def sample_rows(self, rows):
-        """Sample every row; in parallel threads when there are several.
+        """Sample every row; the rows with work (a sampler chain over the whole row, an entropy) in
+        parallel threads when there are several (rows.py).
 
-        Sampling reads a row of logits (n_vocab floats: 152k for Qwen) and runs the request's sampler
-        chain on the CPU, and the entropy is a pass over the same row: a fraction of a millisecond per
-        row, which at 16 concurrent requests on a GPU costs as much as the decode step itself. ctypes
-        and numpy release the GIL for that work, and every row has its own sampler, so rows are
-        sampled side by side (the logits are only read)."""
-        chained = sum(1 for sampler, _, _ in rows if not sampler.greedy and not sampler.backend)
-        if chained < SAMPLE_THREADS_FROM or self._pool is None or any(s.backend for s, _, _ in rows):
-            # a backend row is one integer to read (the draw happened in the decode); rows are
-            # read one after another then, so that llama.cpp's output bookkeeping, which the first
-            # read of a step updates, is never touched from two threads
-            # greedy rows are an argmax (and at most an entropy) in numpy: handing them to threads
-            # costs more than it saves (measured at 16 rows on an H200: 1471 tokens/s in threads,
-            # 1835 one after another)
-            return [self._sample_one(r) for r in rows]
-        return list(self._pool.map(self._sample_one, rows))
+        A backend row is one integer to read (the draw happened in the decode), a greedy row an
+        argmax: handing those to threads costs more than it saves (measured at 16 greedy rows on an
+        H200: 1471 tokens/s in threads, 1835 one after another). llama.cpp's output bookkeeping is
+        updated by the first read of a step, so every row's logits are looked up here, on the worker
+        thread, before any other thread reads one."""
+        L = llama()
+        items = [(s, row, want, None if s.backend else L.llama_get_logits_ith(self.ctx, row))
+                 for s, row, want in rows]
+        work = [heavy(want, s.greedy, s.backend) for s, _, want, _ in items]
+        if self._pool is None or sum(work) < THREADS_FROM:
+            return [self._sample_one(it) for it in items]
+        out: list = [None] * len(items)
+        futures = {i: self._pool.submit(self._sample_one, it) for i, it in enumerate(items) if work[i]}
+        for i, it in enumerate(items):   # light rows here meanwhile (backend rows stay on this thread)
+            if not work[i]:
+                out[i] = self._sample_one(it)
+        for i, f in futures.items():
+            out[i] = f.result()
+        return out
 
     # -- embeddings ---------------------------------------------------------------------------
     def _embed_ctx(self, pooling: str):

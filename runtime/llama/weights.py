@@ -129,6 +129,7 @@ class Weights:
         self.eos = L.llama_vocab_eos(self.vocab_ptr)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._eog_all: list[int] | None = None
         self._buf = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
         self._adapters: dict[str, object] = {}
@@ -219,6 +220,14 @@ class Weights:
             with self.use():
                 v = self._eog[token] = bool(llama().llama_vocab_is_eog(self.vocab_ptr, token))
         return v
+
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token id (a pass over the vocabulary, once)."""
+        if self._eog_all is None:
+            L = llama()
+            with self.use():
+                self._eog_all = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab_ptr, t)]
+        return self._eog_all
 
     def token_text(self, token: int) -> str:
         with self.use():

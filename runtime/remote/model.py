@@ -158,7 +158,8 @@ class RemoteModel(Model):
         req = stream.request
         # a server that splits reasoning off sends it as reasoning_content; one that does not
         # leaves <think> ... </think> in the content, which the splitter takes apart here
-        asm = ChannelAssembler(THINK if isinstance(req.prompt, ChatPrompt) else NONE, req.stop, req.confidence)
+        asm = ChannelAssembler(THINK if isinstance(req.prompt, ChatPrompt) else NONE, req.stop, req.confidence,
+                               n_indent=req.n_indent)
         n = 0
         t_first = t_last = None
         reason, error = "stop", None

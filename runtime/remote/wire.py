@@ -75,8 +75,16 @@ def request_body(req: GenerationRequest, model: str, infill: bool) -> tuple[str,
     sp = req.sampling
     body: dict[str, Any] = {
         "model": model, "max_tokens": req.max_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
-        "top_k": sp.top_k, "min_p": sp.min_p, "repeat_penalty": sp.repeat_penalty, "stream": True,
+        "top_k": sp.top_k, "min_p": sp.min_p, "repeat_penalty": sp.repeat_penalty,
+        "repeat_last_n": sp.repeat_last_n, "stream": True,
     }
+    # llama-server's fields, sent only where they change something
+    if sp.ignore_eos:
+        body["ignore_eos"] = True
+    if sp.samplers is not None:
+        body["samplers"] = list(sp.samplers)
+    if req.n_indent:
+        body["n_indent"] = req.n_indent
     if sp.seed is not None:
         body["seed"] = sp.seed
     if req.stop:

@@ -1,0 +1,53 @@
+"""A request's llama.cpp sampler chain, from its SamplingParams.
+
+The default order is top-k, the repeat penalty, top-p, min-p, temperature, then a seeded draw
+(top-k first when it is on: the penalty sampler is slow over the whole vocabulary); at temperature 0
+the chain is the penalty and the likeliest token. A request may give llama-server's `samplers`
+order instead (llama.vim sends top_k, top_p, infill): the samplers named apply in that order, those
+left out not at all (without `temperature` the draw is at temperature 1, as llama-server draws), and
+`infill` is llama.cpp's fill-in-the-middle sampler. `ignore_eos` puts a bias of -inf on every
+end-of-generation token first, as llama-server does.
+"""
+from __future__ import annotations
+
+from ..options import SAMPLER_NAMES
+from .binding import llama
+
+#: the order when a request gives none
+DEFAULT_ORDER = SAMPLER_NAMES[:5]
+
+
+def greedy(sp) -> bool:
+    """Whether the chain is the likeliest token alone (the worker takes an argmax of the row instead)."""
+    return sp.temperature <= 0 and sp.repeat_penalty == 1.0 and sp.samplers is None
+
+
+def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int]):
+    L = llama()
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+
+    def add(s):
+        L.llama_sampler_chain_add(chain, s)
+
+    if sp.ignore_eos:
+        bias = (L.llama_logit_bias * len(eog))(*(L.llama_logit_bias(t, float("-inf")) for t in eog))
+        add(L.llama_sampler_init_logit_bias(n_vocab, len(eog), bias))
+    order = DEFAULT_ORDER if sp.samplers is None else sp.samplers
+    # the default chain at temperature 0 keeps the penalty alone before the likeliest token
+    cold = sp.temperature <= 0 and "temperature" in order
+    shaping = sp.samplers is not None or not cold
+    for name in order:
+        if name == "top_k" and sp.top_k > 0 and shaping:
+            add(L.llama_sampler_init_top_k(sp.top_k))
+        elif name == "penalties" and sp.repeat_penalty != 1.0:
+            add(L.llama_sampler_init_penalties(n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
+        elif name == "top_p" and sp.top_p < 1.0 and shaping:
+            add(L.llama_sampler_init_top_p(sp.top_p, 1))
+        elif name == "min_p" and sp.min_p > 0 and shaping:
+            add(L.llama_sampler_init_min_p(sp.min_p, 1))
+        elif name == "temperature" and not cold:
+            add(L.llama_sampler_init_temp(sp.temperature))
+        elif name == "infill":
+            add(L.llama_sampler_init_infill(vocab_ptr))
+    add(L.llama_sampler_init_greedy() if cold else L.llama_sampler_init_dist(seed))
+    return chain

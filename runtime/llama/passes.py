@@ -1,0 +1,39 @@
+"""Counting llama.cpp's passes through the model: how many micro-batches a decode step became.
+
+A diagnostic (A3B_COUNT_PASSES=on), for the tests and benchmarks that check that a step of many
+requests is one pass (slots.py says why it may not be). llama.cpp asks its graph evaluation
+callback (`cb_eval`) about every node of every graph it computes; the first layer's attention norm
+(`attn_norm-0`) is in every graph of a decoder once, so its questions count the graphs. Asking from
+Python costs a few microseconds per node: off unless asked for.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from ..environment import env_on
+from . import ggml
+
+#: the node whose evaluation marks one pass
+MARK = b"attn_norm-0"
+
+
+class PassCounter:
+    def __init__(self) -> None:
+        self.count = 0
+        #: (tokens, sequences, passes) of each decode call, in order (what the benchmarks report per step)
+        self.per_step: list[tuple[int, int, int]] = []
+        self.callback = ggml.EVAL_CALLBACK(self._ask)   # kept alive with the context
+
+    def _ask(self, ptr, ask, _user) -> bool:
+        if ask and ctypes.cast(ptr, ggml.TensorPtr).contents.name == MARK:
+            self.count += 1
+        return False   # no node's data is wanted: llama.cpp computes each split whole
+
+    def attach(self, params) -> None:
+        params.cb_eval = self.callback
+        params.cb_eval_user_data = None
+
+
+def counter() -> PassCounter | None:
+    """A counter when A3B_COUNT_PASSES is on, else None."""
+    return PassCounter() if env_on("A3B_COUNT_PASSES") else None
