@@ -11,8 +11,10 @@ Needs a llama-cpp-python built with CUDA (docs/gpu.md says how) and, for the com
    Random weights are fine for memory and speed, not for text.
 2. Raw llama-cpp-python `Llama`, fully offloaded: decode tokens/s of one request (greedy) and
    prompt tokens/s.
-3. The runtime, fully offloaded, 16 slots: decode tokens/s of 1 request, aggregate tokens/s of 4 and
-   16 concurrent requests, prompt tokens/s; with the rows sampled serially and in threads.
+3. The runtime, fully offloaded, 16 slots, speculation off: 16 requests on fresh slots, then after
+   a warm-up that used every slot out of order decode tokens/s of 1 request, aggregate tokens/s of 4
+   and 16 concurrent requests (16 also with confidence spans on), prompt tokens/s; speculation at
+   its default as a row of its own; with the rows sampled serially and in threads.
 4. llama-batched-bench at 1, 4 and 16 sequences (decode speed, no sampling) and llama-server with
    16 slots at 1, 4 and 16 concurrent requests (aggregate tokens/s, sampling included).
 5. GPU memory: weights + generation context; + the embedding context; + a second load spec (an
@@ -35,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import device_label, free_port
+from . import gpu_memory
+from .common import device_label, free_port, in_threads
 
 SHAPES = {
     # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
@@ -180,13 +183,7 @@ def concurrent(rt, spec, n: int, gen: int, sampling, confidence=None) -> tuple[l
                         sampling=sampling, confidence=confidence or ConfidenceConfig(enabled=False))
         results.append((t + r.time_to_first_token, r))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = in_threads(one, n)
     if len(results) != n:
         raise RuntimeError(f"{n - len(results)} of {n} requests failed")
     rs = [r for _, r in results]
@@ -212,29 +209,56 @@ def raw_llama(path: Path, gen: int) -> dict:
 
 
 # -- 3. the runtime -----------------------------------------------------------------------------------
+def warm_up(rt, spec, n_slots: int, sampling) -> None:
+    """Use every slot and release them out of order: requests of different lengths at once, twice
+    (what a server or a ComfyUI that has run a batch has done before it is measured)."""
+    from comfyui_a3b.runtime import ConfidenceConfig
+
+    for rnd in range(2):
+        lengths = [2 + ((k * 7 + rnd * 5) % n_slots) * 3 for k in range(n_slots + n_slots // 2)]
+        threads = [threading.Thread(target=lambda k=k, n=n, r=rnd: rt.generate(
+            prompt_tokens=prompt(16, 900 + k * 13 + r), model=spec, chat=False, max_tokens=n, sampling=sampling,
+            confidence=ConfidenceConfig(enabled=False))) for k, n in enumerate(lengths)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 def runtime_rows(path: Path, gen: int, label: str) -> dict:
+    """Speculation off (the ratio to llama-batched-bench compares like with like): 16 requests on
+    fresh slots right after the load, then after a warm-up that used every slot out of order: 1, 4
+    and 16 requests, 16 with confidence spans on, 16 with the default speculation (its own row)."""
     from comfyui_a3b.runtime import ConfidenceConfig, Runtime, preset
 
     rt = Runtime()
-    spec = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=640, n_parallel=16, n_batch=512)
+    spec = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=640, n_parallel=16, n_batch=512, speculative="off")
     m = rt.load(spec)
     greedy = preset("greedy")
     off = ConfidenceConfig(enabled=False)
-    rt.generate(prompt_tokens=prompt(16), model=spec, chat=False, max_tokens=4, sampling=greedy, confidence=off)
     out = {"label": label, "offload": m.info.offload, "n_gpu_layers": m.info.n_gpu_layers}
 
-    def run(n: int, confidence=off) -> float:
-        return concurrent(rt, spec, n, gen, greedy, confidence)[2]   # over the whole wall time, as before
+    def run(n: int, confidence=off, s=spec) -> float:
+        return concurrent(rt, s, n, gen, greedy, confidence)[2]   # over the whole wall time, as before
 
+    out["fresh_aggregate_tps_16"] = run(16)
+    warm_up(rt, spec, 16, greedy)
     out["decode_tps"] = run(1)
     out["decode_tps_entropy"] = run(1, ConfidenceConfig(enabled=True))
     for n in (4, 16):
         out[f"aggregate_tps_{n}"] = run(n)
     out["aggregate_tps_16_entropy"] = run(16, ConfidenceConfig(enabled=True))
+    out["warm_vs_fresh_16"] = out["aggregate_tps_16"] / out["fresh_aggregate_tps_16"]
+    out["entropy_cost_16"] = 1 - out["aggregate_tps_16_entropy"] / out["aggregate_tps_16"]
+    out["stats"] = {k: v for k, v in m.stats.items() if k in ("moved", "decode_calls", "decoded_tokens")}
     long = prompt(400, 7)
     t0 = time.perf_counter()
     r = rt.generate(prompt_tokens=long, model=spec, chat=False, max_tokens=1, sampling=greedy, confidence=off)
     out["prefill_tps"] = r.n_prompt_tokens / (time.perf_counter() - t0)
+    spec_auto = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=640, n_parallel=16, n_batch=512)
+    rt.load(spec_auto)
+    warm_up(rt, spec_auto, 16, greedy)
+    out["speculative_auto"] = {n: run(n, s=spec_auto) for n in (1, 16)}
     rt.unload()
     return out
 
@@ -304,50 +328,6 @@ def llama_server(binary: Path, path: Path, gen: int) -> dict:
             proc.kill()
 
 
-# -- 5, 6. memory and unload -------------------------------------------------------------------------
-def gpu_free() -> int:
-    from comfyui_a3b.runtime.llama.devices import gpus
-
-    found = gpus()
-    return found[0].free_bytes if found else 0
-
-
-def memory_rows(path: Path) -> dict:
-    from comfyui_a3b.runtime import Runtime
-
-    rt = Runtime()
-    base = gpu_free()
-    spec = rt.spec(str(path), n_gpu_layers=gpu_layers())   # A3BLoader's defaults
-    rt.generate(prompt_tokens=prompt(8), model=spec, max_tokens=2, chat=False)
-    one = base - gpu_free()
-    rt.embed(["w301 w302 w303", "w304"], model=spec)
-    with_embed = base - gpu_free()
-    # the language server at its default settings asks for the loader's default context: it shares
-    # the workflow's context (its requests take a free sequence there)
-    editor = rt.spec(str(path), n_gpu_layers=gpu_layers())
-    rt.generate(prompt_tokens=prompt(8), model=editor, max_tokens=2, chat=False)
-    with_editor = base - gpu_free()
-    # an editor configured with its own nCtx gets a context of its own
-    own = rt.spec(str(path), n_gpu_layers=gpu_layers(), n_ctx=4096, n_parallel=1)
-    rt.generate(prompt_tokens=prompt(8), model=own, max_tokens=2, chat=False)
-    with_own_editor = base - gpu_free()
-    auto = rt.spec(str(path))            # n_gpu_layers="auto"
-    t0 = time.perf_counter()
-    n = rt.unload()
-    deadline = time.time() + 60
-    while gpu_free() < base - (64 << 20) and time.time() < deadline:
-        time.sleep(0.01)
-    unload_s = time.perf_counter() - t0
-    m = rt.load(auto)
-    chosen = m.info.offload
-    rt.unload()
-    return {"gen_bytes": one, "gen_embed_bytes": with_embed, "gen_embed_editor_bytes": with_editor,
-            "ratio_embed": with_embed / one if one else None, "ratio_editor": with_editor / one if one else None,
-            "gen_embed_editor_own_ctx_bytes": with_own_editor,
-            "ratio_editor_own_ctx": with_own_editor / one if one else None,
-            "unload_s": unload_s, "contexts_unloaded": n, "auto_choice": chosen}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for bench_gpu.json (and the model, unless --model)")
@@ -397,7 +377,7 @@ def main(argv=None) -> int:
         step("batched_bench", lambda: batched_bench(b / "llama-batched-bench", path, args.gen))
         step("llama_server", lambda: llama_server(b / "llama-server", path, args.gen))
     if "memory" in parts:
-        step("memory", lambda: memory_rows(path))
+        step("memory", lambda: gpu_memory.memory_rows(path, gpu_layers, prompt))
     report(res, out_dir)
     return 0
 
@@ -423,7 +403,12 @@ def report(res: dict, out_dir: Path) -> list[list[str]]:
     for key, label in (("runtime_serial", "a3b runtime"), ("runtime_threads", "a3b runtime, rows sampled in threads")):
         r = res.get(key, {})
         if "decode_tps" in r:
-            add(label, {1: r["decode_tps"], 4: r["aggregate_tps_4"], 16: r["aggregate_tps_16"]})
+            add(label + " (after a warm-up)", {1: r["decode_tps"], 4: r["aggregate_tps_4"], 16: r["aggregate_tps_16"]})
+            if "fresh_aggregate_tps_16" in r:
+                add(label + ", fresh slots", {16: r["fresh_aggregate_tps_16"]})
+                add(label + ", confidence spans on", {1: r["decode_tps_entropy"], 16: r["aggregate_tps_16_entropy"]})
+            if "speculative_auto" in r:
+                add(label + ", speculative=auto", {int(n): v for n, v in r["speculative_auto"].items()})
     bb = (res.get("batched_bench", {}).get("rows") or {})
     if bb:
         add("llama-batched-bench", {int(n): v["speed_tg"] for n, v in bb.items() if str(n).isdigit()})

@@ -244,7 +244,8 @@ def measure(path: Path, budgets: list[float], args, deadline: float) -> list[dic
             free = gpu_free_bytes() or 0
             lo = planner.layer_only(placement.layout(path), free_bytes=free, n_ctx=args.n_ctx, n_parallel=4,
                                     n_batch=512)
-            row["layer_only"] = attempt(runtime_run, path, lo.n_gpu_layers if free else 0, args)
+            row["layer_only"] = (attempt(runtime_run, path, lo.n_gpu_layers if free else 0, args) if args.layer_only
+                                 else {"error": "skipped (--no-layer-only)"})
             say(f"  layer-only: {row['layer_only'].get('offload', row['layer_only'].get('error'))}")
             a = row["planner"]
             if binary is None or not binary.exists():
@@ -260,9 +261,29 @@ def measure(path: Path, budgets: list[float], args, deadline: float) -> list[dic
                     # says what the placement buys, apart from this runtime
                     row["llama_cpp_layer_only"] = attempt(tool_run, binary, path, row["layer_only"]["n_gpu_layers"],
                                                           0, row["layer_only"]["threads"], args)
+                if args.sweep and "error" not in row["llama_cpp"]:
+                    row["sweep"] = sweep(binary, path, a, args)
             say(f"  llama.cpp: {json.dumps({k: v for k, v in row['llama_cpp'].items() if k != 'command'})[:300]}")
         out.append(row)
     return out
+
+
+def sweep(binary: Path, path: Path, planned: dict, args) -> dict:
+    """llama-batched-bench at n_cpu_moe values around the planner's, under the same budget: a value
+    that does not fit fails to load (recorded so); the best that fits, against the planner's."""
+    from comfyui_a3b.runtime.llama import placement
+
+    n_layer = placement.layout(path).n_layer
+    base = planned["n_cpu_moe"]
+    rows = {}
+    for off in (int(x) for x in args.sweep.split(",")):
+        n = base + off
+        if off == 0 or not 0 <= n <= n_layer:
+            continue
+        r = attempt(tool_run, binary, path, planned["n_gpu_layers"], n, planned["threads"], args)
+        rows[n] = {k: r.get(k) for k in ("decode_tps_1", "decode_tps_4", "error") if r.get(k) is not None}
+        say(f"  sweep n_cpu_moe {n}: {rows[n]}")
+    return {"planner_n_cpu_moe": base, "rows": rows}
 
 
 def comfyui_run(path: Path, gb: float, args) -> dict:
@@ -315,6 +336,24 @@ def table(res: dict) -> str:
                          f"{f(x.get('decode_tps_1'))} | {f(x.get('decode_tps_4'))} | "
                          f"{f(x.get('wall_tps_1'))} / {f(x.get('wall_tps_4'))} | "
                          f"{f(x.get('prefill_tps'), '{:.0f}')} | {cell(vs_lo)} | {cell(vs_tool)} |")
+    sweeps = [(r["budget_gb"], r["sweep"], r.get("llama_cpp", {})) for r in res["runs"] if r.get("sweep")]
+    if sweeps:
+        lines += ["", "| budget | llama-batched-bench at n_cpu_moe: decode 1 / 4 requests | planner's / best that fits "
+                      "(1 / 4) |", "|---|---|---|"]
+        for gb, sw, tool in sweeps:
+            rows = {int(n): v for n, v in sw["rows"].items()}
+            rows[sw["planner_n_cpu_moe"]] = {"decode_tps_1": tool.get("decode_tps_1"),
+                                             "decode_tps_4": tool.get("decode_tps_4")}
+            cells = ", ".join(f"{n}{'*' if n == sw['planner_n_cpu_moe'] else ''}: "
+                              + (f"{f(v.get('decode_tps_1'))} / {f(v.get('decode_tps_4'))}" if "error" not in v
+                                 else "does not fit") for n, v in sorted(rows.items()))
+            fits = [v for v in rows.values() if "error" not in v and v.get("decode_tps_4")]
+            best1 = max((v["decode_tps_1"] for v in fits if v.get("decode_tps_1")), default=None)
+            best4 = max((v["decode_tps_4"] for v in fits), default=None)
+            mine = rows[sw["planner_n_cpu_moe"]]
+            lines.append(f"| {gb} GB | {cells} | "
+                         f"{f(best1 and mine.get('decode_tps_1') and mine['decode_tps_1'] / best1, '{:.2f}')} / "
+                         f"{f(best4 and mine.get('decode_tps_4') and mine['decode_tps_4'] / best4, '{:.2f}')} |")
     lines += ["", "| budget | planner (file) | planner (experts-keep 0.75) | layer-only GPU layers (file / 0.75) |",
               "|---|---|---|---|"]
     for r in res["planner_table"]:
@@ -380,6 +419,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--handover", type=float, default=4.0, help="GB to give back at the largest budget (0: off)")
     ap.add_argument("--max-seconds", type=float, default=300, help="no new budget starts after this")
+    ap.add_argument("--sweep", default="", help="n_cpu_moe offsets from the planner's to run llama-batched-bench at "
+                                                "too, e.g. -2,-1,1,2 (none by default)")
+    ap.add_argument("--no-layer-only", dest="layer_only", action="store_false",
+                    help="skip the runtime's layer-only run")
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_DIR"), help="ComfyUI's sources (step 5)")
     ap.add_argument("--comfyui-python", default=sys.executable, help="the Python with torch for step 5")
     ap.add_argument("--diffusion-gb", type=float, default=5.1)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -103,6 +104,17 @@ def plot(name: str, draw: Callable[[Any], None], size=(7, 4)) -> Path:
     plt.close(fig)
     print(f"wrote {path.relative_to(RESULTS.parent.parent)}")
     return path
+
+
+def in_threads(fn: Callable[[int], Any], n: int) -> float:
+    """fn(0) ... fn(n - 1), each in a thread of its own, all at once; the wall seconds until all ended."""
+    threads = [threading.Thread(target=fn, args=(k,)) for k in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
 
 
 def free_port() -> int:

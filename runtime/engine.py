@@ -210,12 +210,19 @@ class Backend(Protocol):
 
     #: whether `move` may be asked (the policy closes holes between running slots: slots.py)
     can_move: bool = False
+    #: the engine's count of passes through the model per decode (a diagnostic), or None; given the
+    #: model's stats counter in `passes.stats`, it keeps `passes` and `decode_step_passes` there
+    passes: Any = None
 
     def trim(self, seq_id: int, keep: int) -> None:
         """Drop the KV cache of sequence `seq_id` from position `keep` on."""
 
     def move(self, src: int, dst: int) -> None:
         """Make sequence `dst`'s KV cache a copy of `src`'s (before the next decode)."""
+
+    def interrupt(self, on: bool) -> None:
+        """From any thread: with True, the decode running now stops at its next chance and raises
+        DecodeAborted (an engine that cannot stop one finishes it); False clears that before a step."""
 
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""
@@ -263,6 +270,12 @@ class DecodeFailed(RuntimeError):
     def __init__(self, message: str, fatal: bool = False):
         super().__init__(message)
         self.fatal = fatal
+
+
+class DecodeAborted(DecodeFailed):
+    """The decode stopped because `Backend.interrupt` asked: nothing of the step stays in the cache
+    (the engine trimmed every entry back to where it began), and the step runs again without the
+    requests that were cancelled."""
 
 
 _engines: dict[str, Engine] = {}

@@ -214,12 +214,21 @@ class GenerationStream:
         #: warnings the engine found at submit; the result carries them
         self.warnings: list[str] = []
         self._done_callbacks: list[Callable[[GenerationStream], None]] = []
+        self._cancel_callbacks: list[Callable[[], None]] = []
         self._cb_lock = threading.Lock()
 
     # -- caller side -------------------------------------------------------------------------
     def cancel(self, reason: str = "cancelled") -> None:
+        if self._cancel.is_set():
+            return
         self.cancel_reason = reason
         self._cancel.set()
+        for fn in list(self._cancel_callbacks):
+            fn()   # the engine's: it stops the step this request is in, where that step is long
+
+    def add_cancel_callback(self, fn: Callable[[], None]) -> None:
+        """Call fn() (on the cancelling thread, which must not wait for it) when the stream is cancelled."""
+        self._cancel_callbacks.append(fn)
 
     @property
     def cancelled(self) -> bool:

@@ -438,6 +438,11 @@ class Policy:
         if job in self.embeds:
             self.embeds.remove(job)
 
+    def aborted(self, step: DecodeStep) -> None:
+        """The engine stopped `step` (a request in it was cancelled): nothing of it is in the caches;
+        the others take it again in the next step."""
+        self._batch_in_flight = False
+
     def decoded(self, step: DecodeStep) -> None:
         """Record a successful decode: the step's tokens are now in their slots' KV caches."""
         self._batch_in_flight = False

@@ -26,21 +26,22 @@ from typing import Any
 import numpy as np
 
 from . import fim, imageprompt, memory, prompting, reasoning, thinking
-from .engine import Backend, DecodeFailed, LocalWeights, Model
+from .engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
 from .reasoning import ChannelAssembler
 from .options import POOLINGS, LoadSpec
 from .requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
-from .scheduler import Admission, DecodeStep, EmbedStep, Entry, Policy, Trim
+from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
 from .speculative import StepCost
-from . import drafting, sampler_choice
+from . import drafting
+from .verify import RowVerifier
 
 log = logging.getLogger("a3b.worker")
 
 
-class LoadedModel(Model):
+class LoadedModel(RowVerifier, Model):
     """Weights + backend (contexts for one LoadSpec) + the worker thread: the Model of an in-process
     engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
     show what a prompt becomes for this model."""
@@ -68,9 +69,12 @@ class LoadedModel(Model):
         #: the draft model this one drafts with (draftmodel.py), set by the store; None: none
         self.draft_source: Any = None
         self._lock = threading.Condition()
+        self._step: DecodeStep | None = None   # the decode step planned last (for interrupts)
         self._closing: str | None = None
         self.closed = threading.Event()
         self.stats: collections.Counter = collections.Counter()
+        if backend.passes is not None:   # the engine counts its passes through the model into the stats
+            backend.passes.stats = self.stats
         self.created = time.time()
         self.last_used = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
@@ -152,6 +156,7 @@ class LoadedModel(Model):
         job.n_ctx_seq = self.n_ctx_seq
         # no drafts over a prompt with images: its placeholder ids are no tokens a drafter may propose
         job.drafter, job.control = (None, None) if units else drafting.for_request(self, request)
+        stream.add_cancel_callback(lambda: self._cancelled(job))
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
@@ -159,6 +164,15 @@ class LoadedModel(Model):
             self.stats["submitted"] += 1
             self._lock.notify()
         return stream
+
+    def _cancelled(self, job: GenJob) -> None:
+        """From the cancelling thread: a decode reading `job`'s prompt (or image) stops now instead of
+        at its end; a step of single tokens ends as it would (the worker drops the job after it)."""
+        with self._lock:
+            if self._step is not None and any(e.job is job and (e.count > 1 or e.unit is not None)
+                                              for e in self._step.entries):
+                self.backend.interrupt(True)
+            self._lock.notify()
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
@@ -237,6 +251,9 @@ class LoadedModel(Model):
                         adm.dropped.append(job)
                         self.policy.release(job)
                     step = self.policy.next_step()
+                    # a request cancelled from now on stops this step where it reads its prompt
+                    self._step = step if isinstance(step, DecodeStep) else None
+                    self.backend.interrupt(False)
                 self._apply(adm)
                 if isinstance(step, DecodeStep):
                     drafting.fill(step)
@@ -306,6 +323,11 @@ class LoadedModel(Model):
         t0 = time.perf_counter()
         try:
             self.backend.decode(step)
+        except DecodeAborted:   # a request in it was cancelled: the others take the step again
+            with self._lock:
+                self.policy.aborted(step)
+            self.stats["aborted_steps"] += 1
+            return
         except DecodeFailed as e:
             msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
             for entry in step.entries:
@@ -327,68 +349,6 @@ class LoadedModel(Model):
         self.stats["decoded_tokens"] += step.n_tokens
         now = time.perf_counter()
         self._verify([e for e in step.entries if e.output is not None], now)
-
-    def _verify(self, outs: list[Entry], now: float) -> None:
-        """Sample every output row of the step, and verify drafts: round r samples row `output + r` of
-        each entry still verifying, in order, with the request's own sampler (speculative.py says why
-        that is exact); an entry goes on while its draw equals its r-th drafted token and nothing ended
-        or changed the request (a stop, a limit, a closed reasoning block). Then the rejected drafts
-        leave the KV cache."""
-        slots = {id(e): e.job.slot for e in outs}
-        matched = dict.fromkeys(map(id, outs), 0)
-        made = dict.fromkeys(map(id, outs), 0)
-        active, r = outs, 0
-        while active:
-            for e in active:
-                if e.job.sampler is None:
-                    self._sampler(e.job)
-            sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
-                                                for e in active])
-            going = []
-            for e, (tok, ent) in zip(active, sampled):
-                job = e.job
-                lp = None
-                if job.req.logprobs is not None and not self.vocab.is_eog(tok):
-                    lp = self.backend.logprobs(e.output + r, tok, job.req.logprobs)
-                n_seq = len(job.seq)
-                hit = r < len(e.draft) and tok == e.draft[r]
-                if r == 0:
-                    job.drafted += len(e.draft)
-                if hit:   # counted before _took: the result may be made there
-                    matched[id(e)] += 1
-                    job.accepted += 1
-                self._took(job, tok, ent, now, lp)
-                made[id(e)] += 1
-                if hit and job.slot is not None and len(job.seq) == n_seq + 1:
-                    going.append(e)
-            active, r = going, r + 1
-        for e in outs:
-            if e.draft:
-                with self._lock:
-                    trim = self.policy.settle(e.job, slots[id(e)], matched[id(e)])
-                self._trim(trim)
-                self.stats["drafted_tokens"] += len(e.draft)
-                self.stats["accepted_tokens"] += matched[id(e)]
-            if e.job.control is not None:
-                e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
-
-    def _sampler(self, job: GenJob) -> None:
-        """The request's sampler, made at its first output row (sampler_choice.py decides where it
-        draws); a backend chain follows its request to the sequence it decodes in now."""
-        if job.sampler is None:
-            if job.sampler_kind is None:
-                job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
-                                                              getattr(self.backend, "backend_sampling", False), job.req,
-                                                              self.spec.draft_max)
-                self.stats[f"sampler_{job.sampler_kind}"] += 1
-            job.grammar_live = job.grammar is not None and job.asm.split.answering
-            seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
-            job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
-                                                   job.grammar if job.grammar_live else None, seq_id=seq)
-            if seq is not None and not getattr(job.sampler, "backend", True):
-                job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
-        elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
-            self.backend.prepare(job.sampler, job.slot.seq_id, True)
 
     def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
               lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:

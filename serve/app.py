@@ -172,7 +172,7 @@ class Api:
                              "total_slots": self.cfg.spec.n_parallel,
                              "chat_template": m.info.chat_template or "", "model_alias": self.cfg.model_id,
                              "modalities": {"vision": bool(m.features.get("vision")), "audio": False},
-                             "a3b": True})
+                             "a3b": True, "a3b_stats": dict(m.stats)})
 
     async def tokenize(self, request: Request) -> Response:
         body = await read_json(request)

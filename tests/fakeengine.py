@@ -34,6 +34,7 @@ Model references: `fake://NAME[?key=value&...]` with keys
                       agree on what comes next whatever prompt they read (a draft model's test)
     n_vocab=N         report a vocabulary of N tokens (a draft model that does not fit)
     move=0            the backend cannot copy a slot's cache into another (no holes closed)
+    prompt_factor=X   a step that reads a prompt chunk takes X times delay_ms (a long prompt batch)
     speculative=MODE  load it with this speculative setting whatever the spec says (its text repeats,
                       so n-gram drafts make a slow fake fast: tests that time a long generation
                       turn that off)
@@ -49,7 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from comfyui_a3b.runtime.engine import DecodeFailed, Engine, ModelInfo, register_engine
+from comfyui_a3b.runtime.engine import DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
 from comfyui_a3b.runtime.llama.grammar import schema_to_gbnf
 from comfyui_a3b.runtime.worker import LoadedModel
@@ -91,6 +92,8 @@ class FakeSettings:
     backend_sampling: bool = False
     #: the fake can copy a slot's cache into another (the policy closes holes between slots)
     move: bool = True
+    #: a step that reads a prompt chunk takes this many times delay_ms
+    prompt_factor: float = 1.0
 
     @classmethod
     def parse(cls, ref: str) -> FakeSettings:
@@ -109,7 +112,7 @@ class FakeSettings:
                    image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
                    speculative=q.get("speculative"), position=q.get("position") == "1",
                    n_vocab=int(q.get("n_vocab", N_VOCAB)), backend_sampling=q.get("backend_sampling") == "1",
-                   move=q.get("move", "1") == "1")
+                   move=q.get("move", "1") == "1", prompt_factor=float(q.get("prompt_factor", 1)))
 
 
 class FakeVocab:
@@ -284,10 +287,13 @@ class FakeBackend:
         self.attached: dict[int, dict] = {}
         self.attaches: list[int] = []
         self.can_move = self.settings.move
+        self._interrupt = False
+        self.aborted = 0
         self.moved: list[tuple[int, int]] = []
         self.n_ubatch = max(spec.n_batch, spec.n_parallel)
         #: micro-batches llama.cpp would cut each text decode into (equal_split_passes)
-        self.passes: list[int] = []
+        self.split_passes: list[int] = []
+        self.passes = None   # no pass counter of llama.cpp's own
 
     def _same_thread(self) -> None:
         # the worker thread is the only caller of a backend: fail loudly otherwise
@@ -306,18 +312,27 @@ class FakeBackend:
         self.kv[dst] = list(self.kv[src])
         self.moved.append((src, dst))
 
+    def interrupt(self, on: bool) -> None:
+        self._interrupt = on
+
     def decode(self, step) -> None:
         self._same_thread()
         self.decodes += 1
         self.decode_counter[self.path] = self.decode_counter.get(self.path, 0) + 1
-        if self.settings.delay_ms:
-            time.sleep(self.settings.delay_ms / 1000.0)
+        if self.settings.delay_ms:   # a slow step, which an interrupt stops (nothing of it is kept)
+            end = time.monotonic() + self.settings.delay_ms / 1000.0 * (
+                self.settings.prompt_factor if any(e.count > 1 for e in step.entries) else 1)
+            while time.monotonic() < end:
+                if self._interrupt:
+                    self.aborted += 1
+                    raise DecodeAborted("interrupted")
+                time.sleep(min(0.005, max(0.0, end - time.monotonic())))
         if self.settings.fail_decode == self.decode_counter[self.path]:
             raise DecodeFailed("fake decode failure", fatal=self.settings.fatal)
         self.batch_sizes.append(step.n_tokens)
         seqs = [e.job.slot.seq_id for e in step.entries if e.unit is None for _ in range(e.count + len(e.draft))]
         if seqs:
-            self.passes.append(equal_split_passes(seqs, self.n_ubatch))
+            self.split_passes.append(equal_split_passes(seqs, self.n_ubatch))
         self.rows = {}   # batch index -> the sequence's tokens up to it (what its logits depend on)
         self.row_seq: dict[int, int] = {}
         n = 0

@@ -23,19 +23,23 @@ def test_idle_cores_make_it_take_all_threads_and_a_busy_machine_the_decode_threa
     assert 2 in late                                                # it still looks now and then
 
 
-def test_prompt_chunks_and_single_tokens_are_never_tuned():
+def test_prompt_chunks_are_never_tuned_and_single_tokens_are():
     tuner = ThreadTuner(decode=1, prompt=2)
     assert tuner.choose(64, prompt_chunk=True) == 2
-    assert tuner.choose(1, prompt_chunk=False) == 1
     tuner.observe(64, True, 2, 1.0)
-    tuner.observe(1, False, 1, 1.0)
     assert tuner.cost == {}
     same = ThreadTuner(decode=4, prompt=4)
     assert same.choose(8, prompt_chunk=False) == 4 and same.runs == {}
+    # one request alone on idle cores: both threads decode its token faster, and the tuner finds it
+    chosen = run(ThreadTuner(decode=1, prompt=2), 4 * EXPLORE, 1, {1: 0.012, 2: 0.008})
+    assert chosen[0] == 1 and chosen[-EXPLORE:].count(2) >= EXPLORE - 2
+    # on a busy machine one thread stays
+    chosen = run(ThreadTuner(decode=1, prompt=2), 4 * EXPLORE, 1, {1: 0.012, 2: 0.2})
+    assert chosen[-2 * EXPLORE:].count(1) >= 2 * EXPLORE - 2
 
 
 def test_batch_sizes_are_measured_apart():
-    assert [size_class(n) for n in (2, 3, 4, 5, 8, 9, 64)] == [1, 2, 2, 3, 3, 4, 4]
+    assert [size_class(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [0, 1, 2, 2, 3, 3, 4, 4]
     tuner = ThreadTuner(decode=1, prompt=2)
     run(tuner, 40, 2, {1: 0.01, 2: 0.02})     # two tokens: one thread is faster
     run(tuner, 40, 8, {1: 0.02, 2: 0.01})     # eight tokens: two are

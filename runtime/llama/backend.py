@@ -16,15 +16,15 @@ import numpy as np
 
 from .. import vet
 from ..adapters import check as check_adapter
-from ..engine import DecodeFailed
+from ..engine import DecodeAborted, DecodeFailed
 from ..environment import env_number
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
-from . import chain as chains, passes
+from . import abort, chain as chains, passes
 from .chain import greedy as chain_greedy
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
-from .fitting import measure_context
+from .fitting import kv_stream_bytes, measure_context
 from .grammar import Grammar, check_gbnf, schema_to_gbnf
 from .mtp import MtpContext
 from .rows import THREADS_FROM, entropy, heavy
@@ -107,18 +107,6 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
     return p
 
 
-#: bytes per KV cache element of each cache type (q8_0: 34 bytes a block of 32; q4_0: 18; ...)
-KV_TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                 "q4_1": 20 / 32, "q4_0": 18 / 32}
-
-
-def kv_stream_bytes(weights: Weights, spec: LoadSpec) -> float:
-    """About what one slot's KV stream holds (keys and values of every layer over n_ctx cells): what
-    moving a slot copies."""
-    head = weights.n_embd // max(1, weights.n_head)
-    return weights.n_layer * spec.n_ctx * 2 * weights.n_head_kv * head * KV_TYPE_BYTES.get(spec.kv_cache_type, 2)
-
-
 @dataclass
 class Sampler:
     """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone;
@@ -177,7 +165,7 @@ class LlamaBackend:
         with weights.use():
             self.ctx = measure_context(weights, lambda: L.llama_init_from_model(weights.ptr, params))
         self.threads = thread_counts(spec.n_threads)
-        self._batch_threads = self.threads[1]
+        self._single_threads, self._batch_threads = self.threads
         self.tuner = ThreadTuner(*self.threads)
         if not self.ctx:
             detail = [ln.strip() for ln in log_since(mark).splitlines()
@@ -187,6 +175,10 @@ class LlamaBackend:
                                   f"{' | '.join(detail[-2:]) or 'no detail'}. "
                                   "Try a smaller n_ctx, or kv_cache_type f16.")
         self.pools = attach(self.ctx, *self.threads)   # None: each compute makes its own threadpool
+        #: stops a decode from another thread (interrupt); None: decodes always run to their end
+        self.abort = abort.flag()
+        if self.abort is not None:
+            self.abort.attach(self.ctx)
         #: the multi-token-prediction context beside it (speculative=mtp), or None
         self.mtp = MtpContext(weights, self.ctx, context_params(spec)) \
             if parse_speculative(spec.speculative)[0] == "mtp" and weights.n_layer_nextn > 0 else None
@@ -220,6 +212,16 @@ class LlamaBackend:
                       and weights.n_vocab >= SAMPLE_THREADS_MIN_VOCAB else None)
 
     # -- generation ---------------------------------------------------------------------------
+    def interrupt(self, on: bool) -> None:
+        if self.abort is not None:
+            self.abort.set() if on else self.abort.clear()
+
+    def _aborted(self, step: DecodeStep) -> DecodeAborted:
+        """After a decode stopped by `interrupt`: the step's cells leave every sequence it touched."""
+        for e in step.entries:
+            self.trim(e.job.slot.seq_id, e.position)
+        return DecodeAborted("the decode was interrupted")
+
     def move(self, src: int, dst: int) -> None:
         """Copy sequence `src`'s KV stream into `dst`'s (llama.cpp copies the whole stream before the
         next decode; `src` keeps its own)."""
@@ -248,6 +250,8 @@ class LlamaBackend:
         for e in step.entries:
             if e.unit is not None:   # an image: its embeddings, by libmtmd's helper (M-RoPE, causality)
                 rc = self.vision.decode(e.unit, self.ctx, e.position, e.job.slot.seq_id, max(self.spec.n_batch, 1))
+                if rc != 0 and self.abort is not None and self.abort.is_set:
+                    raise self._aborted(step)
                 if rc != 0:
                     raise DecodeFailed(f"llama.cpp could not read an image into the context (code {rc})",
                                        fatal=rc < -1)
@@ -262,17 +266,21 @@ class LlamaBackend:
         # prompt threads, 0.5-0.7 on the decode ones)
         chunk = any(e.count > 1 for e in texts)
         want = self.tuner.choose(tokens, chunk)
-        if want != self._batch_threads:
-            L.llama_set_n_threads(self.ctx, self.threads[0], want)
+        # llama.cpp runs a single token on its decode threads, more on its batch threads
+        single, batch = (want, self._batch_threads) if tokens == 1 else (self._single_threads, want)
+        if (single, batch) != (self._single_threads, self._batch_threads):
+            L.llama_set_n_threads(self.ctx, single, batch)
             if self.pools is not None:
-                self.pools.use(want)
-            self._batch_threads = want
+                self.pools.use(batch, single)
+            self._single_threads, self._batch_threads = single, batch
         t0 = time.perf_counter()
         before = self.passes.count if self.passes is not None else 0
         rc = L.llama_decode(self.ctx, self.batch)
         self.tuner.observe(tokens, chunk, want, time.perf_counter() - t0)
         if self.passes is not None:
-            self.passes.per_step.append((tokens, len(texts), self.passes.count - before))
+            self.passes.record(tokens, len(texts), self.passes.count - before)
+        if rc == 2:
+            raise self._aborted(step)
         if rc != 0:
             # 1 = no KV slot (should not happen: each sequence owns n_ctx cells), 2 = aborted,
             # -1 = invalid batch, below: a backend error (a device out of memory, say), after which

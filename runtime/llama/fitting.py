@@ -100,3 +100,15 @@ def total_memory() -> int:
         return int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - an unknown size only turns the check off
         return 0
+
+
+#: bytes per KV cache element of each cache type (q8_0: 34 bytes a block of 32; q4_0: 18; ...)
+KV_TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                 "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+def kv_stream_bytes(weights, spec) -> float:
+    """About what one slot's KV stream holds (keys and values of every layer over n_ctx cells): what
+    moving a slot copies."""
+    head = weights.n_embd // max(1, weights.n_head)
+    return weights.n_layer * spec.n_ctx * 2 * weights.n_head_kv * head * KV_TYPE_BYTES.get(spec.kv_cache_type, 2)

@@ -11,11 +11,12 @@ through ctypes, since llama-cpp-python binds neither llama_attach_threadpool nor
 With pools attached, llama.cpp computes a single token on the decode pool and any batch of more
 than one token on the batch pool, with the thread counts llama_set_n_threads gave; a count above
 the pool's size is cut to it (without OpenMP) or overruns the pool's worker array (with OpenMP), so
-each pool is used at exactly its size. The thread tuner (threadtune.py) picks the decode threads
-for some batches of several one-token decodes: `use` then attaches the decode pool in the batch
-pool's place too. Pools are paused while the model is idle (`idle`): a paused pool's threads wait on a
-condition variable instead of polling, and the next compute resumes it. Anything missing from the
-build (an old library, a CPU backend loaded as a module without these symbols): no pools, as before.
+each pool is used at exactly its size. The thread tuner (threadtune.py) picks the decode threads for
+some batches of several one-token decodes, and the batch threads for some single tokens: `use` then
+attaches the one pool in the other's place too. Pools are paused while the model is idle (`idle`): a
+paused pool's threads wait on a condition variable instead of polling, and the next compute resumes
+it. Anything missing from the build (an old library, a CPU backend loaded as a module without these
+symbols): no pools, as before.
 """
 from __future__ import annotations
 
@@ -115,14 +116,17 @@ class Pools:
             self.free()   # nothing was attached yet
             raise OSError(f"ggml_threadpool_new failed for {decode} / {batch} threads")
         self.batch_threads = batch
+        self.single_threads = decode
         self._lib.llama_attach_threadpool(ctx, self.decode, self.batch)
 
-    def use(self, batch_threads: int) -> None:
-        """Batches of several tokens run on `batch_threads`: the batch pool or the decode pool."""
-        if batch_threads != self.batch_threads:
-            self._lib.llama_attach_threadpool(self.ctx, self.decode,
-                                              self.decode if batch_threads == self.sizes[0] else self.batch)
-            self.batch_threads = batch_threads
+    def use(self, batch_threads: int, single_threads: int | None = None) -> None:
+        """Batches of several tokens run on `batch_threads`, a single token on `single_threads`
+        (default: as now): each on the batch pool or the decode pool, the one of that size."""
+        single = self.single_threads if single_threads is None else single_threads
+        if (batch_threads, single) != (self.batch_threads, self.single_threads):
+            pool = {self.sizes[0]: self.decode, self.sizes[1]: self.batch}
+            self._lib.llama_attach_threadpool(self.ctx, pool[single], pool[batch_threads])
+            self.batch_threads, self.single_threads = batch_threads, single
 
     def idle(self) -> None:
         """Put the threads to sleep until the next compute (which resumes its pool)."""

@@ -1,4 +1,4 @@
-"""How many threads a batch of several requests' single tokens runs on, chosen by measuring.
+"""How many threads a decode step of one token per request runs on, chosen by measuring.
 
 llama.cpp runs every batch of more than one token on its batch threads (all cores by default), one
 token on its decode threads (half of them). Several requests decoding together, one token each, lie
@@ -20,7 +20,9 @@ thread): looking once in 24 batches there made decoding eight times slower, whil
 keeps the cost of looking near LOOK_SHARE whatever the gap after the first looks (FIRST_LOOKS
 batches per size class, right away: on a GPU host the batch threads ran 4 requests 1.7x faster, and
 a single first look there measured them 1.4x slower than they were). A batch that reads a prompt chunk
-(compute-bound) always gets the prompt threads; one token, the decode threads.
+(compute-bound) always gets the prompt threads. A single token is tuned the same way: llama.cpp
+runs it on the decode threads (half the cores), which on idle cores left a single request at 0.75x
+llama-server's speed (2 cores; 0.91x on both).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ FIRST_LOOKS = 2     # batches on the batch threads measured right away (one alon
 
 
 def size_class(tokens: int) -> int:
-    """2 -> 1, 3-4 -> 2, 5-8 -> 3, 9 and more -> 4: per-token cost falls with the batch's size."""
+    """1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9 and more -> 4: per-token cost falls with the batch's size."""
     return min(4, (tokens - 1).bit_length())
 
 
@@ -48,7 +50,7 @@ class ThreadTuner:
         """Threads for a batch of `tokens` tokens; `prompt_chunk` when some request reads its prompt."""
         if prompt_chunk:
             return self.prompt
-        if tokens <= 1 or self.decode == self.prompt:
+        if self.decode == self.prompt:
             return self.decode
         size = size_class(tokens)
         n = self.runs[size] = self.runs.get(size, 0) + 1
@@ -67,7 +69,7 @@ class ThreadTuner:
 
     def observe(self, tokens: int, prompt_chunk: bool, threads: int, seconds: float) -> None:
         """What a batch chosen by `choose` cost."""
-        if prompt_chunk or tokens <= 1 or self.decode == self.prompt or seconds <= 0:
+        if prompt_chunk or self.decode == self.prompt or seconds <= 0:
             return
         key = (size_class(tokens), threads)
         self.since[key[0]] = self.since.get(key[0], 0.0) + seconds

@@ -1,0 +1,83 @@
+"""Sampling a decode step's output rows and verifying drafts: the part of the model worker
+(worker.py) that turns logits rows into tokens, as a mixin of LoadedModel. Runs on the worker
+thread only."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import sampler_choice
+from .jobs import GenJob
+from .scheduler import Entry
+
+
+class RowVerifier:
+    """Needs the worker's backend, policy, lock, spec, stats and `_took`."""
+
+    backend: Any
+    policy: Any
+    spec: Any
+    stats: Any
+    _lock: Any
+
+    def _verify(self, outs: list[Entry], now: float) -> None:
+        """Sample every output row of the step, and verify drafts: round r samples row `output + r` of
+        each entry still verifying, in order, with the request's own sampler (speculative.py says why
+        that is exact); an entry goes on while its draw equals its r-th drafted token and nothing ended
+        or changed the request (a stop, a limit, a closed reasoning block). Then the rejected drafts
+        leave the KV cache."""
+        slots = {id(e): e.job.slot for e in outs}
+        matched = dict.fromkeys(map(id, outs), 0)
+        made = dict.fromkeys(map(id, outs), 0)
+        active, r = outs, 0
+        while active:
+            for e in active:
+                if e.job.sampler is None:
+                    self._sampler(e.job)
+            sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
+                                                for e in active])
+            going = []
+            for e, (tok, ent) in zip(active, sampled):
+                job = e.job
+                lp = None
+                if job.req.logprobs is not None and not self.vocab.is_eog(tok):
+                    lp = self.backend.logprobs(e.output + r, tok, job.req.logprobs)
+                n_seq = len(job.seq)
+                hit = r < len(e.draft) and tok == e.draft[r]
+                if r == 0:
+                    job.drafted += len(e.draft)
+                if hit:   # counted before _took: the result may be made there
+                    matched[id(e)] += 1
+                    job.accepted += 1
+                self._took(job, tok, ent, now, lp)
+                made[id(e)] += 1
+                if hit and job.slot is not None and len(job.seq) == n_seq + 1:
+                    going.append(e)
+            active, r = going, r + 1
+        for e in outs:
+            if e.draft:
+                with self._lock:
+                    trim = self.policy.settle(e.job, slots[id(e)], matched[id(e)])
+                self._trim(trim)
+                self.stats["drafted_tokens"] += len(e.draft)
+                self.stats["accepted_tokens"] += matched[id(e)]
+            if e.job.control is not None:
+                e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
+
+    def _sampler(self, job: GenJob) -> None:
+        """The request's sampler, made at its first output row (sampler_choice.py decides where it
+        draws); a backend chain follows its request to the sequence it decodes in now."""
+        if job.sampler is None:
+            if job.sampler_kind is None:
+                job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
+                                                              getattr(self.backend, "backend_sampling", False), job.req,
+                                                              self.spec.draft_max)
+                self.stats[f"sampler_{job.sampler_kind}"] += 1
+            job.grammar_live = job.grammar is not None and job.asm.split.answering
+            seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
+            job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
+                                                   job.grammar if job.grammar_live else None, seq_id=seq)
+            if seq is not None and not getattr(job.sampler, "backend", True):
+                job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
+        elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
+            self.backend.prepare(job.sampler, job.slot.seq_id, True)
+
