@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import ConfidenceConfig, TokenEvent
+from ..runtime.generation import TokenEvent
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime import options as opt
 from ..runtime.options import LoadSpec
@@ -38,8 +38,8 @@ from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPromp
 from . import answers, bridge
 from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
-from .fields import (int_field, logprobs_of, messages_of, read_json, refuse_not_honoured, sampling_of, speculative_of,
-                     stops_of)
+from .fields import (confidence_of, int_field, logprobs_of, messages_of, read_json, refuse_not_honoured, sampling_of,
+                     speculative_of, stops_of)
 
 log = logging.getLogger("a3b.serve")
 
@@ -258,7 +258,7 @@ class Api:
             extra["n_indent"] = int_field(body, "n_indent", opt.N_INDENT)
         return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
                     stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
-                    confidence=ConfidenceConfig(enabled=True), **extra)
+                    confidence=confidence_of(body), **extra)
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:

@@ -183,3 +183,21 @@ def speculative_of(body: dict) -> dict:
     if body.get(opt.DRAFT_MAX.name) is not None:
         out["draft_max"] = int_field(body, opt.DRAFT_MAX.name, opt.DRAFT_MAX)
     return out
+
+
+def confidence_of(body: dict):
+    """The request's confidence spans (a3b's field `confidence`): off unless asked, since OpenAI's
+    clients do not read them and they cost every token an entropy on the CPU (and the CPU sampler).
+    True, or an object with `threshold` and `min_run` (options.py), turns them on."""
+    from ..runtime.generation import ConfidenceConfig
+
+    value = body.get("confidence")
+    if value is None or value is False:
+        return ConfidenceConfig(enabled=False)
+    if value is True:
+        return ConfidenceConfig(enabled=True)
+    if not isinstance(value, dict) or set(value) - set(opt.CONFIDENCE_OPTIONS):
+        raise InvalidRequest("confidence must be true, false or an object with threshold and min_run.")
+    conf = ConfidenceConfig(enabled=True, **{k: v for k, v in value.items() if v is not None})
+    conf.validate()
+    return conf

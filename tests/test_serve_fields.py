@@ -109,3 +109,15 @@ def rt_greedy():
     from comfyui_a3b.runtime import preset
 
     return preset("greedy")
+
+
+def test_confidence_spans_only_when_asked(eosy):
+    body = {"prompt": "x9", "max_tokens": 6, "temperature": 0}
+    plain = eosy.post("/v1/completions", json=body).json()
+    assert plain["a3b"]["low_confidence_spans"] == []
+    asked = eosy.post("/v1/completions", json={**body, "confidence": {"threshold": 1.0, "min_run": 1}}).json()
+    assert len(asked["a3b"]["low_confidence_spans"]) == 1   # the token after the digit: the fake is unsure there
+    for bad in ({"threshold": -1}, {"colour": 1}, "yes"):
+        r = eosy.post("/v1/completions", json={**body, "confidence": bad})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and ("confidence" in msg or "threshold" in msg), r.text
