@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,8 +32,8 @@ from pathlib import Path
 
 import httpx
 
-from .common import (free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot, print_table,
-                     write_results)
+from .common import (RESULTS, free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
+                     print_table, write_results)
 
 TEXT_PROMPT = ("Request {i}: write a long, detailed report about the history of lighthouses on the northern "
                "coast, chapter by chapter, with dates.")
@@ -165,6 +166,10 @@ def measure(name: str, proc: Proc, args, llama_server: bool) -> dict:
     return res
 
 
+def pinned(args, cmd: list[str]) -> list[str]:
+    return ["taskset", "-c", args.cpus, *cmd] if args.cpus else cmd
+
+
 def a3b_cmd(args, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http", f"127.0.0.1:{port}", "--model", args.model,
            "--parallel", str(args.parallel), "--n-ctx", str(args.n_ctx), "--quiet"]
@@ -172,7 +177,7 @@ def a3b_cmd(args, port: int) -> list[str]:
         cmd += ["--n-gpu-layers", "-1"]
     elif args.threads:
         cmd += ["--threads", str(args.threads)]
-    return cmd
+    return pinned(args, cmd)
 
 
 def llama_server_cmd(args, port: int) -> list[str]:
@@ -182,8 +187,9 @@ def llama_server_cmd(args, port: int) -> list[str]:
     if args.gpu:
         cmd += ["-ngl", "99"]
     else:
-        cmd += ["-ngl", "0"] + (["-t", str(args.threads)] if args.threads else [])
-    return cmd
+        t = args.llama_server_threads or args.threads
+        cmd += ["-ngl", "0"] + (["-t", str(t)] if t else [])
+    return pinned(args, cmd)
 
 
 def passes(args) -> dict:
@@ -218,7 +224,11 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=128, help="tokens per request")
     ap.add_argument("--rounds", type=int, default=2, help="requests per client and cell")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of both servers (0: each one's default)")
+    ap.add_argument("--llama-server-threads", type=int, default=0,
+                    help="llama-server's threads alone (-t; 0: --threads), e.g. the pinned cores' count")
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU, in both servers")
+    ap.add_argument("--cpus", default=None, help="run both servers on these cores only (taskset -c LIST): a small "
+                                                 "machine's cores on a large one")
     ap.add_argument("--token-prompts", action="store_true", help="prompts as token ids (a random-weight model)")
     ap.add_argument("--no-passes", dest="passes", action="store_false", help="skip the pass count run")
     ap.add_argument("--name", default="serving", help="results name under bench/results")
@@ -243,8 +253,11 @@ def main(argv=None) -> int:
         res["passes"] = passes(args)
         print("passes:", res["passes"], flush=True)
     report(res, args.name)
-    if args.out:
-        Path(args.out, f"{args.name}.json").write_text(json.dumps(res, indent=1, default=float))
+    if args.out:   # the results folder may be a copy that goes away (a GPU machine's): the files here too
+        for suffix in (".json", ".png"):
+            src = RESULTS / f"{args.name}{suffix}"
+            if src.exists():
+                shutil.copy2(src, Path(args.out) / src.name)
     return 0
 
 

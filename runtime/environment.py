@@ -115,3 +115,12 @@ def env_list(name: str, environ: Mapping[str, str] | None = None) -> list[str]:
 def env_paths(name: str) -> list[str]:
     """A folder list variable's non-empty items (separated by os.pathsep: `:`, `;` on Windows)."""
     return [part for part in (env(name) or "").split(os.pathsep) if part]
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its affinity where the system has one (a container or
+    `taskset` limits it), else every core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):   # no affinity on this system (macOS, Windows)
+        return os.cpu_count() or 1

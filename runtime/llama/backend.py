@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import numpy as np
 from .. import vet
 from ..adapters import check as check_adapter
 from ..engine import DecodeAborted, DecodeFailed
-from ..environment import env_number
+from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
@@ -42,7 +41,7 @@ SAMPLE_THREADS_MIN_VOCAB = 32000
 def sample_threads() -> int:
     """Threads that sample the rows of one decode step: A3B_SAMPLE_THREADS, else the cores, at most 16."""
     n = env_number("A3B_SAMPLE_THREADS", int)
-    return min(16, os.cpu_count() or 1) if n is None else n
+    return min(16, usable_cpus()) if n is None else n
 
 
 #: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
@@ -62,7 +61,7 @@ def thread_counts(n_threads: int = 0) -> tuple[int, int]:
     """
     if n_threads > 0:
         return n_threads, n_threads
-    cores = os.cpu_count() or 1
+    cores = usable_cpus()
     return max(1, cores // 2), cores
 
 

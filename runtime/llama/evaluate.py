@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..environment import usable_cpus
 from ..errors import ModelLoadFailed
 from .binding import fill_batch, llama, sequence
 from .weights import Weights
@@ -33,7 +34,7 @@ class LlamaContext:
         L = llama()
         self.weights = Weights(Path(path), n_gpu_layers=n_gpu_layers, repack=repack)
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or usable_cpus()
         p = L.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = p.n_ubatch = n_ctx

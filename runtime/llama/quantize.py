@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from ..environment import usable_cpus
 from ..errors import ModelLoadFailed
 from .binding import llama
 from .ggml import block_size, lib, qtype_name, row_size
@@ -43,7 +44,7 @@ def quantize_rows(values: np.ndarray, qtype: int, imatrix: np.ndarray | None = N
             raise ValueError(f"importance matrix of shape {im.shape} for rows of {n}")
     # the quantiser is row-independent and releases the GIL (a ctypes call): chunks of rows in
     # threads, as llama_model_quantize does; a few MB per call at most
-    threads = max(1, min(n_threads or os.cpu_count() or 1, 16))
+    threads = max(1, min(n_threads or usable_cpus(), 16))
     chunk = max(1, min((1 << 24) // max(1, n), -(-rows // (2 * threads))))
 
     def one(r0: int) -> None:
@@ -75,7 +76,7 @@ def quantize_file(src_path: str | os.PathLike, dst_path: str | os.PathLike, ftyp
     """
     L = llama()
     params = L.llama_model_quantize_default_params()
-    params.nthread = n_threads or os.cpu_count() or 1
+    params.nthread = n_threads or usable_cpus()
     params.ftype = int(ftype or 0)
     params.allow_requantize = bool(requantize)
     rc = L.llama_model_quantize(str(src_path).encode("utf-8"), str(dst_path).encode("utf-8"), ctypes.byref(params))
