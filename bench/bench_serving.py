@@ -173,6 +173,7 @@ def pinned(args, cmd: list[str]) -> list[str]:
 def a3b_cmd(args, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http", f"127.0.0.1:{port}", "--model", args.model,
            "--parallel", str(args.parallel), "--n-ctx", str(args.n_ctx), "--quiet"]
+    cmd += args.a3b_args.split()
     if args.gpu:
         cmd += ["--n-gpu-layers", "-1"]
     elif args.threads:
@@ -231,6 +232,8 @@ def main(argv=None) -> int:
                                                  "machine's cores on a large one")
     ap.add_argument("--token-prompts", action="store_true", help="prompts as token ids (a random-weight model)")
     ap.add_argument("--no-passes", dest="passes", action="store_false", help="skip the pass count run")
+    ap.add_argument("--a3b-args", default="", help="more options of a3b serve, e.g. '--speculative off'")
+    ap.add_argument("--only", default="a3b serve,llama-server", help="which servers to run (comma list)")
     ap.add_argument("--name", default="serving", help="results name under bench/results")
     ap.add_argument("--out", default=None, help="also copy the results into this folder")
     args = ap.parse_args(argv)
@@ -242,6 +245,8 @@ def main(argv=None) -> int:
     res: dict = {"args": vars(args), "command": "python -m comfyui_a3b.bench.bench_serving " +
                  " ".join(argv if argv is not None else sys.argv[1:])}
     for name, cmd, is_ls in (("a3b serve", a3b_cmd, False), ("llama-server", llama_server_cmd, True)):
+        if name not in args.only.split(","):
+            continue
         port = free_port()
         proc = Proc(cmd(args, port), f"http://127.0.0.1:{port}", log=log_dir / f"{name.replace(' ', '_')}.log")
         try:
@@ -262,7 +267,7 @@ def main(argv=None) -> int:
 
 
 def report(res: dict, name: str) -> None:
-    a, ls = res["a3b serve"]["cells"], res["llama-server"]["cells"]
+    a, ls = res.get("a3b serve", {}).get("cells", {}), res.get("llama-server", {}).get("cells", {})
     rows = []
     for key in a:
         x, y = a[key], ls.get(key, {})
