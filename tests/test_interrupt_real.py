@@ -22,8 +22,13 @@ def test_cancel_during_a_prompt_batch_stops_it(rt):
     full = rt.generate(LONG + " (a)", model=spec, chat=False, max_tokens=1, sampling=greedy)
     t_batch = time.monotonic() - t_batch            # what reading the long prompt takes here
     assert full.n_prompt_tokens > 1200
-    stream = rt.submit(LONG + " (b)", model=spec, chat=False, max_tokens=8, sampling=greedy)
-    time.sleep(min(0.3, t_batch / 4))
+    # another beginning: the slot holding (a) shares no prefix with it, so the whole prompt is read
+    read = m.stats["prompt_tokens"]
+    stream = rt.submit("(b) " + LONG, model=spec, chat=False, max_tokens=8, sampling=greedy)
+    deadline = time.monotonic() + 30
+    while m.stats["prompt_tokens"] == read and time.monotonic() < deadline:   # placed: its batch starts
+        time.sleep(0.005)
+    time.sleep(min(0.2, t_batch / 5))
     aborted = m.stats["aborted_steps"]
     t0 = time.monotonic()
     stream.cancel()
