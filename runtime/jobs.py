@@ -41,14 +41,14 @@ class GenJob(Job):
         self.control: SpecControl | None = None
         self.n_ctx_seq = 0
 
-    def draft_room(self) -> int:
-        """What the K policy asks, within what the request can still use: no draft reaches past the
-        context, max_tokens, max_total_tokens or the reasoning budget (the token that reaches a limit
-        is the last one sampled anyway)."""
+    def draft_room(self, rows: int = 1) -> int:
+        """What the K policy asks for a step of `rows` sequences, within what the request can still
+        use: no draft reaches past the context, max_tokens, max_total_tokens or the reasoning budget
+        (the token that reaches a limit is the last one sampled anyway)."""
         if self.control is None:
             return 0
         asm, req = self.asm, self.req
-        room = min(self.control.room(), self.n_ctx_seq - len(self.seq) - 1)
+        room = min(self.control.room(rows), self.n_ctx_seq - len(self.seq) - 1)
         if asm.split.answering or not asm.in_reasoning:
             room = min(room, req.max_tokens - asm.n_answer - 1)
         if req.max_total_tokens is not None:

@@ -100,8 +100,9 @@ class Job:
         """The position of `seq[index]` (units.py)."""
         return self.units.position(index)
 
-    def draft_room(self) -> int:
-        """Tokens this job would like to draft beside its next token (speculative decoding; 0: none)."""
+    def draft_room(self, rows: int = 1) -> int:
+        """Tokens this job would like to draft beside its next token in a step of `rows` sequences
+        (speculative decoding; 0: none)."""
         return 0
 
     @property
@@ -404,12 +405,13 @@ class Policy:
         if top < PRIORITY_INTERACTIVE and self.editors_active():
             budget = min(budget, self.yield_tokens)
         top_jobs = set(map(id, gens))
+        rows = sum(1 for e in entries if e.output is not None and e.count == 1)
         for e in sorted(entries, key=lambda e: (-e.job.priority, e.job.id)):
             if budget <= 0:
                 break
             if e.output is None or e.count != 1 or id(e.job) not in top_jobs:
                 continue
-            e.room = max(0, min(e.job.draft_room(), budget))
+            e.room = max(0, min(e.job.draft_room(rows), budget))
             budget -= e.room
 
     def settle(self, job: Job, slot: Slot | None, accepted: int) -> Trim | None:

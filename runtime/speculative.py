@@ -87,42 +87,67 @@ class NgramDrafter:
 
 class StepCost:
     """What a decode step costs on this model here, learnt from the steps the worker times: the time
-    of a step of one token per sequence (`base`) and what each extra token adds (`per_token`), each
-    the median of the last WINDOW steps of its kind. On a GPU an extra token costs a few percent of
-    a step; on a CPU with a small model it can cost half a step or more, so the best K differs by an
-    order of magnitude between machines and is measured, not assumed. Medians, because the first
-    step of a new batch size also builds its compute graph (many times a step), and a busy machine
-    stalls a step now and then: an average would remember those for long."""
+    of a step of one token per sequence for each number of sequences (`base_at`) and what each extra
+    token adds (`per_token`), each the median of the last WINDOW steps of its kind. On a GPU an extra
+    token costs a few percent of a step; on a CPU with a small model it can cost half a step or more,
+    so the best K differs by an order of magnitude between machines and is measured, not assumed.
+    Medians, because the first step of a new batch size also builds its compute graph (many times a
+    step), and a busy machine stalls a step now and then: an average would remember those for long.
+
+    What a draft costs is judged against the drafting request's share of its step (`extra_at`): on
+    a CPU a step of four sequences costs about four single ones (the work is arithmetic, not reading
+    the weights), so a drafted token costs a whole share and slows the other three, and drafting at
+    four requests lost a third of the throughput where it gained at one."""
 
     WINDOW = 15
     MIN_S = 1e-3
+    ROW_COUNTS = 64   # row counts remembered (a model serves at most this many in a step, in practice)
 
     def __init__(self, extra: float = 0.25):
-        self._base: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        self._base: dict[int, collections.deque[float]] = {}
         self._slope: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
         self._prior = extra
 
     def record(self, n_tokens: int, n_rows: int, seconds: float) -> None:
         """A decode step of `n_tokens` tokens for `n_rows` sequences took `seconds`. Steps under
         MIN_S are not timed: there the clock and the interpreter say more than the model."""
-        if seconds < self.MIN_S:
+        if seconds < self.MIN_S or n_rows < 1:
             return
         if n_tokens <= n_rows:
-            self._base.append(seconds)
-        elif self._base:
-            self._slope.append(max(0.0, seconds - self.base) / (n_tokens - n_rows))
+            if n_rows not in self._base and len(self._base) >= self.ROW_COUNTS:
+                return
+            self._base.setdefault(n_rows, collections.deque(maxlen=self.WINDOW)).append(seconds)
+        elif (base := self.base_at(n_rows)) is not None:
+            self._slope.append(max(0.0, seconds - base) / (n_tokens - n_rows))
+
+    def base_at(self, rows: int) -> float | None:
+        """A step of one token for each of `rows` sequences: measured, or from the nearest row count
+        measured, scaled by the rows (None: nothing measured yet)."""
+        if rows in self._base:
+            return statistics.median(self._base[rows])
+        if not self._base:
+            return None
+        near = min(self._base, key=lambda r: (abs(r - rows), r))
+        return statistics.median(self._base[near]) * rows / near
 
     @property
     def base(self) -> float | None:
-        return statistics.median(self._base) if self._base else None
+        """A step of one sequence (estimated from others when none was measured alone)."""
+        return self.base_at(1)
+
+    def extra_at(self, rows: int = 1) -> float:
+        """An extra token's cost as a fraction of one request's share of a step of `rows` sequences
+        (the prior until both are measured)."""
+        rows = max(1, rows)
+        base = self.base_at(rows)
+        if not base or not self._slope:
+            return self._prior
+        return statistics.median(self._slope) * rows / base
 
     @property
     def extra(self) -> float:
-        """An extra token's cost as a fraction of a step (the prior until both are measured)."""
-        base = self.base
-        if not base or not self._slope:
-            return self._prior
-        return statistics.median(self._slope) / base
+        """An extra token's cost as a fraction of a step of one sequence."""
+        return self.extra_at(1)
 
 
 def best_k(accept: float, extra: float, k_max: int) -> int:
@@ -160,14 +185,17 @@ class SpecControl:
         self._pause_len = self.PAUSE
         self.paused_for = 0   # generated tokens left without drafting
         self._probe = False
+        self._rows = 1
 
-    def room(self) -> int:
-        """Tokens this request would like to draft in the next step (0: none now)."""
+    def room(self, rows: int = 1) -> int:
+        """Tokens this request would like to draft in the next step, a step of `rows` sequences
+        (0: none now)."""
+        self._rows = max(1, rows)
         if self.paused_for > 0:
             return 0
         if self._probe:
             return 1
-        return best_k(self.rate, self.cost.extra, self.k_max)
+        return best_k(self.rate, self.cost.extra_at(self._rows), self.k_max)
 
     def record(self, drafted: int, accepted: int, generated: int) -> None:
         """A verified step: `drafted` proposals, `accepted` of them taken, `generated` tokens out."""
@@ -182,7 +210,7 @@ class SpecControl:
         tried = accepted + (1 if accepted < drafted else 0)
         self.rate += self.ALPHA * (accepted / tried - self.rate)
         probed, self._probe = self._probe, False
-        if (probed and accepted == 0) or best_k(self.rate, self.cost.extra, self.k_max) == 0:
+        if (probed and accepted == 0) or best_k(self.rate, self.cost.extra_at(self._rows), self.k_max) == 0:
             self.paused_for = self._pause_len
             self._pause_len = min(self.MAX_PAUSE, self._pause_len * 2)
             self.rate = max(self.rate, 0.5)   # the probe after the pause starts from a fair guess

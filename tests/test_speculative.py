@@ -24,7 +24,7 @@ class DJob(Job):
         super().__init__(list(tokens), prio)
         self.room = room
 
-    def draft_room(self) -> int:
+    def draft_room(self, rows: int = 1) -> int:
         return self.room
 
 
@@ -61,9 +61,13 @@ def test_k_follows_acceptance_and_step_cost_and_pauses_when_no_k_pays():
     for _ in range(50):
         cost.record(2, 2, 0.010)                # two sequences, one token each: 10 ms
         cost.record(10, 2, 0.030)               # eight more tokens: 20 ms more
-    assert abs(cost.extra - 0.25) < 0.01
+    assert abs(cost.extra_at(2) - 0.5) < 0.01   # 2.5 ms a token against each one's 5 ms share
+    assert abs(cost.extra - 0.5) < 0.01         # one sequence alone: estimated from two (5 ms)
     cost.record(1, 1, 1e-5)                     # too short to tell: not counted
     cost.record(10, 2, 2.0)                     # a step that built its graph: an outlier, not the cost
+    assert abs(cost.extra_at(2) - 0.5) < 0.01
+    for _ in range(50):
+        cost.record(1, 1, 0.010)                # measured alone: 10 ms
     assert abs(cost.extra - 0.25) < 0.01
     c = SpecControl(8, cost, accept=0.8)
     k0 = c.room()
@@ -79,6 +83,27 @@ def test_k_follows_acceptance_and_step_cost_and_pauses_when_no_k_pays():
     assert c.room() == 1                        # then one token is tried
     c.record(1, 0, 1)
     assert c.room() == 0 and c.paused_for == 2 * SpecControl.PAUSE   # the next pause is longer
+
+
+def test_drafts_are_judged_against_a_requests_share_of_the_step():
+    """On a CPU a step of four sequences costs about four single ones: a drafted token then costs a
+    whole share and nothing but near-certain drafts pay; on a GPU a step barely grows with its rows
+    and drafting pays at sixteen requests too."""
+    cpu = StepCost()
+    for _ in range(20):
+        cpu.record(1, 1, 0.010)
+        cpu.record(4, 4, 0.036)
+        cpu.record(2, 1, 0.019)                 # one drafted token: 9 ms, a row's share at four
+    assert best_k(0.95, cpu.extra_at(1), 8) >= 1           # alone, a near-certain draft pays
+    assert cpu.extra_at(4) > 0.95 and best_k(0.95, cpu.extra_at(4), 8) == 0   # at four it does not
+    c = SpecControl(8, cpu, accept=0.95)
+    assert c.room(1) >= 1 and c.room(4) == 0
+    gpu = StepCost()
+    for _ in range(20):
+        gpu.record(1, 1, 0.0085)
+        gpu.record(16, 16, 0.0090)
+        gpu.record(17, 16, 0.0091)              # an extra token: 0.1 ms
+    assert gpu.extra_at(16) < 0.25 and best_k(0.8, gpu.extra_at(16), 8) >= 2
 
 
 def test_bad_speculative_settings_are_clear_errors():
