@@ -97,7 +97,10 @@ class StepCost:
     What a draft costs is judged against the drafting request's share of its step (`extra_at`): on
     a CPU a step of four sequences costs about four single ones (the work is arithmetic, not reading
     the weights), so a drafted token costs a whole share and slows the other three, and drafting at
-    four requests lost a third of the throughput where it gained at one."""
+    four requests lost a third of the throughput where it gained at one. Part of that cost is
+    llama.cpp's: with a KV stream per sequence it cuts a batch into micro-batches of as many tokens
+    from each sequence (its equal split), so a step where one sequence drafts runs as two passes;
+    the timed steps carry that cost, whatever its cause."""
 
     WINDOW = 15
     MIN_S = 1e-3
