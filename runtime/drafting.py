@@ -28,7 +28,7 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
     # a model with recurrent layers undoes a rejected draft only from the snapshots its context
     # keeps (as many as draft_max when it was loaded with speculation asked for by name; none
     # under "auto", where they would cost memory nobody asked for)
-    rollback = getattr(getattr(model, "backend", None), "max_rollback", None)
+    rollback = model.backend.max_rollback
     if rollback is not None and rollback < 1:
         if mode == "auto":
             return None, None
@@ -37,7 +37,7 @@ def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecContro
                              f"{spec.speculative!r}); load it so, or ask speculative='off'.")
     if rollback is not None:
         k_max = min(k_max, rollback)
-    source = getattr(model, "draft_source", None)
+    source = model.draft_source
     if mode in ("draft", "mtp"):
         if source is None or source.mode != mode or (mode == "draft" and Path(draft).name != Path(source.model).name):
             loaded = spec.speculative
@@ -55,11 +55,8 @@ def fill(step: DecodeStep) -> None:
     todo = [e for e in step.entries if e.room > 0 and e.job.drafter is not None]
     for e in todo:   # a draft model drafts for every request at once: all begin, then all end
         e.job.drafter.extend(e.job.seq)
-        if hasattr(e.job.drafter, "place"):   # a drafter that reads the request's cache (mtp)
-            e.job.drafter.place(e.job.slot.seq_id, e.position)
-        if hasattr(e.job.drafter, "begin"):
-            e.job.drafter.begin(e.room, e.job.priority)
+        e.job.drafter.place(e.job.slot.seq_id, e.position)
+        e.job.drafter.begin(e.room, e.job.priority)
     for e in todo:
-        d = e.job.drafter
-        e.draft = list(d.end() if hasattr(d, "begin") else d.propose(e.room))[:e.room]
+        e.draft = list(e.job.drafter.end())[:e.room]
     step.number_rows()

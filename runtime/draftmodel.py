@@ -24,6 +24,7 @@ from .errors import A3BError, InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams
 from .options import LoadSpec, parse_speculative
 from .requests import GenerationRequest, TokenPrompt
+from .speculative import Drafter
 
 log = logging.getLogger("a3b.draft")
 
@@ -68,12 +69,12 @@ def check_vocab(target: Any, draft: Any) -> None:
 def attach_mtp(model: Any) -> None:
     """speculative=mtp: give `model` its own multi-token-prediction layers as its drafter, or a message
     naming what the file lacks."""
-    n = int(getattr(getattr(model, "weights", None), "n_layer_nextn", 0) or 0)
+    n = model.weights.n_layer_nextn
     if n <= 0:
         raise InvalidRequest(f"{model.name} ({model.info.architecture}) has no multi-token-prediction layers, so "
                              "speculative=mtp cannot draft with them; use speculative=ngram or draft:MODEL.")
-    mtp = getattr(getattr(model, "backend", None), "mtp", None)
-    if mtp is None or not hasattr(model, "draft_source"):
+    mtp = model.backend.mtp
+    if mtp is None:
         raise InvalidRequest(f"{model.name} has {n} multi-token-prediction layer(s), but this engine cannot draft "
                              "with them; use speculative=ngram or draft:MODEL.")
     model.draft_source = MtpSource(mtp)
@@ -93,7 +94,7 @@ class MtpSource:
         return MtpDrafter(self.context)
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     """One request's drafts from the MTP context, in the two phases of `ModelDrafter`; `place` tells
     it where the request's next token sits (its sequence and position)."""
 
@@ -130,11 +131,8 @@ class MtpDrafter:
 
 def attach_draft(model: Any, dspec: LoadSpec, get: Callable[[], Any]) -> None:
     """Give target `model` its draft model (loaded now through `get`, checked for its vocabulary)."""
-    if not hasattr(model, "draft_source"):
-        raise InvalidRequest(f"{model.name} runs in another engine; a draft model drafts for a model run here. "
-                             "Use speculative=off.")
     draft = get()
-    if not hasattr(draft, "vocab"):
+    if not draft.runs_here:
         raise InvalidRequest(f"The draft model {draft.name} runs in another engine; a draft model must run here.")
     check_vocab(model, draft)
     model.draft_source = DraftSource(dspec.path, lambda: get() if model.alive else None)
@@ -158,7 +156,7 @@ class DraftSource:
         return self._get()
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """One request's drafts from the draft model, in two phases (`begin` for every request of a
     step, then `end` for each) so that the draft model batches them."""
 

@@ -91,6 +91,10 @@ class Model(Protocol):
     last_used: float
     #: what the engine found it can do beyond the basics, for the status (empty where nothing to say)
     features: dict[str, Any]
+    #: run in this process, token by token over a Backend (a draft model must be such a model)
+    runs_here: bool = False
+    #: what it drafts with under speculative=draft or mtp (draftmodel.py), once start_drafting set it
+    draft_source: Any = None
 
     @property
     def alive(self) -> bool:
@@ -124,6 +128,17 @@ class Model(Protocol):
 
     def close(self, reason: str = "unloaded", wait: bool = True) -> None:
         """Stop taking requests; running ones end with ModelUnloaded (and the text so far)."""
+
+    def start_drafting(self, get: Callable[[LoadSpec], Model]) -> None:
+        """Right after loading: attach what the spec's `speculative` setting drafts with (a draft model
+        it loads through `get`, or its own MTP layers); InvalidRequest when it cannot draft so. An
+        engine that drafts by itself (or not at all) needs nothing here, unless those are asked."""
+        from .options import parse_speculative
+
+        mode = parse_speculative(self.spec.speculative)[0]
+        if mode in ("draft", "mtp"):
+            raise InvalidRequest(f"{self.name} runs in another engine; speculative={mode} drafts for a model run "
+                                 "here. Use speculative=off.")
 
 
 @runtime_checkable
@@ -173,6 +188,11 @@ class Engine(Protocol):
         """GPU memory `spec` would take fully offloaded (0: the engine does not say)."""
         return 0
 
+    def smaller_placement(self, spec: LoadSpec, info: ModelInfo, nbytes: int) -> int | None:
+        """A device-memory cap under which `spec` loads again holding at least `nbytes` less than
+        it does now (`info`: as loaded), or None: this engine cannot place it otherwise."""
+        return None
+
 
 # -- the in-process engines' inner interface (worker.LoadedModel drives it) ---------------------------
 class Vocab(Protocol):
@@ -195,6 +215,8 @@ class LocalWeights(Weights, Protocol):
     """Weights of a model run in this process: with its vocabulary."""
 
     vocab: Vocab
+    #: multi-token-prediction layers the file carries (0: none)
+    n_layer_nextn: int
 
 
 class Backend(Protocol):
@@ -206,7 +228,11 @@ class Backend(Protocol):
     embed_pack_tokens: int
     embed_pack_texts: int
     #: tokens `trim` can drop from a sequence's end (recurrent layers); None: any number
-    max_rollback: int | None
+    max_rollback: int | None = None
+    #: the projector that lets the model see images (llama/vision.py), or None
+    vision: Any = None
+    #: the multi-token-prediction context that drafts from the model's own MTP layers, or None
+    mtp: Any = None
 
     #: whether `move` may be asked (the policy closes holes between running slots: slots.py)
     can_move: bool = False
@@ -234,7 +260,7 @@ class Backend(Protocol):
                     seq_id: int | None = None) -> Any:
         """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it;
         with `seq_id`, attached to that sequence so the next decodes draw its tokens (where the
-        engine can: the sampler's `backend` says)."""
+        engine can: the sampler's `backend`, a bool every sampler has, says)."""
 
     def prepare(self, sampler: Any, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id`: an attached sampler follows its request there."""

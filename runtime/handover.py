@@ -21,17 +21,22 @@ from .options import LoadSpec
 
 log = logging.getLogger("a3b.handover")
 
-_state = threading.local()
+class _Limits(threading.local):
+    reserve: int = 0
+    cap: int | None = None
+
+
+_state = _Limits()
 
 
 def reserve_bytes() -> int:
     """Bytes of device memory a load in this thread must leave free beside its own margin."""
-    return getattr(_state, "reserve", 0)
+    return _state.reserve
 
 
 def cap_bytes() -> int | None:
     """The most device memory a load in this thread may plan for (None: what is free)."""
-    return getattr(_state, "cap", None)
+    return _state.cap
 
 
 @contextlib.contextmanager
@@ -49,10 +54,9 @@ def give_back(rt, spec: LoadSpec, nbytes: int) -> dict | None:
     has one (`Engine.smaller_placement`); the new placement's figures, or None (nothing reloaded)."""
     m = rt.loaded(spec)
     engine = engine_for(spec.path)
-    smaller = getattr(engine, "smaller_placement", None)
-    if m is None or smaller is None:
+    if m is None:
         return None
-    cap = smaller(spec, m.info, nbytes)
+    cap = engine.smaller_placement(spec, m.info, nbytes)
     if cap is None:
         return None
     t0 = time.perf_counter()

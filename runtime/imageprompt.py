@@ -80,9 +80,7 @@ def tokens_with_images(vision: Any, text: str, parts: list[ImagePart], add_speci
 
 def free_units(units: Any) -> None:
     for u in (units.values() if isinstance(units, dict) else units):
-        free = getattr(u, "free", None)
-        if free is not None:
-            free()
+        u.free()
 
 
 __all__ = ["VisionUnavailable", "free_units", "no_vision_message", "placeholders", "render_messages",

@@ -47,7 +47,33 @@ def check_k(value) -> int:
     return int(value)
 
 
-class NgramDrafter:
+class Drafter:
+    """What the worker drives for one request (drafting.fill), in two phases so that a drafter that
+    runs a model drafts for every request of a step in one batch: `extend` with the request's tokens,
+    `place` where its next token sits (a drafter that reads the request's cache needs it), `begin`
+    asking for `k` tokens, and after every request has begun, `end` with the drafts. A drafter that
+    answers at once implements `propose` and keeps the rest."""
+
+    _k = 0
+
+    def extend(self, seq: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def propose(self, k: int) -> list[int]:
+        raise NotImplementedError
+
+    def place(self, seq_id: int, position: int) -> None:
+        """Where the request's next token goes: its sequence and position."""
+
+    def begin(self, k: int, priority: int = 0) -> None:
+        self._k = k
+
+    def end(self) -> list[int]:
+        k, self._k = self._k, 0
+        return self.propose(k)
+
+
+class NgramDrafter(Drafter):
     """Prompt lookup over one growing token sequence.
 
     An index maps every n-gram (n in `sizes`, longest first) to the position right after its latest

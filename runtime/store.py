@@ -27,8 +27,7 @@ from .engine import Engine, Model, Weights, engine_for
 from .environment import env_number
 from .errors import ContextTooLarge
 from . import memory
-from .options import LoadSpec, parse_speculative
-from .draftmodel import attach_draft, attach_mtp, draft_spec
+from .options import LoadSpec
 
 log = logging.getLogger("a3b.store")
 #: the n_gpu_layers that leaves the placement to the runtime
@@ -68,7 +67,7 @@ def placed(spec: LoadSpec, info) -> LoadSpec:
     """`spec` with its "auto" placement as `info` says it was loaded (layers and expert layers)."""
     if spec.n_gpu_layers != AUTO:
         return spec
-    return replace(spec, n_gpu_layers=info.n_gpu_layers, n_cpu_moe=getattr(info, "n_cpu_moe", spec.n_cpu_moe))
+    return replace(spec, n_gpu_layers=info.n_gpu_layers, n_cpu_moe=info.n_cpu_moe)
 
 
 @dataclass
@@ -229,16 +228,11 @@ class ModelStore:
         self._refs[key] += 1
         self.context_creations += 1
         self._entries[spec] = _Entry(spec, model, key, kv, warnings)
-        dspec = draft_spec(spec)
-        if dspec is not None or parse_speculative(spec.speculative)[0] == "mtp":
-            try:   # speculative decoding with a draft model: an entry of its own
-                if dspec is not None:
-                    attach_draft(model, dspec, lambda: self.get(dspec))
-                else:
-                    attach_mtp(model)
-            except BaseException:
-                self._drop(spec, "its draft model could not be used")
-                raise
+        try:   # a draft model the model drafts with is loaded through the store: an entry of its own
+            model.start_drafting(self.get)
+        except BaseException:
+            self._drop(spec, "its draft model could not be used")
+            raise
         self._notify("loaded", spec)
         return model
 

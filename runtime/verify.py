@@ -69,14 +69,14 @@ class RowVerifier:
         if job.sampler is None:
             if job.sampler_kind is None:
                 job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
-                                                              getattr(self.backend, "backend_sampling", False), job.req,
+                                                              self.backend.backend_sampling, job.req,
                                                               self.spec.draft_max)
                 self.stats[f"sampler_{job.sampler_kind}"] += 1
             job.grammar_live = job.grammar is not None and job.asm.split.answering
             seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
             job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
                                                    job.grammar if job.grammar_live else None, seq_id=seq)
-            if seq is not None and not getattr(job.sampler, "backend", True):
+            if seq is not None and not job.sampler.backend:
                 job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
         elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
             self.backend.prepare(job.sampler, job.slot.seq_id, True)

@@ -30,12 +30,12 @@ from .engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
 from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
 from .reasoning import ChannelAssembler
-from .options import POOLINGS, LoadSpec
+from .options import POOLINGS, LoadSpec, parse_speculative
 from .requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
 from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
 from .speculative import StepCost
-from . import drafting
+from . import drafting, draftmodel
 from .verify import RowVerifier
 
 log = logging.getLogger("a3b.worker")
@@ -46,6 +46,8 @@ class LoadedModel(RowVerifier, Model):
     engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
     show what a prompt becomes for this model."""
 
+    runs_here = True
+
     def __init__(self, weights: LocalWeights, backend: Backend, spec: LoadSpec):
         self.features: dict[str, Any] = {}
         self.weights = weights
@@ -55,18 +57,15 @@ class LoadedModel(RowVerifier, Model):
         self.spec = spec
         self.name = self.info.name
         self.n_ctx_seq = backend.n_ctx_seq
-        vision = getattr(backend, "vision", None)
-        if vision is not None:
+        if backend.vision is not None:
             self.features["vision"] = True
-            info = getattr(vision, "info", None)
-            if info is not None:
-                self.features["projector"] = Path(info.path).name
+            if backend.vision.info is not None:
+                self.features["projector"] = Path(backend.vision.info.path).name
         self.policy = Policy(spec.n_parallel, spec.n_batch, backend.embed_pack_tokens, backend.embed_pack_texts,
-                             max_rollback=getattr(backend, "max_rollback", None),
-                             can_move=getattr(backend, "can_move", False))
+                             max_rollback=backend.max_rollback, can_move=backend.can_move)
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
-        #: the draft model this one drafts with (draftmodel.py), set by the store; None: none
+        #: what this model drafts with (draftmodel.py), set by start_drafting; None: none
         self.draft_source: Any = None
         self._lock = threading.Condition()
         self._step: DecodeStep | None = None   # the decode step planned last (for interrupts)
@@ -85,6 +84,13 @@ class LoadedModel(RowVerifier, Model):
     def alive(self) -> bool:
         return not self._closing and not self.closed.is_set()
 
+    def start_drafting(self, get: Callable[[LoadSpec], Model]) -> None:
+        dspec = draftmodel.draft_spec(self.spec)
+        if dspec is not None:
+            draftmodel.attach_draft(self, dspec, lambda: get(dspec))
+        elif parse_speculative(self.spec.speculative)[0] == "mtp":
+            draftmodel.attach_mtp(self)
+
     @property
     def supports_fim(self) -> bool:
         return fim.fim_ids(self.vocab) is not None
@@ -95,7 +101,7 @@ class LoadedModel(RowVerifier, Model):
     @property
     def vision(self) -> Any:
         """The projector that lets the model see images (llama/vision.py), or None."""
-        return getattr(self.backend, "vision", None)
+        return self.backend.vision
 
     def render_chat(self, prompt: ChatPrompt, messages: list | None = None) -> str:
         """The chat as the prompt text the model reads (its own template, or the named one); images

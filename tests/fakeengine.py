@@ -50,7 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from comfyui_a3b.runtime.engine import DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
+from comfyui_a3b.runtime.engine import Backend, DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
 from comfyui_a3b.runtime.llama.grammar import schema_to_gbnf
 from comfyui_a3b.runtime.worker import LoadedModel
@@ -171,6 +171,7 @@ class FakeWeights:
         self.vocab = FakeVocab(settings.fim)
         self.vocab.n_vocab = settings.n_vocab
         self.size_bytes = 1 << 20
+        self.n_layer_nextn = 0
         self.info = ModelInfo(name=settings.name, path=spec.path, architecture="fake", file_type="F32",
                               n_ctx_train=settings.n_ctx_train, n_vocab=settings.n_vocab, n_embd=N_EMBD, n_layer=1,
                               size_bytes=self.size_bytes,
@@ -199,6 +200,7 @@ class FakeVision:
     counted and cached by digest as the real one does."""
 
     marker = "<__media__>"
+    info = None   # no projector file behind it
 
     def __init__(self, vocab: FakeVocab, settings: FakeSettings):
         self.vocab, self.settings = vocab, settings
@@ -258,7 +260,15 @@ def equal_split_passes(seqs: list[int], n_ubatch: int) -> int:
     return passes
 
 
-class FakeBackend:
+class FakeSampler(dict):
+    """A request's sampler: its settings, its random stream, its grammar and where it is attached."""
+
+    @property
+    def backend(self) -> bool:
+        return self["seq_id"] is not None
+
+
+class FakeBackend(Backend):
     """Decodes by bookkeeping: the KV cache is the list of tokens each sequence holds."""
 
     embed_pack_tokens = 32
@@ -362,7 +372,7 @@ class FakeBackend:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
 
     def new_sampler(self, sampling, seed: int, grammar: str | None = None, seq_id: int | None = None):
-        s = {"sampling": sampling, "rng": random.Random(seed), "grammar": grammar, "seq_id": None}
+        s = FakeSampler(sampling=sampling, rng=random.Random(seed), grammar=grammar, seq_id=None)
         if seq_id is not None:
             assert self.backend_sampling and grammar is None, "a backend chain where the fake has none"
             self._attach(s, seq_id)

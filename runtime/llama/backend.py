@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import vet
 from ..adapters import check as check_adapter
-from ..engine import DecodeAborted, DecodeFailed
+from ..engine import Backend, DecodeAborted, DecodeFailed
 from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..options import LoadSpec, parse_speculative, state_snapshots
@@ -145,7 +145,7 @@ def cpu_matmuls(gpu_offload: bool, n_gpu_layers: int, n_layer: int, n_cpu_moe: i
     return not gpu_offload or not wholly or n_cpu_moe > 0 or overrides
 
 
-class LlamaBackend:
+class LlamaBackend(Backend):
     def __init__(self, weights: Weights, spec: LoadSpec):
         if spec.lora_path:
             # an adapter made for another base is refused before llama.cpp reads it; the base is the

@@ -1,0 +1,38 @@
+"""The runtime asks its parts what they can do through what they declare, never by probing.
+
+A model, a backend, a sampler or a weight file says what it supports through the attributes and
+methods of its base class in runtime/engine.py (`Backend.mtp`, `Model.start_drafting`,
+`Weights.n_layer_nextn`, ...). A `getattr(x, "name", default)` or `hasattr(x, "name")` in the
+runtime's policy modules would let a part that forgot a power pass silently as one without it
+(the fake engine and llama.cpp drifting apart unseen). Probing a foreign library stays allowed
+where it lives: the C libraries under runtime/llama/ and libc in runtime/memory.py.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
+#: modules that probe a C library's symbols, which no base class of ours can declare
+FOREIGN = {"memory.py"}
+
+
+def _probes(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            found.append(f"{path.name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_the_runtime_never_probes_its_own_parts_by_name():
+    found = [p for f in sorted(RUNTIME.glob("*.py")) if f.name not in FOREIGN for p in _probes(f)]
+    assert found == []
+
+
+def test_the_check_sees_a_probe(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f(m):\n    return getattr(m, 'mtp', None) or hasattr(m, 'vision')\n")
+    assert len(_probes(f)) == 2
