@@ -52,7 +52,8 @@ import numpy as np
 
 from comfyui_a3b.runtime.engine import DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
-from comfyui_a3b.runtime.llama.grammar import schema_to_gbnf
+from comfyui_a3b.runtime.grammars import check_size, compile_bounded
+from comfyui_a3b.runtime.llama.grammar import check_text, grammar_text
 from comfyui_a3b.runtime.worker import LoadedModel
 
 import templates
@@ -277,6 +278,8 @@ class FakeBackend:
         self.embedded: list[list[int]] = []
         #: the text each request had generated when its grammar came into the sampler chain
         self.grammar_starts: list[str] = []
+        #: seconds each grammar compilation sleeps first (a slow compilation, for the bounds tests)
+        self.compile_delay = 0.0
         self.closed = False
         self.thread: threading.Thread | None = None
         self.vision = FakeVision(weights.vocab, self.settings) if self.settings.vision else None
@@ -382,9 +385,15 @@ class FakeBackend:
                 del self.attached[sampler["seq_id"]]
             self._attach(sampler, seq_id)
 
-    def compile_grammar(self, json_schema, gbnf):
-        # the real converter (pure Python); the fake model does not follow grammars
-        return schema_to_gbnf(json_schema) if json_schema is not None else gbnf
+    def compile_grammar(self, json_schema, gbnf, abandoned=None):
+        # the real checks, bounds and compiler (without a vocabulary); the fake model does not follow grammars.
+        # `compile_delay` (seconds) stands for a slow compilation
+        def work():
+            if self.compile_delay:
+                time.sleep(self.compile_delay)
+            return check_text("json_schema" if json_schema is not None else "grammar", grammar_text(json_schema, gbnf))
+        check_size(json_schema, gbnf)
+        return compile_bounded(work, abandoned, "json_schema" if json_schema is not None else "grammar")
 
     def free_sampler(self, sampler) -> None:
         seq = sampler.get("seq_id")
