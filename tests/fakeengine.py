@@ -280,6 +280,8 @@ class FakeBackend:
         self.grammar_starts: list[str] = []
         #: seconds each grammar compilation sleeps first (a slow compilation, for the bounds tests)
         self.compile_delay = 0.0
+        #: (exception name, when) of each compilation that failed
+        self.compile_errors: list[tuple[str, float]] = []
         self.closed = False
         self.thread: threading.Thread | None = None
         self.vision = FakeVision(weights.vocab, self.settings) if self.settings.vision else None
@@ -393,7 +395,11 @@ class FakeBackend:
                 time.sleep(self.compile_delay)
             return check_text("json_schema" if json_schema is not None else "grammar", grammar_text(json_schema, gbnf))
         check_size(json_schema, gbnf)
-        return compile_bounded(work, abandoned, "json_schema" if json_schema is not None else "grammar")
+        try:
+            return compile_bounded(work, abandoned, "json_schema" if json_schema is not None else "grammar")
+        except Exception as e:
+            self.compile_errors.append((type(e).__name__, time.monotonic()))
+            raise
 
     def free_sampler(self, sampler) -> None:
         seq = sampler.get("seq_id")

@@ -36,11 +36,12 @@ from .binding import llama
 #: llama_token_data as numpy sees it: (id int32, logit float, p float), 12 bytes like the C struct
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
-#: JSON output as llama.cpp's converter writes it: ", " and ": " allowed, whitespace between tokens
-#: at most a newline and an indent (a sampled answer cannot drift into endless blank space);
-#: these override whatever a schema's "x-guidance" asks.
+#: JSON output as llama.cpp's converter writes it: whitespace between tokens at most a space, or a
+#: newline and an indent (a sampled answer cannot drift into endless blank space); oneOf read as
+#: anyOf, as llama.cpp reads it (llguidance refuses oneOf otherwise; docs/structured-output.md says
+#: what that means for overlapping branches). These override whatever a schema's "x-guidance" asks.
 JSON_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": r"[ ]?|\n[ \t]{0,20}", "lenient": False,
-                "coerce_one_of": False}
+                "coerce_one_of": True}
 
 
 def _limits():
@@ -48,7 +49,7 @@ def _limits():
 
     # per token: lexer fuel ~14k/ms and Earley items ~20k/ms (llguidance's own figures), so a step
     # stays within a few milliseconds whatever the grammar; compile: its defaults
-    return llguidance.LLParserLimits(step_lexer_fuel=50_000, step_max_items=20_000)
+    return llguidance.LLParserLimits(step_lexer_fuel=50_000, step_max_items=20_000, verbose_errors=False)
 
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -119,10 +120,18 @@ def one_line(text: str) -> str:
     return " | ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
 
 
+#: words of llguidance's messages when one of its limits (LIMITS), not the text, is the problem
+LIMIT_WORDS = ("max is", "too big", "too complex", "limit", "fuel")
+
+
 def refuse(what: str, message: str) -> InvalidRequest:
+    msg = one_line(message)
+    if any(w in msg.lower() for w in LIMIT_WORDS):
+        return InvalidRequest(f"The {what} is over the compiler's bounds on work per token and size: {msg}. "
+                              "Simplify it (fewer alternatives in one rule, smaller enums).")
     if what == "grammar":
-        return InvalidRequest(f"The grammar does not parse: {one_line(message)}")
-    return InvalidRequest(f"The json_schema does not compile: {one_line(message)}")
+        return InvalidRequest(f"The grammar does not parse: {msg}")
+    return InvalidRequest(f"The json_schema does not compile: {msg}")
 
 
 def check_text(what: str, text: str) -> str:
@@ -174,7 +183,7 @@ class Grammar:
         self.filtered = 0
 
     def _fail(self, what: str) -> int:
-        reason = one_line(self.m.get_error()) or self.m.stop_reason()
+        reason = one_line(self.m.get_error())[:500] or self.m.stop_reason()
         self.error = (f"The grammar could not go on ({what}): {reason}. A grammar must let each token be "
                       "checked within a bounded amount of work; simplify it.")
         return self.eos
