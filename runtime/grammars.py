@@ -118,9 +118,12 @@ def closed_objects(schema: dict) -> dict:
     """A copy of `schema` where an object schema that lists `properties` and says nothing of other
     properties allows no others, as llama.cpp's converter reads such a schema: a sampled answer
     then ends after the listed properties instead of inventing more until max_tokens cuts it (every
-    answer still validates against the original: the copy only narrows it). Not under allOf, where
-    narrowing one branch could contradict another."""
+    answer still validates against the original: the copy only narrows it). Not in a schema that
+    uses allOf anywhere, where narrowing one branch (or a definition it refers to) could contradict
+    another."""
     out = json.loads(json.dumps(schema))
+    if '"allOf"' in json.dumps(schema):
+        return out
     stack = [out]
     while stack:
         node = stack.pop()
@@ -132,7 +135,7 @@ def closed_objects(schema: dict) -> dict:
         for key in ONE_SCHEMA:
             stack.append(node.get(key))
         for key in SCHEMA_LIST:
-            if key != "allOf" and isinstance(node.get(key), list):
+            if isinstance(node.get(key), list):
                 stack.extend(node[key])
         for key in SCHEMA_MAP:
             if isinstance(node.get(key), dict):

@@ -73,13 +73,17 @@ def test_deep_schemas_are_walked_without_recursion():
 
 def test_objects_listing_properties_are_closed_as_llama_cpp_reads_them():
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}},
-              "allOf": [{"properties": {"c": {}}}], "items": {"properties": {}, "additionalProperties": True}}
+              "anyOf": [{"properties": {"c": {}}}], "items": {"properties": {}, "additionalProperties": True}}
     before = copy.deepcopy(schema)
     out = grammars.closed_objects(schema)
     assert schema == before   # a copy
     assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
-    assert "additionalProperties" not in out["allOf"][0]   # an allOf branch is left as written
+    assert out["anyOf"][0]["additionalProperties"] is False
     assert out["items"]["additionalProperties"] is True
+    # with allOf, narrowing a branch or a definition it refers to could contradict another branch
+    with_all = {"allOf": [{"$ref": "#/$defs/a"}, {"properties": {"b": {}}, "required": ["b"]}],
+                "$defs": {"a": {"properties": {"a": {}}}}}
+    assert grammars.closed_objects(with_all) == with_all
     assert "additionalProperties" not in grammars.closed_objects({"type": "object"})
 
 
