@@ -216,3 +216,51 @@ def test_node_and_cli_name_the_keywords(capsys, tmp_path, fake_engine):
     code = cli.main(["generate", "Hi", "--model", MODEL, "--json-schema", str(f)])
     err = capsys.readouterr().err
     assert code == 2 and "uniqueItems at (the root)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_grammar_that_fails_while_answering_ends_its_own_request_only(rt):
+    """A matcher over its per-token bounds ends that request with the error; a request batched beside
+    it goes on to its end."""
+    model = rt.spec("fake://gramfail?grammar_fail=3&delay_ms=2", n_parallel=2)
+    bad = rt.submit("Hi", model=model, json_schema={"type": "string"}, max_tokens=20)
+    good = rt.submit("Hi", model=model, max_tokens=12)
+    with pytest.raises(InvalidRequest, match="fake grammar's step limit"):
+        bad.result()
+    res = good.result()
+    assert res.finish_reason == "length" and res.n_tokens == 12
+
+
+class _Matcher:
+    """llguidance's LLMatcher as far as Grammar.pick uses it, failing at its first mask."""
+
+    def __init__(self):
+        self.err = ""
+
+    def is_error(self):
+        return bool(self.err)
+
+    def is_stopped(self):
+        return bool(self.err)
+
+    def validate_tokens(self, tokens):
+        return 0
+
+    def compute_bitmask(self):
+        self.err = "step lexer fuel exhausted"
+        return b"\0" * 4
+
+    def get_error(self):
+        return self.err
+
+    def stop_reason(self):
+        return "LexerTooComplex"
+
+
+def test_a_mask_over_its_bound_ends_the_answer_with_a_clear_error():
+    import numpy as np
+
+    from comfyui_a3b.runtime.llama.grammar import Grammar
+
+    g = Grammar(_Matcher(), n_vocab=32, eos=7)
+    assert g.pick(None, np.arange(32, dtype=np.float32), greedy=True) == 7
+    assert "a token mask" in g.error and "step lexer fuel exhausted" in g.error
