@@ -2,10 +2,10 @@
 
     python -m comfyui_a3b.bench.bench_reasoning [--tokens 160] [--rounds 5]
 
-* **Grammar speed.** Decode tokens/s of a storyboard answer constrained by a JSON schema (llama.cpp's
-  grammar sampler, as runtime/llama/grammar.py applies it) against the same prompt unconstrained,
-  alternating request by request, greedy and sampled; the ratio is the median of the pairs' ratios. llama.cpp's
-  grammar sampler is known to be slow over large vocabularies; the target is 0.8x or better.
+* **Grammar speed.** Decode tokens/s of a storyboard answer constrained by a JSON schema (llguidance's
+  matcher, as runtime/llama/grammar.py applies it) against the same prompt unconstrained,
+  alternating request by request, greedy and sampled; the ratio is the median of the pairs' ratios.
+  The target is 0.8x or better.
 * **Budget overshoot.** The embedded model with a chat template that opens the reasoning block in
   the generation prompt (DeepSeek-R1 style), so it reasons until the runtime closes the block: for
   each budget, the reasoning tokens read before the block closed, minus the budget (target 0), for

@@ -49,7 +49,7 @@ def heal_split(before: str, line_prefix: str, line_suffix: str = "") -> tuple[st
 
 def heal_grammar(heal: str) -> str:
     """The GBNF grammar of an answer to a healed prompt: the `heal` text first (written in whatever
-    tokens the model likes: llama.cpp's grammar sampler matches token texts character by character),
+    tokens the model likes: the grammar's matcher reads token texts byte by byte),
     then a character other than whitespace, then anything.
 
     Without it the model is free to break the line and indent as it likes, and the cursor's

@@ -30,7 +30,7 @@ from .store import ModelStore
 log = logging.getLogger("a3b")
 
 #: GenerationRequest fields `Runtime.request` passes on by name
-THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar",
+THINKING_FIELDS = frozenset({"thinking", "reasoning_budget", "max_total_tokens", "json_schema", "grammar", "abandoned",
                              "speculative", "draft_max", "n_indent"})
 
 

@@ -256,7 +256,7 @@ class Backend(Protocol):
     #: whether new_sampler may attach a chain to a sequence, drawn inside the decode (sampler_choice.py)
     backend_sampling: bool = False
 
-    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: str | None = None,
+    def new_sampler(self, sampling: SamplingParams, seed: int, grammar: Any = None,
                     seq_id: int | None = None) -> Any:
         """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it;
         with `seq_id`, attached to that sequence so the next decodes draw its tokens (where the
@@ -267,9 +267,10 @@ class Backend(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
-        """The grammar for a JSON schema (or GBNF text), checked against the vocabulary; InvalidRequest
-        when it does not compile. The one step any thread may call: it only reads the vocabulary."""
+    def compile_grammar(self, json_schema: Any, gbnf: str | None, abandoned: Any = None) -> Any:
+        """The request's grammar for a JSON schema (or GBNF text), compiled within runtime/grammars.py's
+        bounds (size, time; `abandoned`, a threading.Event, stops the wait); InvalidRequest when it
+        does not compile. Called from the submitting thread, never the worker's."""
         raise InvalidRequest("This engine has no grammar sampler: json_schema and grammar are not supported.")
 
     def sample_rows(self, rows: list[tuple[Any, int, bool]]) -> list[tuple[int, float | None]]:

@@ -48,6 +48,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              ("runtime/images.py",)),
     Variable("A3B_IMAGE_MAX_BYTES", None, "largest encoded image file taken, in bytes (default 33554432)",
              ("runtime/images.py",)),
+    Variable("A3B_GRAMMAR_MAX_BYTES", None, "largest json_schema (JSON text) or GBNF grammar taken, in bytes "
+             "(default 262144)", ("runtime/grammars.py",)),
+    Variable("A3B_GRAMMAR_TIMEOUT_S", None, "longest a json_schema or grammar may take to compile, in seconds "
+             "(default 10)", ("runtime/grammars.py",)),
     Variable("A3B_CPU_REPACK", "on", "off: no llama.cpp CPU weight repacking", ("runtime/vet.py",)),
     Variable("A3B_SAMPLE_THREADS", None, "threads sampling the rows of one decode step (default: the CPU cores, "
              "at most 16; 0 or 1: off)", ("runtime/llama/backend.py",)),

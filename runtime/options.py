@@ -364,8 +364,8 @@ MAX_TOTAL_TOKENS = Option("max_total_tokens", int, None,
                           "Most tokens of reasoning and answer together (max_tokens counts the answer alone).",
                           min=1, max=MAX_CONTEXT, nullable=True)   # None: the context is the limit
 JSON_SCHEMA = Option("json_schema", dict, None,
-                     "The JSON schema the answer must follow (llama.cpp's grammar sampler; with thinking on it applies "
-                     "to the answer only).", nullable=True)
+                     "The JSON schema the answer must follow (compiled by llguidance; with thinking on it applies "
+                     "to the answer only). A keyword that cannot be enforced is refused, naming it.", nullable=True)
 #: `a3b generate`'s alone: where the reasoning is printed
 SHOW_REASONING = Option("show_reasoning", bool, False,
                         "Print the reasoning on stdout before the answer (default: dimmed on stderr).")
@@ -400,6 +400,15 @@ IMAGE_MAX_BYTES = Option("image_max_bytes", int, 32 << 20,
                          "Largest encoded image file taken (PNG, JPEG, ...), in bytes.", min=1, max=1 << 31,
                          env="A3B_IMAGE_MAX_BYTES")
 
+# -- structured output (llama/grammar.py) -------------------------------------------------------------------
+GRAMMAR_MAX_BYTES = Option("grammar_max_bytes", int, 256 << 10,
+                           "Largest json_schema (as JSON text) or GBNF grammar taken, in bytes; a larger one is "
+                           "refused before it is compiled.", min=1, max=1 << 30, env="A3B_GRAMMAR_MAX_BYTES")
+GRAMMAR_TIMEOUT_S = Option("grammar_timeout_s", float, 10.0,
+                           "Longest a json_schema or grammar may take to compile (off the request queue), in seconds; "
+                           "a slower one is refused.", min=0.0, max=3600.0, low_open=True,
+                           env="A3B_GRAMMAR_TIMEOUT_S")
+
 #: the options of each runtime type, by field name
 LOAD_OPTIONS = {o.name: o for o in (N_CTX, N_PARALLEL, N_GPU_LAYERS, N_THREADS, N_BATCH, FLASH_ATTN, KV_CACHE_TYPE,
                                      USE_MMAP, LORA_PATH, LORA_SCALE, SERVE_AS_OPTION, EMBED_N_CTX, MMPROJ,
@@ -412,7 +421,8 @@ REQUEST_OPTIONS = {o.name: o for o in (MAX_TOKENS, LOGPROBS, THINKING, REASONING
                                         JSON_SCHEMA, N_INDENT)}
 #: every option above, by name
 OPTIONS = {**LOAD_OPTIONS, **SAMPLING_OPTIONS, **CONFIDENCE_OPTIONS, **REQUEST_OPTIONS, POOLING.name: POOLING,
-           NORMALIZE.name: NORMALIZE, IMAGE_MAX_PIXELS.name: IMAGE_MAX_PIXELS, IMAGE_MAX_BYTES.name: IMAGE_MAX_BYTES}
+           NORMALIZE.name: NORMALIZE, IMAGE_MAX_PIXELS.name: IMAGE_MAX_PIXELS, IMAGE_MAX_BYTES.name: IMAGE_MAX_BYTES,
+           GRAMMAR_MAX_BYTES.name: GRAMMAR_MAX_BYTES, GRAMMAR_TIMEOUT_S.name: GRAMMAR_TIMEOUT_S}
 
 
 def check_fields(obj: Any, options: dict[str, Option]) -> None:

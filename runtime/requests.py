@@ -25,6 +25,7 @@ from typing import Any
 
 from .errors import InvalidRequest
 from .generation import ConfidenceConfig, SamplingParams, check_stops
+from .grammars import check_size
 from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
                       THINKING, check)
 from .scheduler import PRIORITY_BATCH
@@ -267,6 +268,9 @@ class GenerationRequest:
     draft_max: int | None = None
     #: lines after the first must be indented at least this much, else the answer ends (options.N_INDENT)
     n_indent: int = N_INDENT.default
+    #: a threading.Event the caller sets when it no longer wants the answer (an HTTP client that left
+    #: while the request's grammar compiled): the compilation stops being waited for (grammars.py)
+    abandoned: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.prompt, str):
@@ -294,6 +298,7 @@ class GenerationRequest:
             raise InvalidRequest("grammar must be GBNF text.")
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidRequest("Give a json_schema or a grammar, not both.")
+        check_size(self.json_schema, self.grammar)
         if self.sampling.ignore_eos and (self.grammar is not None or self.json_schema is not None):
             raise InvalidRequest("ignore_eos with a json_schema or grammar cannot work: a finished answer ends with "
                                  "the end-of-generation token the grammar allows. Leave one of them out.")

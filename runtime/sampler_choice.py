@@ -6,7 +6,7 @@ and temperature. A sequence with a backend chain gets its token drawn in the dec
 token (and the chain's truncated logits and probabilities) comes back, so the CPU never copies and
 sorts a whole vocabulary row for it. What the backend chain cannot give decides the rest:
 
-* a grammar (json_schema, grammar) matches token texts against its stacks: CPU only;
+* a grammar (json_schema, grammar) is matched on the CPU (llguidance's matcher): CPU only;
 * a repeat penalty stays on the CPU (its place in the chain, after top-k, is what today's output is
   made of; the graph version would change the order and so the text), and so does a sampler order
   given by the request (llama-server's `samplers`: the infill sampler has no graph version);

@@ -122,7 +122,7 @@ class LoadedModel(RowVerifier, Model):
                on_token: Callable[[TokenEvent], None] | None = None) -> GenerationStream:
         request.validate()
         how = thinking.plan(self.info.chat_template, request)
-        grammar = self.backend.compile_grammar(request.json_schema, request.grammar) \
+        grammar = self.backend.compile_grammar(request.json_schema, request.grammar, request.abandoned) \
             if request.json_schema is not None or request.grammar is not None else None
         tokens, text, units = prompting.prompt(self, how.prompt, request.max_tokens)
         try:
@@ -364,6 +364,12 @@ class LoadedModel(RowVerifier, Model):
         job.t_last = now
         job.n_gen += 1
         self.stats["generated_tokens"] += 1
+        failed = getattr(getattr(job.sampler, "grammar", None), "error", None)
+        if failed:   # the grammar's matcher gave up (grammar.py): this request ends, the others go on
+            with self._lock:
+                trim = self.policy.release(job, keep_cache=False)
+            self._trim(trim)
+            return self._finish(job, "error", InvalidRequest(failed))
         if self.vocab.is_eog(tok):
             if ent is not None:
                 job.asm.entropies.append(ent)

@@ -265,7 +265,9 @@ class Api:
         spec = self.spec_for(body)
         mid = body["model"] if spec is not self.cfg.spec else self.cfg.model_id
         common = self._common(body, kind == "chat", spec, priority)
-        stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token))
+        # set when the client leaves before the request is queued (its grammar may still be compiling)
+        common["abandoned"] = abandoned = threading.Event()
+        stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token), request, abandoned)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.get("stream"):
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")

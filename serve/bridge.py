@@ -88,9 +88,12 @@ def handover(loop: asyncio.AbstractEventLoop) -> Handover:
     return h
 
 
-async def start(submit: Callable[..., GenerationStream]) -> tuple[GenerationStream, Inbox]:
-    """Submit on an executor thread (it may load the model); token events and the end arrive in
-    an inbox on this loop (None marks the end), handed over with those of every other stream."""
+async def start(submit: Callable[..., GenerationStream], request: Request | None = None,
+                abandoned: threading.Event | None = None) -> tuple[GenerationStream, Inbox]:
+    """Submit on an executor thread (it may load the model, or compile a grammar); token events and
+    the end arrive in an inbox on this loop (None marks the end), handed over with those of every
+    other stream. With `request` and `abandoned`, the client leaving meanwhile sets `abandoned` (the
+    submit stops waiting for its grammar and raises Cancelled)."""
     loop = asyncio.get_running_loop()
     q = Inbox()
     h = handover(loop)
@@ -98,7 +101,14 @@ async def start(submit: Callable[..., GenerationStream]) -> tuple[GenerationStre
     def put(item):
         h.put(q, item)
 
-    stream = await loop.run_in_executor(None, lambda: submit(put))
+    job = loop.run_in_executor(None, lambda: submit(put))
+    if request is None or abandoned is None:
+        stream = await job
+    else:
+        async with on_disconnect(request, abandoned.set):
+            stream = await job
+        if abandoned.is_set():   # the client left while it was submitted: the watch below would not see it
+            stream.cancel("client disconnected")
     stream.add_done_callback(lambda s: put(None))
     return stream, q
 

@@ -19,6 +19,8 @@ Model references: `fake://NAME[?key=value&...]` with keys
     fim=1             give the vocabulary fill-in-the-middle tokens
     n_ctx_train=N     the trained context (default 4096)
     fail_decode=N     the N-th decode call (1-based, counted across reloads) fails
+    grammar_fail=N    a request's grammar fails at its N-th constrained token (as a matcher over its
+                      per-token bounds would: llama/grammar.py's Grammar.error)
     fatal=1           ... as a device error would (the model is closed and reloaded)
     gpu_layers=N      report N layers on a GPU (for the VRAM-sharing tests; nothing moves)
     template=NAME     the chat template: chatml (default), qwen3, r1, harmony (tests/templates.py)
@@ -52,7 +54,8 @@ import numpy as np
 
 from comfyui_a3b.runtime.engine import Backend, DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
-from comfyui_a3b.runtime.llama.grammar import schema_to_gbnf
+from comfyui_a3b.runtime.grammars import check_size, compile_bounded
+from comfyui_a3b.runtime.llama.grammar import check_text, grammar_text
 from comfyui_a3b.runtime.worker import LoadedModel
 
 import templates
@@ -67,6 +70,20 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
           "{{ '<|im_start|>assistant\\n' }}{% if note is defined %}{{ note }}{% endif %}")
 
 
+class FakeGrammarState:
+    """What the worker reads of a failed grammar (llama/grammar.py's Grammar.error)."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+class FakeSampler(dict):
+    """A fake request's sampler: its state by key; `grammar` (an attribute, as the real Sampler's)
+    holds a failed grammar's state."""
+
+    grammar: FakeGrammarState | None = None
+
+
 @dataclass
 class FakeSettings:
     name: str
@@ -77,6 +94,7 @@ class FakeSettings:
     fim: bool = False
     n_ctx_train: int = 4096
     fail_decode: int | None = None
+    grammar_fail: int | None = None
     fatal: bool = False
     gpu_layers: int = 0
     template: str = "chatml"
@@ -107,6 +125,7 @@ class FakeSettings:
                    embed_delay_ms=float(q["embed_delay_ms"]) if "embed_delay_ms" in q else None,
                    n_ctx_train=int(q.get("n_ctx_train", 4096)),
                    fail_decode=int(q["fail_decode"]) if "fail_decode" in q else None, fatal=q.get("fatal") == "1",
+                   grammar_fail=int(q["grammar_fail"]) if "grammar_fail" in q else None,
                    gpu_layers=int(q.get("gpu_layers", 0)), template=q.get("template", "chatml"),
                    think=q.get("think"), think_loop=q.get("think_loop") == "1", vision=q.get("vision") == "1",
                    image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
@@ -287,6 +306,10 @@ class FakeBackend(Backend):
         self.embedded: list[list[int]] = []
         #: the text each request had generated when its grammar came into the sampler chain
         self.grammar_starts: list[str] = []
+        #: seconds each grammar compilation sleeps first (a slow compilation, for the bounds tests)
+        self.compile_delay = 0.0
+        #: (exception name, when) of each compilation that failed
+        self.compile_errors: list[tuple[str, float]] = []
         self.closed = False
         self.thread: threading.Thread | None = None
         self.vision = FakeVision(weights.vocab, self.settings) if self.settings.vision else None
@@ -392,9 +415,19 @@ class FakeBackend(Backend):
                 del self.attached[sampler["seq_id"]]
             self._attach(sampler, seq_id)
 
-    def compile_grammar(self, json_schema, gbnf):
-        # the real converter (pure Python); the fake model does not follow grammars
-        return schema_to_gbnf(json_schema) if json_schema is not None else gbnf
+    def compile_grammar(self, json_schema, gbnf, abandoned=None):
+        # the real checks, bounds and compiler (without a vocabulary); the fake model does not follow grammars.
+        # `compile_delay` (seconds) stands for a slow compilation
+        def work():
+            if self.compile_delay:
+                time.sleep(self.compile_delay)
+            return check_text("json_schema" if json_schema is not None else "grammar", grammar_text(json_schema, gbnf))
+        check_size(json_schema, gbnf)
+        try:
+            return compile_bounded(work, abandoned, "json_schema" if json_schema is not None else "grammar")
+        except Exception as e:
+            self.compile_errors.append((type(e).__name__, time.monotonic()))
+            raise
 
     def free_sampler(self, sampler) -> None:
         seq = sampler.get("seq_id")
@@ -456,6 +489,11 @@ class FakeBackend(Backend):
             self.grammar_starts.append(self._generated(history).decode("utf-8", "replace"))
         n_gen = sampler.setdefault("n_gen", 0)
         sampler["n_gen"] = n_gen + 1
+        if sampler.get("grammar") is not None and self.settings.grammar_fail is not None:
+            sampler["n_constrained"] = sampler.get("n_constrained", 0) + 1
+            if sampler["n_constrained"] >= self.settings.grammar_fail:
+                sampler.grammar = FakeGrammarState("the fake grammar's step limit")
+                return EOS
         tok = self._next(history, n_gen)
         sp = sampler["sampling"]
         if sp.ignore_eos and tok in (EOS, EOT):   # the end-of-generation tokens are never drawn

@@ -175,41 +175,52 @@ def test_vetting_can_be_turned_off(tmp_path, monkeypatch, crafted):
 
 @pytest.mark.slow
 def test_unload_racing_generations_never_crashes_the_process():
-    """4 threads generate 3 tokens at a time while the main thread unloads, on the real model."""
+    """4 threads generate 3 tokens (or embed) at a time while the main thread unloads the model 25
+    times, on the real model. What must hold on any machine, however busy: the process lives, every
+    request ends with an answer or the clear ModelUnloaded error, every thread ends, and the model
+    serves afterwards. (How many requests get through meanwhile depends on the load: not asserted.)"""
     p = run_py("""
-        import threading, time
+        import json, threading, time
         from comfyui_a3b.runtime import Runtime, ModelUnloaded, preset
         rt = Runtime()
         spec = rt.spec(n_ctx=256, n_parallel=2)
-        stop, ok, errors = threading.Event(), [0], []
+        stop = threading.Event()
+        counts = [{"tried": 0, "answered": 0, "unloaded": 0} for _ in range(4)]
+        errors = []
         def work(i):
+            c = counts[i]
             while not stop.is_set():
+                c["tried"] += 1
                 try:
                     if i == 3:
-                        rt.embed(["some text to embed", "more"], model=spec)
+                        out = rt.embed(["some text to embed", "more"], model=spec)
+                        assert len(out) == 2
                     else:
-                        rt.generate("Hi", model=spec, max_tokens=3, sampling=preset("greedy"))
-                    ok[0] += 1
-                except ModelUnloaded:
-                    pass
+                        assert rt.generate("Hi", model=spec, max_tokens=3, sampling=preset("greedy")).n_tokens >= 1
+                    c["answered"] += 1
+                except ModelUnloaded as e:
+                    assert str(e)
+                    c["unloaded"] += 1
                 except BaseException as e:
                     errors.append(repr(e))
         threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
         for t in threads: t.start()
-        # until enough of both happened (counts, not a fixed time: a busy machine does less per
-        # second); the deadline only ends a run that stopped making progress
-        t_end = time.monotonic() + 90
-        unloads = 0
-        while (unloads < 25 or ok[0] < 15) and time.monotonic() < t_end and not errors:
-            rt.unload(spec); unloads += 1
+        for _ in range(25):
+            rt.unload(spec)
             time.sleep(0.02)
         stop.set()
-        for t in threads: t.join(30)
-        print("ok", ok[0], "unloads", unloads, "errors", len(errors), errors[:3])
-    """, timeout=240)
+        for t in threads: t.join(120)
+        alive = sum(t.is_alive() for t in threads)
+        after = rt.generate("Hi", model=spec, max_tokens=3, sampling=preset("greedy")).n_tokens
+        print(json.dumps({"counts": counts, "errors": errors[:3], "n_errors": len(errors), "alive": alive,
+                          "after": after}))
+    """, timeout=300)
     assert p.returncode == 0, f"the process died (code {p.returncode}): {p.stderr[-2000:]}"
-    words = p.stdout.split()
-    assert words[0] == "ok" and int(words[1]) >= 15 and int(words[3]) >= 25 and words[5] == "0", p.stdout
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["n_errors"] == 0 and out["alive"] == 0, out
+    for c in out["counts"]:
+        assert c["tried"] == c["answered"] + c["unloaded"], out
+    assert out["after"] >= 1, out
 
 
 def _mutants(src: bytes, header_end: int, n: int, seed: int = 1234):

@@ -9,7 +9,7 @@ backend.py       contexts for one LoadSpec: decode, sample, embed
 vision.py        the multimodal projector (libmtmd): images into the model's embedding space
 planner.py       where each tensor goes (pure policy); placement.py and fitting.py apply it to a load
 threadpool.py    persistent ggml threadpools for a generation context; threadtune.py which one a batch uses
-grammar.py       structured output: llama.cpp's grammar sampler
+grammar.py       structured output: schemas and grammars compiled by llguidance, matched per token
 offload.py       n_gpu_layers="auto" and the main-memory check before a load; devices.py the GPUs
 vetchild.py      the vetting server that loads unseen files in a child process (runtime/vet.py)
 templates.py     chat prompts rendered by llama.cpp's named templates or the GGUF's Jinja template

@@ -18,13 +18,14 @@ from ..adapters import check as check_adapter
 from ..engine import Backend, DecodeAborted, DecodeFailed
 from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
+from ..grammars import check_size, compile_bounded
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
 from . import abort, chain as chains, passes
 from .chain import greedy as chain_greedy
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import kv_stream_bytes, measure_context
-from .grammar import Grammar, check_gbnf, schema_to_gbnf
+from .grammar import Grammar, compile_matcher
 from .mtp import MtpContext
 from .rows import THREADS_FROM, entropy, heavy
 from .threadpool import attach
@@ -288,17 +289,18 @@ class LlamaBackend(Backend):
         if self.mtp is not None:   # the MTP cache reads what the target read (mtp.py)
             self.mtp.catch_up((None if e.job.units else e.job.slot.seq_id, e.position, e.tokens()) for e in texts)
 
-    def compile_grammar(self, json_schema: Any, gbnf: str | None) -> str:
-        text = schema_to_gbnf(json_schema) if json_schema is not None else gbnf
-        with self.weights.use():
-            check_gbnf(self.weights.vocab_ptr, text)
-        return text
+    def compile_grammar(self, json_schema: Any, gbnf: str | None, abandoned=None) -> Any:
+        """The request's grammar matcher (grammar.py), compiled on the compile threads within the
+        bounds of runtime/grammars.py; InvalidRequest naming what is wrong or which bound was met."""
+        check_size(json_schema, gbnf)
+        return compile_bounded(lambda: compile_matcher(self.weights, json_schema, gbnf), abandoned,
+                               "json_schema" if json_schema is not None else "grammar")
 
     def _chain(self, sp, seed: int):
         return chains.build(sp, seed, self.weights.n_vocab, self.weights.vocab_ptr,
                            self.weights.eog_tokens() if sp.ignore_eos else [])
 
-    def new_sampler(self, sp, seed: int, grammar: str | None = None, seq_id: int | None = None) -> Sampler:
+    def new_sampler(self, sp, seed: int, grammar: Any = None, seq_id: int | None = None) -> Sampler:
         """The request's chain; with `seq_id` (sampler_choice.choose said backend), attached to that
         sequence so the decode draws its tokens, else (or where llama.cpp refuses it) a CPU chain."""
         chain = self._chain(sp, seed)
@@ -312,7 +314,7 @@ class LlamaBackend(Backend):
             # CPU: a fresh one for the CPU
             llama().llama_sampler_free(chain)
             chain = self._chain(sp, seed)
-        g = Grammar(self.weights.vocab_ptr, grammar, self.weights.n_vocab, self.weights.eos) if grammar else None
+        g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
         return Sampler(chain, greedy=greedy, grammar=g, ban=ban)
 
     def _attach(self, sampler: Sampler, seq_id: int) -> bool:
