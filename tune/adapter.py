@@ -31,6 +31,11 @@ def write(path: str | os.PathLike, arch: str, alpha: float, tensors: dict[str, t
     out = Path(path)
     tmp = out.with_name(out.name + ".part")
     try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()   # a stale part, or a link in its place: written anew, never through
+    except OSError as e:
+        raise InvalidRequest(f"cannot write the adapter beside {out}: {tmp} is in the way ({e.strerror or e}).") from e
+    try:
         w = GGUFWriter(str(tmp), arch)
     except OSError as e:
         raise InvalidRequest(f"cannot write the adapter to {out}: {e.strerror or e}. Choose another --out.") from e
@@ -59,6 +64,9 @@ def write(path: str | os.PathLike, arch: str, alpha: float, tensors: dict[str, t
         w.write_tensors_to_file()
     finally:
         w.close()
+    if out.is_symlink() or (out.exists() and not out.is_file()):   # changed while training
+        tmp.unlink()
+        raise InvalidRequest(f"--out {out} became a link or a non-file while training; the adapter was not written.")
     os.replace(tmp, out)
     return out
 
@@ -83,7 +91,13 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, tuple[np.nd
 
 def check_writable(path: str | os.PathLike) -> Path:
     """Refuse an output path that cannot be written, before any training (by creating a file beside it)."""
-    out = Path(path).expanduser().resolve()
+    given = Path(path).expanduser()
+    if given.is_symlink():
+        raise InvalidRequest(f"--out {given} is a link; give the adapter's own path (a link's target is not replaced).")
+    out = given.resolve()
+    if out.exists() and not out.is_file() and not out.is_dir():
+        raise InvalidRequest(f"--out {out} exists and is not a regular file (a device, a pipe or a socket); give "
+                             "the path of a new or an existing adapter file.")
     parent = out.parent
     if not parent.is_dir():
         raise InvalidRequest(f"--out {out}: the folder {parent} does not exist.")
