@@ -80,13 +80,14 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, tuple[np.nd
     """(metadata, base tensor name -> (A, B)) of an adapter, as `write` takes them."""
     from gguf import GGUFReader
 
+    meta = keys.read_meta(path)   # first: a cut or crafted header is a typed error, not a reader's traceback
     reader = GGUFReader(str(path), "r")
     parts: dict[str, dict[str, np.ndarray]] = {}
     for t in reader.tensors:
         base, _, which = t.name.rpartition(".")
         shape = tuple(int(x) for x in reversed(t.shape))
         parts.setdefault(base, {})[which] = np.array(t.data, dtype=np.float32).reshape(shape)
-    return keys.read_meta(path), {k: (v["lora_a"], v["lora_b"]) for k, v in parts.items()}
+    return meta, {k: (v["lora_a"], v["lora_b"]) for k, v in parts.items()}
 
 
 def check_writable(path: str | os.PathLike) -> Path:
