@@ -35,8 +35,9 @@ MAX_CHUNK_SIMILARITY = Option("max_chunk_similarity", float, 0.99, "Chunks more 
                               "the cursor are left out (they make models repeat).", min=0.0, low_open=True, max=1.0)
 MAX_DOCUMENT_BYTES = Option("max_document_bytes", int, 32 * 1024 * 1024, "Larger documents are kept in sync but "
                             "not completed or indexed.", min=1024, max=1 << 31)
-LORA = Option("lora", str, None, "A GGUF LoRA adapter applied over the model for this editor (an absolute path, "
-              "e.g. what a3b tune wrote for this repository); null = none. The plain model stays loaded for "
+LORA = Option("lora", str, None, "A GGUF LoRA adapter applied over the model for this editor, from a LoRA folder "
+              "(a path or a name in one: loras/ beside the models, $A3B_LORAS, the adapters a3b.tuneWorkspace "
+              "wrote); null = none. The plain model stays loaded for "
               "everyone else: the adapter gets a context of its own over the same weights.", nullable=True)
 WARM = Option("warm", bool, True, "Read a completion's prompt in the background when the cursor rests.")
 #: A quick fix waits for its reasoning: thinking is off unless asked for, and bounded when on.
@@ -164,17 +165,14 @@ def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
 
 
 def lora_path(value: str | None) -> str | None:
-    """The adapter setting as an absolute path of an existing .gguf file (InvalidRequest otherwise)."""
+    """The adapter setting as a .gguf file inside the LoRA folders (runtime/locate.py: `loras/` in the
+    model folders, $A3B_LORAS, ComfyUI's loras folders, the tuned adapters' cache folder), as the
+    `model` setting is confined to the model folders; InvalidRequest / PathNotAllowed otherwise."""
     if not value:
         return None
-    from pathlib import Path
+    from ..runtime.locate import resolve_lora
 
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        raise InvalidRequest(f"the lora setting must be an absolute path, got {value!r}.")
-    if p.suffix.lower() != ".gguf" or not p.is_file():
-        raise InvalidRequest(f"the lora setting names no GGUF file: {value!r}.")
-    return str(p.resolve())
+    return str(resolve_lora(value, "the lora setting"))
 
 
 def as_dict(s: Settings) -> dict[str, Any]:

@@ -12,6 +12,11 @@ loss is lower than the base model's and lower than the held-out loss recorded in
 where that one was measured on the same held-out files; a message says by how much. Cancelling the
 command stops the child. The adapter goes into the cache folder (adapters/), one per workspace and
 model, so tuning again replaces it (and resumes it when the settings are the same).
+
+An editor reads and writes only where the user put things: `options.model` must name a model in the
+model folders (as the `model` setting), `options.out` a .gguf path in the adapters' cache folder or a
+LoRA folder, and every other option must be one of `a3b tune`'s training options (its parser takes
+an unambiguous prefix of any flag, so `{"o": ...}` would be `--out`): anything else is refused.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from lsprotocol import types as T
 
 from ..runtime import adapters
 from ..runtime.errors import A3BError, InvalidRequest
-from ..runtime.options import cache_root
+from ..runtime.locate import adapter_cache_dir
 
 #: niceness of the child: below the editor and the model's own threads
 NICE = 10
@@ -48,13 +53,61 @@ class TuneFailed(A3BError):
 
 def adapter_path(root: Path, model: Path) -> Path:
     tag = hashlib.sha256(str(root).encode()).hexdigest()[:10]
-    return cache_root() / "adapters" / f"{root.name or 'workspace'}-{tag}.{model.stem}.lora.gguf"
+    return adapter_cache_dir() / f"{root.name or 'workspace'}-{tag}.{model.stem}.lora.gguf"
 
 
 def _flag(key: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,40}", key):
         raise InvalidRequest(f"a3b.tuneWorkspace: {key!r} is not an option name.")
-    return "--" + re.sub(r"(?<!^)([A-Z])", r"-\1", key).lower()
+    flag = "--" + re.sub(r"(?<!^)([A-Z])", r"-\1", key).lower()
+    known = _known_flags()
+    if flag not in known:
+        names = sorted(re.sub(r"-(\w)", lambda m: m.group(1).upper(), f[2:]) for f in known)
+        raise InvalidRequest(f"a3b.tuneWorkspace: unknown option {key!r} (options: model, out, {', '.join(names)}).")
+    return flag
+
+
+def _known_flags() -> set[str]:
+    """`a3b tune`'s training flags (tune/options.py) and --restart: what an editor may pass."""
+    from ..tune.options import OPTIONS
+
+    return {"--" + o.name.replace("_", "-") for o in OPTIONS} | {"--restart"}
+
+
+def model_for(value: Any, session) -> str:
+    """The base model of a tuning: the editor's model, or one named in the model folders (never a path
+    outside them, as for the `model` setting)."""
+    if value is None:
+        return str(session.spec().path)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"a3b.tuneWorkspace: model must be a model name or path, got {value!r}.")
+    from ..runtime.locate import resolve_model
+
+    return str(resolve_model(value, restrict=True))
+
+
+def out_for(value: Any, root: Path, model: Path) -> Path:
+    """Where the adapter goes: the cache folder's default for (workspace, model), or a .gguf path
+    inside the adapters' cache folder or a LoRA folder; not an existing link or non-file."""
+    if value is None:
+        return adapter_path(root, model)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"a3b.tuneWorkspace: out must be a path, got {value!r}.")
+    from ..runtime.errors import PathNotAllowed
+    from ..runtime.locate import adapter_cache_dir, inside_any, lora_dirs
+
+    folders = lora_dirs()
+    p = Path(value).expanduser()
+    p = p if p.is_absolute() else adapter_cache_dir() / p
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise PathNotAllowed(f"a3b.tuneWorkspace: out {value!r} exists and is a link or not a regular file; "
+                             "give the path of a new or an existing adapter file.")
+    if not inside_any(p.parent, folders) or not inside_any(p, folders):
+        raise PathNotAllowed(f"a3b.tuneWorkspace: out {value!r} is outside the adapters' folders "
+                             f"({', '.join(map(str, folders))}); leave it out (the cache folder) or name a file there.")
+    if p.suffix.lower() != ".gguf":
+        raise InvalidRequest(f"a3b.tuneWorkspace: out {value!r} must be a .gguf file name.")
+    return p.parent.resolve() / p.name
 
 
 def command_line(root: Path, model: str, out: Path, options: dict[str, Any]) -> list[str]:
@@ -103,10 +156,10 @@ async def tune_workspace(server, session, *args: Any) -> dict:
         folder = roots[0]
     root = Path(folder).expanduser().resolve()
     options = dict(options)
-    model = str(options.pop("model", None) or session.spec().path)
-    out = adapter_path(root, Path(model))
+    model = model_for(options.pop("model", None), session)
+    out = out_for(options.pop("out", None), root, Path(model))
+    argv = command_line(root, model, out, options)   # the options checked before anything is created
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = command_line(root, model, out, options)
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE,
                                                 preexec_fn=_lower_priority if hasattr(os, "nice") else None)

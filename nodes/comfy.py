@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import add_model_dir, get_runtime
+from ..runtime.locate import add_lora_dir
 from ..runtime.environment import env_paths
 
 log = logging.getLogger("a3b.comfy")
@@ -53,6 +54,8 @@ def register_model_folders() -> list[Path]:
     dirs = [Path(p) for p in fp.get_folder_paths("LLM")]
     for d in dirs:
         add_model_dir(d)
+    for d in lora_folders():   # an editor on the in-process language server may name adapters there
+        add_lora_dir(d)
     return dirs
 
 

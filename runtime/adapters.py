@@ -7,6 +7,12 @@ base file it was trained on (`a3b.base.sha256`); `check` refuses it on any other
 llama.cpp sees it. Adapters from elsewhere (no a3b keys) are checked for what llama.cpp itself
 needs (general.type, adapter.type, the architecture) so the error names the problem.
 
+Before that, the header is walked with every size bounded (gguf_info.scan_header: a cut file or a
+count of 2**40 keys is a one-line error) and every key llama.cpp reads is checked for its type
+(KEY_TYPES: llama.cpp reads `adapter.lora.alpha` as a float32 and aborts the process on a string).
+What no check here can foresee is found by loading the adapter over its base in a child process
+first (vet.check_adapter), as for models and projectors.
+
 The base's digest is computed once per (path, size, modification time) in this process.
 """
 from __future__ import annotations
@@ -16,7 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRequest, ModelNotFound
+from .errors import CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF
+from .gguf_info import ARRAY, FLOAT32, STRING, UINT32, HeaderScan, type_name
 
 #: the keys `a3b tune` writes (tune/adapter.py), read here
 BASE_SHA256 = "a3b.base.sha256"
@@ -59,20 +66,58 @@ def base_digest(path: str | os.PathLike) -> str:
     return hit
 
 
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """The adapter's metadata keys and values (the header only; tensors are not read)."""
-    from gguf import GGUFReader
+#: the adapter keys llama.cpp reads, with the one GGUF value type each must have: libllama reads the
+#: strings with gguf_get_val_str and alpha with gguf_get_val_f32, which assert (abort the process)
+#: on any other type (llama-adapter.cpp; the task name and prompt prefix are read as strings by
+#: llama.cpp's tools); (ARRAY, UINT32): an array of uint32
+KEY_TYPES = {"general.type": (STRING, None), "general.architecture": (STRING, None), "adapter.type": (STRING, None),
+             "adapter.lora.alpha": (FLOAT32, None), "adapter.lora.task_name": (STRING, None),
+             "adapter.lora.prompt_prefix": (STRING, None), "adapter.alora.invocation_tokens": (ARRAY, UINT32),
+             "general.alignment": (UINT32, None)}
+#: what an adapter's tensor names end with (llama.cpp refuses any other)
+SUFFIXES = (".lora_a", ".lora_b")
 
-    from .gguf_info import _field_value
+
+def scan(path: str | os.PathLike) -> HeaderScan:
+    """The adapter's header, every size bounded (a cut file or an absurd count is a typed error in one
+    line), and every key llama.cpp reads checked for its type."""
+    from .gguf_info import scan_header
 
     p = Path(path)
     if not p.is_file():
         raise ModelNotFound(f"LoRA adapter not found: {p}")
     try:
-        reader = GGUFReader(str(p), "r")
-    except (ValueError, OSError) as e:
-        raise AdapterMismatch(f"{p.name} is not a GGUF LoRA adapter: {e}") from e
-    return {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        header = scan_header(p)
+    except NotGGUF as e:
+        raise AdapterMismatch(f"{p.name} is not a GGUF LoRA adapter: {e}") from None
+    for key, want in KEY_TYPES.items():
+        got = header.types.get(key)
+        if got is not None and got != want:
+            raise CorruptGGUF(f"{p.name} is not a valid LoRA adapter: {key} is stored as {type_name(*got)}, not "
+                              f"{type_name(*want)} (llama.cpp would abort the process on it). The file is damaged or "
+                              "was written by a broken converter; convert or tune it again.")
+    return header
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The adapter's metadata keys and values (the header only; tensors are not read). Arrays longer
+    than gguf_info's kept length are left out."""
+    return dict(scan(path).metadata)
+
+
+def _check_tensors(a: Path, header: HeaderScan, base: Path) -> None:
+    """Each pair's trailing dimensions are the base tensor's (llama.cpp checks the first two and
+    multiplies with the rest, asserting on a mismatch in the middle of a decode)."""
+    from .gguf_info import scan_header
+
+    shapes = {name: shape for name, shape, _, _ in scan_header(base).tensors}
+    for name, shape, _, _ in header.tensors:
+        stem = next((name[:-len(s)] for s in SUFFIXES if name.endswith(s)), None)
+        if stem is None or stem not in shapes:
+            continue   # llama.cpp refuses these itself, with its own words
+        if len(shape) < 2 or tuple(shape[2:]) != tuple(shapes[stem][2:]):
+            raise AdapterMismatch(f"{a.name}: tensor {name!r} has the shape {list(shape)}, which does not fit "
+                                  f"{stem!r} of {base.name} ({list(shapes[stem])}).")
 
 
 def check(adapter: str | os.PathLike, base: str | os.PathLike) -> dict[str, Any]:
@@ -84,7 +129,8 @@ def check(adapter: str | os.PathLike, base: str | os.PathLike) -> dict[str, Any]
     with _lock:
         if key in _verdicts:
             return _verdicts[key]
-    meta = read_meta(a)
+    header = scan(a)
+    meta = dict(header.metadata)
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
         raise AdapterMismatch(f"{a.name} is not a LoRA adapter (general.type={meta.get('general.type')!r}, "
                               f"adapter.type={meta.get('adapter.type')!r}).")
@@ -101,6 +147,7 @@ def check(adapter: str | os.PathLike, base: str | os.PathLike) -> dict[str, Any]
         raise AdapterMismatch(f"{a.name} was trained for {name} (sha256 {str(want)[:12]}...), not for {b.name}: "
                               "its update only means something over that exact base. Load it over that file, "
                               "or tune an adapter for this one (a3b tune DIR --model ...).")
+    _check_tensors(a, header, b)
     with _lock:
         _verdicts[key] = meta
     return meta

@@ -37,7 +37,8 @@ class Variable:
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("A3B_MODELS", None, "folders searched for a model given by name (os.pathsep-separated)",
              ("runtime/locate.py",)),
-    Variable("A3B_LORAS", None, "more folders for GGUF LoRA adapters (os.pathsep-separated)", ("nodes/comfy.py",)),
+    Variable("A3B_LORAS", None, "more folders for GGUF LoRA adapters (os.pathsep-separated)",
+             ("nodes/comfy.py", "runtime/locate.py")),
     Variable("A3B_CACHE", None, "the cache folder (default: $XDG_CACHE_HOME or ~/.cache, /comfyui-a3b)",
              ("runtime/options.py",)),
     Variable("A3B_MEMORY_BUDGET_MB", None, "memory budget of the model store, in MiB", ("runtime/store.py",)),

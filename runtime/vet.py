@@ -173,15 +173,22 @@ def _start_server() -> subprocess.Popen:
                             start_new_session=True, env=env)
 
 
-def _ask(path: Path, size: int, repack: bool = True, kind: str = "model") -> dict:
-    """One request to the vetting server (started, or restarted, on demand)."""
+def _ask(path: Path, size: int, repack: bool = True, kind: str = "model", base: Path | None = None) -> dict:
+    """One request to the vetting server (started, or restarted, on demand). `base`: the model an
+    adapter or a projector is loaded over in the child (it was vetted itself before)."""
     global _server
+    base_size = base.stat().st_size if base is not None else 0
     for _attempt in range(2):
         if _server is None or _server.poll() is not None:
             _server = _start_server()
         decode = size <= (decode_max_bytes() if kind == "model" else MMPROJ_ENCODE_MAX_BYTES)
+        if kind == "lora":   # a decode over the base with the adapter applied: the base's size decides
+            decode = base_size <= decode_max_bytes()
+        total = size + base_size
         req = {"path": str(path), "decode": decode, "repack": repack, "kind": kind,
-               "timeout": 120 + 10 * size / (1 << 30), "mem_limit": size + (4 << 30) + size // 4}
+               "timeout": 120 + 10 * total / (1 << 30), "mem_limit": total + (4 << 30) + total // 4}
+        if base is not None:
+            req["base"] = str(base)
         try:
             _server.stdin.write(json.dumps(req) + "\n")
             _server.stdin.flush()
@@ -261,27 +268,38 @@ def _record_repack(works: bool, why: str = "") -> None:
     VERDICTS.save_disk()
 
 
-def check_file(path: str | os.PathLike, kind: str = "model") -> None:
+def check_file(path: str | os.PathLike, kind: str = "model", base: str | os.PathLike | None = None) -> None:
     """Raise a typed error if llama.cpp could crash on `path`; return at once for a vetted file.
-    `kind`: "model" (a llama_model), or "mmproj" (a multimodal projector, loaded by libmtmd's
-    clip loader in the child, which encodes one small image with it where the file is small)."""
+    `kind`: "model" (a llama_model); "mmproj" (a multimodal projector, loaded by libmtmd's clip
+    loader in the child over the text model `base`, which encodes one small image with it where the
+    file is small); "lora" (an adapter, loaded over the model `base`, one token decoded with it
+    applied where the base is small). Verdicts of the last two are kept per (file, base)."""
     if not enabled():
         return
     p = Path(path)
+    b = Path(base) if base is not None else None
     # a file is vetted for what it is loaded as: a model's verdict says nothing of the clip loader
-    key = _key(p) + ((kind,) if kind != "model" else ())
+    key = _key(p) + ((kind,) if kind != "model" else ()) + (_key(b) if b is not None else ())
     v = VERDICTS.get(key)
     if v is None:
+        # an adapter's decode runs over the base as the host loads it (a CPU without working repacking
+        # would crash the trial whatever the adapter); asked before the lock, which this takes too
+        repack = repack_allowed() if kind == "lora" else True
         with _lock:
             VERDICTS.load_disk()
             v = VERDICTS.get(key)
             if v is None:
-                v = _vet(p, key, kind)
+                v = _vet(p, key, kind, b, repack)
     if not v.get("ok"):
-        raise CorruptGGUF(_message(p, v))
+        raise CorruptGGUF(_message(p, v, kind))
 
 
-def _vet(p: Path, key: tuple, kind: str = "model") -> dict:
+def check_adapter(path: str | os.PathLike, base: str | os.PathLike) -> None:
+    """A LoRA adapter tried over `base` in the child before llama.cpp reads it here (check_file)."""
+    check_file(path, kind="lora", base=base)
+
+
+def _vet(p: Path, key: tuple, kind: str = "model", base: Path | None = None, repack: bool = True) -> dict:
     t0 = time.perf_counter()
     try:
         scan_header(p)   # structure first: cheap, bounded, and raises its own typed errors
@@ -289,7 +307,8 @@ def _vet(p: Path, key: tuple, kind: str = "model") -> dict:
         v = {"ok": False, "status": "structure", "log": str(e)}
     else:
         try:
-            v = _ask(p, key[1], kind=kind) if kind != "model" else _ask_repack_aware(p, key[1])
+            v = (_ask(p, key[1], repack=repack, kind=kind, base=base) if kind != "model"
+                 else _ask_repack_aware(p, key[1]))
         except (OSError, ValueError) as e:
             # vetting itself is broken here (no way to start a child): say so once and go on
             log.warning("could not vet %s in a child process (%s); loading it without that check", p.name, e)
@@ -302,7 +321,7 @@ def _vet(p: Path, key: tuple, kind: str = "model") -> dict:
     return v
 
 
-def _message(p: Path, v: dict) -> str:
+def _message(p: Path, v: dict, kind: str = "model") -> str:
     if v.get("status") == "structure":
         return v.get("log", f"{p} is not a valid GGUF.")
     lines = [ln.strip() for ln in (v.get("log") or "").splitlines() if ln.strip()]
@@ -313,7 +332,10 @@ def _message(p: Path, v: dict) -> str:
         return (f"llama.cpp did not finish loading {p.name} within the time limit ({detail}). The file may be "
                 "damaged; if it is a very large model on a busy machine, set A3B_VET=off to skip this check.")
     how = f"signal {v['signal']}" if v.get("signal") else f"exit code {v.get('exit_code')}"
-    return (f"{p.name} makes llama.cpp's loader crash ({how}: {detail}). The file is damaged or malformed; "
+    what = {"lora": "llama.cpp crash when loaded as a LoRA adapter and used for one token",
+            "mmproj": "llama.cpp crash when loaded as a projector and used to encode a small image"
+            }.get(kind, "llama.cpp's loader crash")
+    return (f"{p.name} makes {what} ({how}: {detail}). The file is damaged or malformed; "
             "download or convert it again. It was tried in a separate process, so nothing else was affected.")
 
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def client(tmp_path):
-    env = {**os.environ, "A3B_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "models").mkdir()
+    env = {**os.environ, "A3B_CACHE": str(tmp_path / "cache"), "A3B_MODELS": str(tmp_path / "models")}
     c = await ClientServerConfig(server_command=SERVERS["fake"].command + ["--stdio"], server_env=env).start(
         devtools=None)
     await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
@@ -41,7 +42,7 @@ def _repo(root):
 
 async def test_tune_workspace_reports_progress_and_switches_to_the_adapter(client, tmp_path):
     repo = _repo(tmp_path / "repo")
-    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
+    tiny = write_tiny_gguf(tmp_path / "models" / "tiny.gguf", "llama")
     opts = {"model": str(tiny), "steps": 6, "seqLen": 48, "batch": 2, "lr": 0.02, "evalEvery": 3, "patience": 0,
             "device": "cpu"}
     res = await client.workspace_execute_command_async(T.ExecuteCommandParams(
@@ -60,7 +61,7 @@ async def test_tune_workspace_reports_progress_and_switches_to_the_adapter(clien
 
 async def test_tune_workspace_refusals_come_back_as_errors(client, tmp_path):
     repo = _repo(tmp_path / "repo")
-    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
+    tiny = write_tiny_gguf(tmp_path / "models" / "tiny.gguf", "llama")
     with pytest.raises(JsonRpcException, match="--rank must be in 1..1024"):
         await client.workspace_execute_command_async(T.ExecuteCommandParams(
             command="a3b.tuneWorkspace", arguments=[str(repo), {"model": str(tiny), "rank": 0}]))

@@ -39,20 +39,34 @@ def test_serve_with_an_adapter_also_serves_the_base(fake_engine, tmp_path):
     assert len(weights) == 1                                                      # one copy of the weights
 
 
-def test_the_editors_lora_setting(fake_engine, tmp_path):
+def test_the_editors_lora_setting(fake_engine, tmp_path, monkeypatch):
     from comfyui_a3b.lsp_server import config as cfg
     from comfyui_a3b.lsp_server.session import Engine, Session
 
-    adapter = tmp_path / "ws.lora.gguf"
+    loras, elsewhere = tmp_path / "loras", tmp_path / "elsewhere"
+    loras.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("A3B_LORAS", str(loras))
+    adapter = loras / "ws.lora.gguf"
     adapter.write_bytes(b"")
+    outside = elsewhere / "ws.lora.gguf"
+    outside.write_bytes(b"")
+    (loras / "link.gguf").symlink_to(outside)
     eng = Engine(default_model=MODEL)
     s = Session(eng)
     try:
         assert s.configure({"a3b": {"lora": str(adapter), "loraScale": 0.5}}) == []
         assert s.spec().lora_path == str(adapter.resolve()) and s.spec().lora_scale == 0.5
-        for bad, words in (("ws.lora.gguf", "absolute path"), (str(tmp_path / "none.gguf"), "names no GGUF file")):
+        assert s.configure({"lora": None}) == [] and s.spec().lora_path is None
+        assert s.configure({"lora": "ws.lora.gguf"}) == []          # a name in a LoRA folder
+        assert s.spec().lora_path == str(adapter.resolve())
+        for bad, words in (("none.gguf", "names no GGUF file in the LoRA folders"),
+                           (str(outside), "is outside the LoRA folders"),
+                           (str(loras / "link.gguf"), "is outside the LoRA folders"),
+                           ("../elsewhere/ws.lora.gguf", "is outside the LoRA folders"),
+                           (str(tmp_path / "none.gguf"), "is outside the LoRA folders")):
             errors = s.configure({"lora": bad})
-            assert len(errors) == 1 and words in errors[0], errors
+            assert len(errors) == 1 and words in errors[0], (bad, errors)
             assert s.spec().lora_path == str(adapter.resolve())        # the previous adapter is kept
         assert s.configure({"lora": None}) == [] and s.spec().lora_path is None
         assert cfg.Settings().lora is None

@@ -31,6 +31,11 @@ def write(path: str | os.PathLike, arch: str, alpha: float, tensors: dict[str, t
     out = Path(path)
     tmp = out.with_name(out.name + ".part")
     try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()   # a stale part, or a link in its place: written anew, never through
+    except OSError as e:
+        raise InvalidRequest(f"cannot write the adapter beside {out}: {tmp} is in the way ({e.strerror or e}).") from e
+    try:
         w = GGUFWriter(str(tmp), arch)
     except OSError as e:
         raise InvalidRequest(f"cannot write the adapter to {out}: {e.strerror or e}. Choose another --out.") from e
@@ -59,6 +64,9 @@ def write(path: str | os.PathLike, arch: str, alpha: float, tensors: dict[str, t
         w.write_tensors_to_file()
     finally:
         w.close()
+    if out.is_symlink() or (out.exists() and not out.is_file()):   # changed while training
+        tmp.unlink()
+        raise InvalidRequest(f"--out {out} became a link or a non-file while training; the adapter was not written.")
     os.replace(tmp, out)
     return out
 
@@ -72,18 +80,25 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, tuple[np.nd
     """(metadata, base tensor name -> (A, B)) of an adapter, as `write` takes them."""
     from gguf import GGUFReader
 
+    meta = keys.read_meta(path)   # first: a cut or crafted header is a typed error, not a reader's traceback
     reader = GGUFReader(str(path), "r")
     parts: dict[str, dict[str, np.ndarray]] = {}
     for t in reader.tensors:
         base, _, which = t.name.rpartition(".")
         shape = tuple(int(x) for x in reversed(t.shape))
         parts.setdefault(base, {})[which] = np.array(t.data, dtype=np.float32).reshape(shape)
-    return keys.read_meta(path), {k: (v["lora_a"], v["lora_b"]) for k, v in parts.items()}
+    return meta, {k: (v["lora_a"], v["lora_b"]) for k, v in parts.items()}
 
 
 def check_writable(path: str | os.PathLike) -> Path:
     """Refuse an output path that cannot be written, before any training (by creating a file beside it)."""
-    out = Path(path).expanduser().resolve()
+    given = Path(path).expanduser()
+    if given.is_symlink():
+        raise InvalidRequest(f"--out {given} is a link; give the adapter's own path (a link's target is not replaced).")
+    out = given.resolve()
+    if out.exists() and not out.is_file() and not out.is_dir():
+        raise InvalidRequest(f"--out {out} exists and is not a regular file (a device, a pipe or a socket); give "
+                             "the path of a new or an existing adapter file.")
     parent = out.parent
     if not parent.is_dir():
         raise InvalidRequest(f"--out {out}: the folder {parent} does not exist.")

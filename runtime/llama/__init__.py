@@ -7,7 +7,8 @@ binding.py       llama-cpp-python imported once, llama.cpp's log captured, the b
 weights.py       one loaded llama_model and its vocabulary; load-error classification
 backend.py       contexts for one LoadSpec: decode, sample, embed
 vision.py        the multimodal projector (libmtmd): images into the model's embedding space
-planner.py       where each tensor goes (pure policy); placement.py and fitting.py apply it to a load
+planner.py       where each tensor goes (pure policy); placement.py and fitting.py apply it to a load;
+                 tensorpatterns.py matches the user's placement patterns in linear time (RE2)
 threadpool.py    persistent ggml threadpools for a generation context; threadtune.py which one a batch uses
 grammar.py       structured output: schemas and grammars compiled by llguidance, matched per token
 offload.py       n_gpu_layers="auto" and the main-memory check before a load; devices.py the GPUs

@@ -152,6 +152,8 @@ class LlamaBackend(Backend):
             # an adapter made for another base is refused before llama.cpp reads it; the base is the
             # file asked for (a serving copy re-encoded from it carries the same weights)
             check_adapter(spec.lora_path, spec.path)
+            # then tried over the base in a child: llama.cpp aborts the process on some malformed adapters
+            vet.check_adapter(spec.lora_path, spec.path)
         L = llama()
         self.weights = weights
         self.spec = spec

@@ -63,7 +63,8 @@ def load_planned(path, spec: LoadSpec, name: str, reserve_extra: int = 0) -> Wei
     offload.check_fits_in_memory(p.host_bytes, total_memory(), name)
     before = gpu_free_bytes()
     w = Weights(path, n_gpu_layers=p.n_gpu_layers if p.gpu else 0, use_mmap=spec.use_mmap, name=name, offload=how,
-                overrides=entries, placement=p.as_dict(), load_mtp=parse_speculative(spec.speculative)[0] == "mtp")
+                overrides=placement.to_llama(path, entries), placement=p.as_dict(),
+                load_mtp=parse_speculative(spec.speculative)[0] == "mtp")
     after = gpu_free_bytes()
     info = w.info.placement
     info["overrides"] = [f"{pat}={dev}" for pat, dev in entries]

@@ -122,7 +122,7 @@ def attach_projector(weights: Weights, spec: LoadSpec, n_gpu_layers: int) -> Non
     from .vision import Projector
 
     try:
-        vet.check_file(proj, kind="mmproj")
+        vet.check_file(proj, kind="mmproj", base=spec.path)   # loaded over the text model, an image encoded
         with weights.use():
             weights.projector = Projector(proj, weights.ptr, use_gpu=n_gpu_layers != 0,
                                           n_threads=thread_counts(spec.n_threads)[1], guard=weights.use)

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import InvalidRequest
 from ..gguf_info import Dims, scan_header, tensor_bytes
 from ..options import LoadSpec, state_snapshots
-from . import planner
+from . import planner, tensorpatterns
 from .planner import Layout, Override, Plan
 
 log = logging.getLogger("a3b.llama")
@@ -103,11 +103,7 @@ def parse_overrides(text: str | None, device_names: list[str]) -> list[tuple[str
         if not sep or not pattern or not device.strip():
             raise InvalidRequest(f"override_tensor entry {entry!r} is not REGEX=DEVICE (for example "
                                  f"'{EXPERT_PATTERN}=CPU').")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise InvalidRequest(f"override_tensor pattern {pattern!r} is not a valid regular expression: "
-                                 f"{e}.") from None
+        tensorpatterns.compiled(pattern)   # RE2: what it cannot match in linear time is refused here
         if "(?P" in pattern or "(?<" in pattern or "(?#" in pattern:
             raise InvalidRequest(f"override_tensor pattern {pattern!r} uses Python-only syntax; llama.cpp reads "
                                  "ECMAScript regular expressions (no (?P<name>), lookbehind or (?#comments)).")
@@ -152,7 +148,7 @@ def choose(path, spec: LoadSpec, *, gpus: list, reserve_bytes: int = 0,
     check_options(spec, lay, name)
     user = parse_overrides(spec.override_tensor, [g.name for g in gpus])
     warnings = [f"override_tensor pattern {p!r} matches no tensor of {name}; it places nothing"
-                for p, _ in user if not any(re.search(p, t.name) for t in lay.tensors)]
+                for p, _ in user if not any(tensorpatterns.matches(p, t.name) for t in lay.tensors)]
     overrides = tuple(Override(p, d == "CPU") for p, d in user)
     fixed_n = lay.n_layer if spec.cpu_moe else (spec.n_cpu_moe or None)
     if fixed_n is None and (user or not spec.n_gpu_layers == "auto"):
@@ -183,6 +179,16 @@ def choose(path, spec: LoadSpec, *, gpus: list, reserve_bytes: int = 0,
     for w in p.warnings:
         log.warning("%s: %s", name, w)
     return p, entries
+
+
+def to_llama(path, entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The overrides llama.cpp gets for `entries` (choose's) over the file `path`: the exact tensor
+    names each pattern matched (tensorpatterns.py), so that its backtracking matcher meets only
+    patterns that cannot backtrack; the same placement."""
+    if not entries:
+        return []
+    names = [t.name for t in layout(path).tensors]
+    return tensorpatterns.for_llama(entries, names, max_overrides() - 1)
 
 
 class _Override(ctypes.Structure):

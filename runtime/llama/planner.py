@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from . import tensorpatterns
+
 #: bytes per KV cache element, by KV cache type
 KV_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
             "q4_1": 20 / 32, "q4_0": 18 / 32}
@@ -113,7 +115,7 @@ class Override:
     to_cpu: bool
 
     def matches(self, name: str) -> bool:
-        return re.search(self.pattern, name) is not None
+        return tensorpatterns.matches(self.pattern, name)   # linear time (RE2), whatever the pattern
 
 
 @dataclass

@@ -5,7 +5,8 @@ imports only the standard library and llama_cpp, never the comfyui_a3b package. 
 request per line on stdin, forks a child per file (forking is safe here: this process has a single
 thread and never loads a model itself), and the child loads the file with llama.cpp on the CPU,
 creates a small context and decodes one token (with or without llama.cpp's CPU weight repacking, as
-the request says). The child's stderr and llama.cpp's log go to a pipe;
+the request says); a LoRA adapter is loaded over its base and applied for that token, a projector
+is loaded over its text model and encodes a small image. The child's stderr and llama.cpp's log go to a pipe;
 its last line is the result. An abort (llama.cpp's GGML_ASSERT), a segmentation fault or a timeout
 kills only the child; the server reports it as one JSON line on stdout and goes on.
 """
@@ -83,6 +84,36 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
     return {"ok": True, "loads": True, "decoded": rc == 0}
 
 
+def _check_lora(base: str, path: str, decode: bool, repack: bool) -> dict:
+    """An adapter: the base loaded, the adapter loaded over it, and (a small base) one decode with the
+    adapter applied, where llama.cpp multiplies with its tensors. A refusal is clean (the host's own
+    load reports it); an abort or a fault ends only this child."""
+    import ctypes
+
+    import llama_cpp as L
+
+    _log = _log_to_stderr(L)   # held while llama.cpp may call it
+    model, vocab, buf, n = _load(L, base, repack)
+    if not model:
+        return {"ok": True, "loads": False, "why": "the base did not load"}
+    adapter = L.llama_adapter_lora_init(model, path.encode("utf-8"))
+    if not adapter:
+        return {"ok": True, "loads": False}
+    if not decode or n <= 0:
+        return {"ok": True, "loads": True, "decoded": False}
+    cp = L.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
+    cp.n_threads = cp.n_threads_batch = 1
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        return {"ok": True, "loads": True, "decoded": False}
+    adapters = (L.llama_adapter_lora_p_ctypes * 1)(adapter)
+    scales = (ctypes.c_float * 1)(1.0)
+    L.llama_set_adapters_lora(ctx, adapters, 1, scales)
+    rc = _decode(L, ctx, L.llama_batch_init(64, 0, 1), [0], 0, list(buf[:n]))
+    return {"ok": True, "loads": True, "decoded": rc == 0}
+
+
 def _check_sampling(path: str, repack: bool) -> dict:
     """Backend sampling with this build: a chain (top-k, temperature, dist) and a greedy one attached
     to two sequences of one context, a batch with a third sequence sampled on the CPU, two decodes.
@@ -137,9 +168,11 @@ def _check_sampling(path: str, repack: bool) -> dict:
     return {"ok": True, "works": works, "why": "" if works else f"tokens {got}, argmax {want}"}
 
 
-def _check_mmproj(path: str, encode: bool) -> dict:
-    """A projector: libmtmd's clip loader reads it without a text model (so its width is not compared
-    here: the host does that, and refuses cleanly), then, for a small file, encodes one small image."""
+def _check_mmproj(path: str, encode: bool, base: str | None = None) -> dict:
+    """A projector: libmtmd's clip loader reads it over the text model `base` (without one, libmtmd
+    cannot tokenize an image prompt, and nothing would be encoded), then, for a small file, encodes one
+    small image: some values load and abort at the first encode (a head count of 0 reshapes by zero
+    heads). A projector of another width than the text model is refused cleanly (the host says so)."""
     import ctypes
 
     lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")   # libmtmd beside libllama, as the host takes it
@@ -149,12 +182,17 @@ def _check_mmproj(path: str, encode: bool) -> dict:
     from llama_cpp import mtmd_cpp as M
 
     _log = _log_to_stderr(L)   # held while llama.cpp may call it
+    text_model = None
+    if base:
+        text_model = _load(L, base, False)[0]
+        if not text_model:
+            return {"ok": True, "loads": False, "why": "the text model did not load"}
     p = M.mtmd_context_params_default()
     p.use_gpu = False
     p.n_threads = 1
     p.warmup = False
     p.print_timings = False
-    ctx = M.mtmd_init_from_file(path.encode("utf-8"), None, p)
+    ctx = M.mtmd_init_from_file(path.encode("utf-8"), text_model, p)
     if not ctx:
         return {"ok": True, "loads": False}
     if not encode or not M.mtmd_support_vision(ctx):
@@ -186,7 +224,7 @@ def _address_space() -> int:
 
 
 def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int, w: int,
-           kind: str = "model") -> None:
+           kind: str = "model", base: str | None = None) -> None:
     os.dup2(w, 2)   # GGML_ASSERT writes to stderr: its message reaches the parent before the abort
     os.dup2(w, 1)
     signal.alarm(max(1, int(timeout)))
@@ -200,7 +238,8 @@ def _child(path: str, decode: bool, repack: bool, timeout: float, mem_limit: int
         except (ValueError, OSError):
             pass
     try:
-        result = (_check_mmproj(path, decode) if kind == "mmproj" else
+        result = (_check_mmproj(path, decode, base) if kind == "mmproj" else
+                  _check_lora(base, path, decode, repack) if kind == "lora" else
                   _check_sampling(path, repack) if kind == "sampling" else _check(path, decode, repack))
     except BaseException as e:  # noqa: BLE001 - a Python error in the check is not the file's fault
         result = {"ok": True, "error": f"{type(e).__name__}: {e}"}
@@ -218,7 +257,7 @@ def _vet(req: dict) -> dict:
         os.close(r)
         try:
             _child(path, bool(req.get("decode", True)), bool(req.get("repack", True)), timeout,
-                   int(req.get("mem_limit", 0)), w, str(req.get("kind", "model")))
+                   int(req.get("mem_limit", 0)), w, str(req.get("kind", "model")), req.get("base"))
         finally:
             os._exit(70)
     os.close(w)
