@@ -26,7 +26,8 @@ const stubs = {
   api: { addEventListener: (n, f) => { handlers[n] = f; }, fetchApi: async () => ({ ok: false, status: 0 }) },
 };
 const node = { widgets: [], size: [400, 300], addDOMWidget(name, type, box, opts) {
-  this.box = box; const w = { name, options: opts, get value() { return opts.getValue(); } }; this.widgets.push(w); return w; },
+  this.box = box; const w = { name, options: opts, get value() { return opts.getValue(); } };
+  this.widgets.push(w); return w; },
   computeSize() { return [400, 60 + this.widgets[0].options.getMinHeight()]; }, setSize(s) { this.size = s; } };
 const mod = await import("data:text/javascript," + encodeURIComponent(
   "const {app, api} = globalThis.__stubs;" + src));
