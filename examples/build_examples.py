@@ -50,11 +50,13 @@ TEXT_BOX_MIN_W = 400
 #: A3BGenerate's output widget (web/a3b.js outputMinHeight): ten 16 px lines of answer and a padding
 ANSWER_BOX_H = 10 * 16 + 12
 
-# The window the saved view is framed for (frontend 1.27 at 1600 x 900): the menu bar across the top,
-# the sidebar's icons on the left, the minimap in the bottom right corner; a margin inside that.
-WINDOW = (1600, 900)
-MENU_H, SIDEBAR_W, MARGIN = 48, 56, 16
-MINIMAP = (260, 210)   # its width and height, counted from the bottom right corner
+# The view is saved for the canvas of a 1600 x 900 browser window (frontend 1.27: a 1600 x 757 page, the
+# workflow tabs and the menu bar take its top 78 px, the sidebar's icons its left 64 px, leaving a
+# 1536 x 679 canvas), with a margin inside; the minimap covers the canvas's bottom right corner
+# (250 x 200, 44 px from the right and 66 from the bottom), counted here up to the edges.
+CANVAS = (1536, 679)
+MARGIN = 16
+MINIMAP = (300, 270)   # width and height of the corner it covers, counted from the bottom right
 #: the space between two nodes of a column, and between columns
 GAP = 40
 
@@ -185,29 +187,29 @@ def build(nodes: list[N]) -> tuple[dict, dict]:
 
 
 def screen_boxes(nodes: list[N], ds: dict) -> list[tuple[float, float, float, float]]:
-    """Each node's box (title bar included) on the screen under the view `ds` (LiteGraph's DragAndScale:
-    screen = (canvas + offset) * scale)."""
+    """Each node's box (title bar included) in the canvas's pixels under the view `ds` (LiteGraph's
+    DragAndScale: pixel = (graph position + offset) * scale)."""
     s, (ox, oy) = ds["scale"], ds["offset"]
     return [((n.pos[0] + ox) * s, (n.pos[1] - TITLE_H + oy) * s, (n.pos[0] + n.size[0] + ox) * s,
              (n.pos[1] + n.size[1] + oy) * s) for n in nodes]
 
 
 def visible(box: tuple[float, float, float, float]) -> bool:
-    """Whether a screen box lies in the part of the window nothing covers (see WINDOW)."""
+    """Whether a box on the canvas (in its pixels) lies in the part of it nothing covers (see CANVAS)."""
     x0, y0, x1, y1 = box
-    inside = x0 >= SIDEBAR_W and y0 >= MENU_H and x1 <= WINDOW[0] and y1 <= WINDOW[1]
-    under_minimap = x1 > WINDOW[0] - MINIMAP[0] and y1 > WINDOW[1] - MINIMAP[1]
+    inside = x0 >= 0 and y0 >= 0 and x1 <= CANVAS[0] and y1 <= CANVAS[1]
+    under_minimap = x1 > CANVAS[0] - MINIMAP[0] and y1 > CANVAS[1] - MINIMAP[1]
     return inside and not under_minimap
 
 
 def frame(nodes: list[N]) -> dict:
     """The saved view: the largest scale (at most 1) at which every node, title bar included, lies in the
-    uncovered part of a 1600 x 900 window, the graph's top left corner a margin inside it."""
+    uncovered part of the canvas of a 1600 x 900 window, the graph's top left corner a margin inside it."""
     x0 = min(n.pos[0] for n in nodes)
     y0 = min(n.pos[1] - TITLE_H for n in nodes)
     scale = 1.0
     while scale > 0.1:
-        left, top = SIDEBAR_W + MARGIN, MENU_H + MARGIN
+        left, top = MARGIN, MARGIN
         ds = {"scale": round(scale, 3), "offset": [round(left / scale - x0, 1), round(top / scale - y0, 1)]}
         if all(visible(b) for b in screen_boxes(nodes, ds)):
             return ds

@@ -298,7 +298,7 @@ app.registerExtension({
       const created = nodeType.prototype.onNodeCreated;
       nodeType.prototype.onNodeCreated = function () {
         const r = created?.apply(this, arguments);
-        for (const w of this.widgets || []) if (advanced.includes(w.name)) w.advanced = true;
+        for (const w of this.widgets || []) if (advanced.includes(w.name)) markAdvanced(this, w);
         const need = this.computeSize?.();
         if (need) this.setSize?.([Math.max(this.size[0], need[0]), need[1]]);
         return r;
@@ -325,6 +325,23 @@ app.registerExtension({
     };
   },
 });
+
+// Hide an advanced widget until the node's "Show Advanced". The frontend (1.27) leaves hidden widgets
+// out of drawing and of the node's size, but still lays out a row for each: a hidden one is given no
+// height, so the node has no empty band where they are.
+export function markAdvanced(node, w) {
+  w.advanced = true;
+  if (w.computeLayoutSize) { // a text box (DOM widget)
+    const own = w.computeLayoutSize.bind(w);
+    w.computeLayoutSize = (n) => (node.showAdvanced ? own(n) : { minHeight: 0, maxHeight: 0, minWidth: 0 });
+  } else {
+    const own = w.computeSize?.bind(w);
+    w.computeSize = (width) => {
+      if (!node.showAdvanced) return [0, -4]; // the layout adds 4 between rows
+      return own ? own(width) : [width ?? 0, globalThis.LiteGraph?.NODE_WIDGET_HEIGHT ?? 20];
+    };
+  }
+}
 
 // The names of a node's inputs marked advanced in its definition (/object_info).
 export function advancedInputs(nodeData) {
