@@ -65,6 +65,7 @@ def _setup_comfyui() -> None:
 
     comfy.register_model_folders()
     comfy.hook_unload_all_models()
+    comfy.tidy_error_names()
     try:
         from .nodes import vram
 

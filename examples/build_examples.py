@@ -2,13 +2,16 @@
 
     python examples/build_examples.py
 
-`<name>.json` is the editor's format (drag it onto ComfyUI's canvas or open it from the menu);
-`<name>.api.json` is the API format that POST /prompt takes. Widget order for the A3B nodes comes
-from the node declarations, so the files follow the nodes when they change.
+`<name>.json` is the editor's format: ComfyUI lists it in its Templates browser (with `<name>.jpg`
+as its thumbnail), or drag it onto the canvas. `api/<name>.api.json` is the API format that
+POST /prompt takes; it lives one folder down because ComfyUI lists every .json of `examples/` as a
+template and cannot open an API-format file there. Widget order for the A3B nodes comes from the
+node declarations, so the files follow the nodes when they change.
 
 Layout: nodes stand in columns, each at least as large as the editor draws its widgets (`min_size`,
 from ComfyUI's frontend: LiteGraph's computeSize), with a gap between them, so a workflow opens
-with nothing covered.
+with nothing covered; the saved view (`frame`) shows every node in a 1600 x 900 window, below the
+menu bar, beside the sidebar's icons and clear of the minimap.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+API = HERE / "api"
 
 # Widgets of the ComfyUI core nodes the examples use, in their order.
 CORE_WIDGETS = {
@@ -43,6 +47,16 @@ CORE_TEXT_BOXES = {"PrimitiveStringMultiline": 1, "PreviewAny": 1, "StringConcat
 # (the multiline widget's minNodeSize).
 TITLE_H, SLOT_H, WIDGET_H, TEXT_BOX_H, WIDGET_GAP, BOTTOM = 30, 20, 20, 50, 4, 8 + 6
 TEXT_BOX_MIN_W = 400
+#: A3BGenerate's output widget (web/a3b.js outputMinHeight): ten 16 px lines of answer and a padding
+ANSWER_BOX_H = 10 * 16 + 12
+
+# The view is saved for the canvas of a 1600 x 900 browser window (frontend 1.27: a 1600 x 757 page, the
+# workflow tabs and the menu bar take its top 78 px, the sidebar's icons its left 64 px, leaving a
+# 1536 x 679 canvas), with a margin inside; the minimap covers the canvas's bottom right corner
+# (250 x 200, 44 px from the right and 66 from the bottom), counted here up to the edges.
+CANVAS = (1536, 679)
+MARGIN = 16
+MINIMAP = (300, 270)   # width and height of the corner it covers, counted from the bottom right
 #: the space between two nodes of a column, and between columns
 GAP = 40
 
@@ -77,20 +91,33 @@ def _schema(t: str):
     return ([(w, "STRING", "", False) for w in CORE_WIDGETS[t]], CORE_LINK_INPUTS.get(t, []), CORE_OUTPUTS[t])
 
 
-def min_size(node_type: str) -> tuple[int, int]:
+def advanced_set(n: N) -> bool:
+    """Whether a node's advanced inputs hold a value of their own: then it is saved with them shown."""
+    d = _a3b().get(n.type)
+    return d is not None and any(i.advanced and i.name in n.values and n.values[i.name] != d.defaults().get(i.name)
+                                 for i in d.inputs)
+
+
+def min_size(node_type: str, show_advanced: bool = False) -> tuple[int, int]:
     """The smallest (width, height) the editor draws a node of `node_type` in, title bar left out (see
-    the measures above). A3BGenerate has one more text box: the streamed text (web/a3b.js)."""
+    the measures above). A3BGenerate has its output widget below the inputs (web/a3b.js); inputs
+    marked advanced count only when they are shown."""
     widgets, link_inputs, outs = _schema(node_type)
     d = _a3b().get(node_type)
+    extra = 0
     if d is not None:
-        boxes = sum(1 for i in d.inputs if i.is_widget and i.multiline) + (node_type == "A3BGenerate")
+        hidden = set() if show_advanced else {i.name for i in d.inputs if i.advanced}
+        boxes = sum(1 for i in d.inputs if i.is_widget and i.multiline and i.name not in hidden)
+        widgets = [w for w in widgets if w[0] not in hidden]
+        if node_type == "A3BGenerate":   # the output widget: counted as a box of its own height
+            extra = ANSWER_BOX_H + WIDGET_GAP
     else:
         boxes = CORE_TEXT_BOXES.get(node_type, 0)
     n_widgets = len(widgets) + sum(1 for *_, control in widgets if control)   # control_after_generate adds one
     rows = max(len(link_inputs), len(outs), 1)
     height = (rows * SLOT_H + (n_widgets - boxes) * (WIDGET_H + WIDGET_GAP) + boxes * (TEXT_BOX_H + WIDGET_GAP)
-              + BOTTOM)
-    return (TEXT_BOX_MIN_W if boxes else 0), height
+              + extra + BOTTOM)
+    return (TEXT_BOX_MIN_W if boxes or extra else 0), height
 
 
 def arrange(columns: list[list[N]]) -> list[N]:
@@ -100,7 +127,7 @@ def arrange(columns: list[list[N]]) -> list[N]:
     for column in columns:
         y = 0
         for n in column:
-            w, h = min_size(n.type)
+            w, h = min_size(n.type, advanced_set(n))
             n.size = (max(n.size[0], w), h + n.size[1])
             n.pos = (x, y)
             y += n.size[1] + TITLE_H + GAP
@@ -147,7 +174,7 @@ def build(nodes: list[N]) -> tuple[dict, dict]:
             "outputs": [{"name": name, "type": typ, "links": out_links.get((n.id, slot), []), "slot_index": slot}
                         for slot, (name, typ) in enumerate(outs)],
             "properties": {"Node name for S&R": n.type}, "widgets_values": wvals,
-            **({"title": n.title} if n.title else {}),
+            **({"title": n.title} if n.title else {}), **({"showAdvanced": True} if advanced_set(n) else {}),
         })
         api[str(n.id)] = {"class_type": n.type, "inputs": api_inputs,
                           **({"_meta": {"title": n.title}} if n.title else {})}
@@ -155,9 +182,39 @@ def build(nodes: list[N]) -> tuple[dict, dict]:
         target = next(u for u in ui_nodes if u["id"] == lk[3])
         lk[4] = next(i for i, x in enumerate(target["inputs"]) if x["name"] == lk[4])
     ui = {"last_node_id": max(n.id for n in nodes), "last_link_id": len(links), "nodes": ui_nodes,
-          "links": links, "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}},
-          "version": 0.4}
+          "links": links, "groups": [], "config": {}, "extra": {"ds": frame(nodes)}, "version": 0.4}
     return ui, api
+
+
+def screen_boxes(nodes: list[N], ds: dict) -> list[tuple[float, float, float, float]]:
+    """Each node's box (title bar included) in the canvas's pixels under the view `ds` (LiteGraph's
+    DragAndScale: pixel = (graph position + offset) * scale)."""
+    s, (ox, oy) = ds["scale"], ds["offset"]
+    return [((n.pos[0] + ox) * s, (n.pos[1] - TITLE_H + oy) * s, (n.pos[0] + n.size[0] + ox) * s,
+             (n.pos[1] + n.size[1] + oy) * s) for n in nodes]
+
+
+def visible(box: tuple[float, float, float, float]) -> bool:
+    """Whether a box on the canvas (in its pixels) lies in the part of it nothing covers (see CANVAS)."""
+    x0, y0, x1, y1 = box
+    inside = x0 >= 0 and y0 >= 0 and x1 <= CANVAS[0] and y1 <= CANVAS[1]
+    under_minimap = x1 > CANVAS[0] - MINIMAP[0] and y1 > CANVAS[1] - MINIMAP[1]
+    return inside and not under_minimap
+
+
+def frame(nodes: list[N]) -> dict:
+    """The saved view: the largest scale (at most 1) at which every node, title bar included, lies in the
+    uncovered part of the canvas of a 1600 x 900 window, the graph's top left corner a margin inside it."""
+    x0 = min(n.pos[0] for n in nodes)
+    y0 = min(n.pos[1] - TITLE_H for n in nodes)
+    scale = 1.0
+    while scale > 0.1:
+        left, top = MARGIN, MARGIN
+        ds = {"scale": round(scale, 3), "offset": [round(left / scale - x0, 1), round(top / scale - y0, 1)]}
+        if all(visible(b) for b in screen_boxes(nodes, ds)):
+            return ds
+        scale -= 0.01
+    raise ValueError("the workflow does not fit the window at any scale")
 
 
 # -- the examples ------------------------------------------------------------------------------------------
@@ -166,8 +223,8 @@ PREMISE = ("A small cheerful robot named Bolt washes up on the rocks below an ol
 
 
 def comic_script() -> list[N]:
-    gen = dict(max_new_tokens=96, temperature=0.7, seed=42)
-    text = (380, 120)   # generate nodes: room for the text boxes beyond their minimum
+    gen = dict(max_new_tokens=200, temperature=0.7, seed=42)
+    text = (380, 0)   # generate nodes: the answer box shows its ten lines
     return arrange([
         [N(1, "A3BLoader"),
          N(2, "PrimitiveStringMultiline", "Premise", {"value": PREMISE}, size=(320, 80))],
@@ -182,18 +239,20 @@ def comic_script() -> list[N]:
              "prompt": "Write the image prompt for Panel 1.",
          }, links={"model": (1, 0), "context": (3, 0)}, size=text)],
         [N(4, "A3BGenerate", "Mira's dialogue", {
-            **gen, "max_new_tokens": 72,
+            **gen, "max_new_tokens": 120,
             "system": "You are Mira, an old lighthouse keeper: gruff but kind, you speak in short sentences.",
             "prompt": "Write Mira's line of dialogue for each panel, as 'Panel N: \"...\"'.",
         }, links={"model": (1, 0), "context": (3, 0)}, size=text),
          N(5, "A3BGenerate", "Bolt's dialogue", {
-             **gen, "max_new_tokens": 72,
+             **gen, "max_new_tokens": 120,
              "system": "You are Bolt, a small cheerful robot who loves asking questions.",
              "prompt": "Write Bolt's line of dialogue for each panel, as 'Panel N: \"...\"'.",
          }, links={"model": (1, 0), "context": (3, 0)}, size=text)],
-        [N(7, "StringConcatenate", "Dialogue", {"delimiter": "\n\n--- Bolt ---\n"},
-           links={"string_a": (4, 0), "string_b": (5, 0)}, size=(300, 0)),
-         N(8, "PreviewAny", "Script", links={"source": (7, 0)}, size=(360, 240)),
+        [N(10, "StringConcatenate", "Mira's lines, labelled", {"string_a": "--- Mira ---", "delimiter": "\n"},
+           links={"string_b": (4, 0)}, size=(300, 0)),
+         N(7, "StringConcatenate", "Dialogue", {"delimiter": "\n\n--- Bolt ---\n"},
+           links={"string_a": (10, 0), "string_b": (5, 0)}, size=(300, 0))],
+        [N(8, "PreviewAny", "Script", links={"source": (7, 0)}, size=(360, 320)),
          N(9, "PreviewAny", "Image prompt (connect to a text encoder)", links={"source": (6, 0)}, size=(360, 120))],
     ])
 
@@ -290,8 +349,9 @@ def main() -> None:
     for name, fn in EXAMPLES.items():
         ui, api = build(fn())
         (HERE / f"{name}.json").write_text(json.dumps(ui, indent=1) + "\n")
-        (HERE / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
-        print(f"wrote examples/{name}.json and examples/{name}.api.json")
+        API.mkdir(exist_ok=True)
+        (API / f"{name}.api.json").write_text(json.dumps(api, indent=1) + "\n")
+        print(f"wrote examples/{name}.json and examples/api/{name}.api.json")
 
 
 if __name__ == "__main__":

@@ -138,6 +138,34 @@ def inference_reserve() -> int:
         return 0
 
 
+# -- error names ---------------------------------------------------------------------------------------------
+#: the name the package has when installed; ComfyUI imports the folder under its path instead
+PACKAGE = "comfyui_a3b"
+
+
+def tidy_error_names() -> int:
+    """Give the pack's exception classes their package's name as module, so ComfyUI's error panel (which
+    shows `module.Class`) says `comfyui_a3b.runtime.errors.PromptTooLong` rather than the folder path
+    ComfyUI imported the pack under. Returns how many classes were renamed."""
+    from ..runtime.errors import A3BError
+
+    root = __name__.rsplit(".nodes.", 1)[0]   # the pack's module name in this process
+    if root == PACKAGE:
+        return 0
+    seen, todo, n = set(), [A3BError], 0
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        mod = cls.__module__
+        if mod == root or mod.startswith(root + "."):
+            cls.__module__ = PACKAGE + mod[len(root):]
+            n += 1
+    return n
+
+
 # -- "Unload models" and /free --------------------------------------------------------------------------
 _hook_lock = threading.Lock()
 

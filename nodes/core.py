@@ -115,21 +115,52 @@ def load_model(model: str = DEFAULT_CHOICE, *, lora: str | None = None, lora_str
     ref = None if model in (DEFAULT_CHOICE, "", None) else model
     spec = rt.spec(ref, restrict=True, lora_path=_resolve_lora(lora, lora_folders), lora_scale=lora_strength,
                    **load_options)
-    keep_ratio = 1.0 if keep_ratio is None else keep_ratio
-    heads_keep = 1.0 if heads_keep is None else heads_keep
-    experts_keep = 1.0 if experts_keep is None else experts_keep
-    if keep_ratio != 1.0 or heads_keep != 1.0 or experts_keep != 1.0:
-        if scheme_of(spec.path):
-            raise NodeError(f"{spec.path} is served by another engine; pruning works on local GGUF files. "
-                            "Set keep_ratio, heads_keep and experts_keep to 1.0.")
-        pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep, experts_keep)
-        spec = rt.spec(replace(spec, path=str(pruned)))
+    spec = _pruned_spec(spec, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep)
     if spec.n_gpu_layers != 0 and free_vram is not None and rt.store.entry(spec) is None \
             and not scheme_of(spec.path) and rt.gpu_available():
         free_vram(rt.estimate_gpu_bytes(spec))  # ComfyUI moves its own models out first, then we plan
     with handover.limits(reserve=vram_reserve() if vram_reserve is not None else 0):   # what ComfyUI keeps free
-        rt.load(spec)
+        try:
+            rt.load(spec)
+        except BaseException:
+            if rt.store.entry(spec) is not None:   # nothing half-opened stays listed after its error
+                rt.unload(spec)
+            raise
     return spec
+
+
+def _pruned_spec(spec: LoadSpec, keep_ratio: float | None, prune_method: str | None, recover_steps: int | None,
+                 heads_keep: float | None, experts_keep: float | None) -> LoadSpec:
+    """`spec` with its file replaced by the A3B-pruned copy (made once, cached), or `spec` itself when
+    every ratio is 1.0 (or None)."""
+    keep_ratio = 1.0 if keep_ratio is None else keep_ratio
+    heads_keep = 1.0 if heads_keep is None else heads_keep
+    experts_keep = 1.0 if experts_keep is None else experts_keep
+    if keep_ratio == 1.0 and heads_keep == 1.0 and experts_keep == 1.0:
+        return spec
+    if scheme_of(spec.path):
+        raise NodeError(f"{spec.path} is served by another engine; pruning works on local GGUF files. "
+                        "Set keep_ratio, heads_keep and experts_keep to 1.0.")
+    pruned = pruned_variant(Path(spec.path), keep_ratio, prune_method, recover_steps, heads_keep, experts_keep)
+    return get_runtime().spec(replace(spec, path=str(pruned)))
+
+
+def prune_model(spec: LoadSpec, *, keep_ratio: float = 1.0, prune_method: str | None = None,
+                recover_steps: int | None = None, heads_keep: float = 1.0, experts_keep: float = 1.0) -> LoadSpec:
+    """The A3B Prune node: the handle of the pruned copy of `spec`'s model (loaded, with the same loading
+    settings), or `spec` unchanged when every ratio is 1.0. The source model is unloaded once the
+    pruned copy is loaded (a node that still uses it loads it again on demand), so the two are not
+    held side by side."""
+    if not isinstance(spec, LoadSpec):
+        raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
+    pruned = _pruned_spec(spec, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep)
+    if pruned is spec:
+        return spec
+    rt = get_runtime()
+    rt.load(pruned)
+    if rt.store.entry(spec) is not None:
+        rt.unload(spec)
+    return pruned
 
 
 def prune_methods() -> list[str]:
@@ -200,6 +231,11 @@ def describe(spec: LoadSpec) -> str:
         name += " (embedded default)"
     text = f"{name}, n_ctx {spec.n_ctx}, gpu layers {spec.n_gpu_layers}"
     loaded = get_runtime().loaded(spec)
+    features = (getattr(loaded, "features", None) or {}) if loaded is not None else {}
+    if features.get("projector"):
+        text += f"; projector {features['projector']}"
+    elif spec.mmproj not in (None, "", "auto", "off"):
+        text += f"; projector {Path(str(spec.mmproj)).name} (not loaded)"
     return text + (f"; placed: {loaded.info.offload}" if loaded is not None and loaded.info.offload else "")
 
 
@@ -244,6 +280,8 @@ class Generated:
     interrupted: bool = False
     ui: dict[str, Any] = field(default_factory=dict)
     reasoning: str = ""
+    #: said to the user beside the answer (an empty answer after a reasoning that took every token)
+    note: str = ""
 
 
 def _pump(stream, events, hooks: GenerateHooks) -> None:
@@ -319,7 +357,10 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     if images:
         msgs[-1] = {**msgs[-1], "content": (*images, msgs[-1]["content"])}
     prompt = ChatPrompt(msgs)
-    check_budget(spec, rt.count_tokens(prompt, model=spec), max_new_tokens)
+    n_prompt = rt.count_tokens(prompt, model=spec)
+    check_budget(spec, n_prompt, max_new_tokens)
+    if reasoning_budget is None and thinking != "off":
+        reasoning_budget = room_for_reasoning(spec.n_ctx, n_prompt, max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)
             if confidence_aware else ConfidenceConfig(enabled=False))
@@ -344,7 +385,31 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         raise
     res = stream.result()  # raises Cancelled / ModelUnloaded with .partial
     spans = json.dumps([s.as_dict() for s in res.spans])
-    return Generated(res.text, spans, res, ui={"text": [res.text]}, reasoning=res.reasoning)
+    note = reasoning_note(res)
+    if note:
+        log.warning("a3b: %s", note)
+    return Generated(res.text, spans, res, ui={"text": [res.text], **({"note": [note]} if note else {})},
+                     reasoning=res.reasoning, note=note)
+
+
+#: tokens kept for closing the reasoning block (the end-of-thinking marker and the blank line after it;
+#: a few with a real tokenizer, more with a byte-level one)
+CLOSE_RESERVE = 32
+
+
+def room_for_reasoning(n_ctx: int, prompt_tokens: int, max_new_tokens: int) -> int:
+    """A3BGenerate's reasoning budget when none is set: what the context holds beyond the prompt and
+    max_new_tokens of answer, so a thinking model that reasons at length still has room to answer."""
+    return max(1, n_ctx - prompt_tokens - max_new_tokens - CLOSE_RESERVE)
+
+
+def reasoning_note(res: GenerationResult) -> str:
+    """What to tell a user whose thinking run ended without an answer because the reasoning took every
+    token it had (empty when the run answered)."""
+    if res.text.strip() or not res.n_reasoning_tokens or res.reasoning_closed_by == "model":
+        return ""
+    return (f"The reasoning used all {res.n_reasoning_tokens} tokens and no answer came; raise max_new_tokens "
+            "or n_ctx, or set a smaller reasoning_budget (or thinking off).")
 
 
 def parse_schema(schema: str | dict | None) -> dict | None:
@@ -434,14 +499,22 @@ def to_tensor(vecs: np.ndarray):
 
 # -- status -------------------------------------------------------------------------------------------
 def status() -> dict[str, Any]:
+    from ..runtime.errors import LlamaCppUnavailable
+    from ..runtime.llama.binding import check_usable
+
     st = get_runtime().status()
     st["time"] = time.time()
+    try:
+        check_usable()   # imported once; the installed version alone does not say it works
+    except LlamaCppUnavailable as e:
+        st["llama_cpp_python"] = f"{st.get('llama_cpp_python')} installed, not importable"
+        st["llama_cpp_error"] = str(e)
     return st
 
 
 __all__ = [
     "Cancelled", "DEFAULT_CHOICE", "GenerateHooks", "Generated",
     "NodeError", "build_prompt", "check_budget", "sampling_params", "describe", "embed", "generate",
-    "load_model", "lora_choices", "model_choices", "model_fingerprint", "parse_stop", "pruned_variant",
+    "load_model", "lora_choices", "prune_model", "model_choices", "model_fingerprint", "parse_stop", "pruned_variant",
     "split_texts", "status", "to_tensor", "top_k", "unload",
 ]

@@ -46,6 +46,8 @@ class In:
     option: Option | None = None
     #: the number that stands for None in an INT widget (`widget`'s none_below)
     none_value: float | None = None
+    #: shown only when the node's advanced inputs are (the frontend's "Show Advanced")
+    advanced: bool = False
 
     @property
     def is_widget(self) -> bool:
@@ -108,7 +110,9 @@ def widget(option: Option, name: str | None = None, *, note: str = "", none_belo
     choices and help. An INT widget holds neither a word nor None, so the number below the minimum
     stands for the option's word (n_gpu_layers' -2 = auto), or with `none_below` for None where None
     means something no number does (reasoning_budget's -1 = no limit); any other option whose default
-    is None (the seed) starts at its minimum. A text widget (a JSON object's included) starts empty.
+    is None (the seed) starts at its minimum. An INT widget with a step has its minimum on the step's
+    grid (n_ctx: 256, not 16), since the frontend snaps values to minimum + k * step.
+    A text widget (a JSON object's included) starts empty.
     `note` adds what only the node says to the tooltip."""
     lo, hi = option.widget_bounds()
     default = option.default
@@ -120,6 +124,11 @@ def widget(option: Option, name: str | None = None, *, note: str = "", none_belo
         none = lo if none_below else None
     if default is None and option.choices is None:
         default = "" if kind == "STRING" else option.min
+    if kind == "INT" and option.step and lo is not None and none is None and not option.words and lo % option.step:
+        # ComfyUI's frontend snaps an INT widget to min + k * step: a minimum on the step's grid makes the
+        # values people type (n_ctx 2048, 4096) land as typed rather than a step off
+        lo = -(-lo // option.step) * option.step
+        default = max(default, lo)
     return In(name or option.name, kind, default,
               tooltip=option.help + (" " + note if note else ""), min=lo, max=hi, step=option.step,
               options=list(option.choices) if option.choices else None, option=option, none_value=none, **extra)
@@ -142,18 +151,16 @@ def _first(x: Any) -> Any:
     return x[0] if isinstance(x, list) and x else x
 
 
-# -- A3BLoader ------------------------------------------------------------------------------------------
-def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_cache_type, lora,
-                lora_strength, keep_ratio, prune_method, recover_steps, heads_keep, serve_as, experts_keep=1.0,
-                mmproj="auto", speculative=None, draft_max=None, cpu_moe=False, n_cpu_moe=0, override_tensor="",
-                backend_sampling=None):
+# -- A3BLoader, A3BPrune ---------------------------------------------------------------------
+def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, mmproj="auto", lora=core.NONE_CHOICE, lora_strength=None,
+                threads=0, flash_attn=opt.FLASH_ATTN.default, kv_cache_type=opt.KV_CACHE_TYPE.default,
+                serve_as=opt.SERVE_AS_OPTION.default, speculative=None, draft_max=None, cpu_moe=False, n_cpu_moe=0,
+                override_tensor="", backend_sampling=None):
     comfy.register_model_folders()
     spec = core.load_model(model, n_ctx=n_ctx, n_threads=threads, mmproj=nodeimages.resolve_mmproj(mmproj),
                            n_gpu_layers="auto" if n_gpu_layers == AUTO_GPU_LAYERS else n_gpu_layers,
                            flash_attn=flash_attn, kv_cache_type=kv_cache_type, lora=lora,
-                           lora_strength=lora_strength, keep_ratio=keep_ratio,
-                           prune_method=prune_method, recover_steps=recover_steps, heads_keep=heads_keep,
-                           experts_keep=experts_keep, serve_as=serve_as,
+                           lora_strength=lora_strength, serve_as=serve_as,
                            speculative=speculative or None, draft_max=draft_max, cpu_moe=bool(cpu_moe),
                            n_cpu_moe=int(n_cpu_moe or 0), override_tensor=(override_tensor or "").strip() or None,
                            backend_sampling=backend_sampling or None,
@@ -162,10 +169,8 @@ def _run_loader(node_id, *, model, n_ctx, n_gpu_layers, threads, flash_attn, kv_
     return (spec,), {"text": [core.describe(spec)]}
 
 
-def _fingerprint_loader(*, model, lora, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep=1.0,
-                        mmproj="auto", **_):
-    return core.model_fingerprint(model, lora, keep_ratio, comfy.lora_folders(), prune_method, recover_steps,
-                                  heads_keep, experts_keep, mmproj)
+def _fingerprint_loader(*, model, lora=core.NONE_CHOICE, mmproj="auto", **_):
+    return core.model_fingerprint(model, lora, 1.0, comfy.lora_folders(), mmproj)
 
 
 def _mmproj_options() -> list[str]:
@@ -178,44 +183,79 @@ def _model_options() -> list[str]:
     return core.model_choices()
 
 
+def _advanced(i: In, optional: bool = True) -> In:
+    """`i` shown only after the node's "Show Advanced" (a loader input is optional too: its default
+    applies when a workflow leaves it out)."""
+    i.advanced = True
+    i.optional = i.optional or optional
+    return i
+
+
 LOADER = NodeDef(
     node_id="A3BLoader", display_name="A3B Loader",
     description=("Loads a GGUF model from models/LLM (or the embedded SmolLM2-135M default) into the "
-                 "shared runtime and outputs a handle. Cached: running it again does not reload."),
+                 "shared runtime and outputs a handle. Cached: running it again does not reload. Threads, KV "
+                 "cache, expert placement and drafting are advanced inputs (right-click the node: Show Advanced); "
+                 "pruning is the A3B Prune node."),
     inputs=[
         In("model", "COMBO", options=_model_options, default=core.DEFAULT_CHOICE,
            tooltip="A .gguf file in ComfyUI's models/LLM folder, or the embedded default."),
         widget(opt.N_CTX),
         widget(opt.N_GPU_LAYERS, note=f"Here {AUTO_GPU_LAYERS} stands for auto; ComfyUI is asked to make room first."),
-        widget(opt.N_THREADS, "threads"),
-        widget(opt.FLASH_ATTN),
-        widget(opt.KV_CACHE_TYPE),
+        In("mmproj", "COMBO", "auto", optional=True, options=_mmproj_options,
+           tooltip=opt.MMPROJ.help + " The files listed are the mmproj*.gguf found in models/LLM."),
         In("lora", "COMBO", core.NONE_CHOICE, optional=True,
            options=lambda: core.lora_choices(comfy.lora_folders()),
            tooltip="A GGUF LoRA adapter (models/LLM/loras) applied over the model."),
         widget(opt.LORA_SCALE, "lora_strength", optional=True),
-        widget(KEEP_RATIO, optional=True),
-        In("prune_method", "COMBO", PruneConfig.method, optional=True, options=core.prune_methods,
+        _advanced(widget(opt.N_THREADS, "threads")),
+        _advanced(widget(opt.FLASH_ATTN)),
+        _advanced(widget(opt.KV_CACHE_TYPE)),
+        _advanced(widget(opt.SERVE_AS_OPTION)),
+        _advanced(widget(opt.SPECULATIVE)),
+        _advanced(widget(opt.DRAFT_MAX)),
+        _advanced(widget(opt.CPU_MOE)),
+        _advanced(widget(opt.N_CPU_MOE)),
+        _advanced(widget(opt.OVERRIDE_TENSOR)),
+        _advanced(widget(opt.BACKEND_SAMPLING)),
+    ],
+    outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
+    run=_run_loader, fingerprint=_fingerprint_loader,
+)
+
+
+def _run_prune(node_id, *, model, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep):
+    spec = core.prune_model(model, keep_ratio=keep_ratio, prune_method=prune_method, recover_steps=recover_steps,
+                            heads_keep=heads_keep, experts_keep=experts_keep)
+    return (spec,), {"text": [core.describe(spec)]}
+
+
+def _fingerprint_prune(*, model, keep_ratio, prune_method, recover_steps, heads_keep, experts_keep, **_):
+    path = getattr(model, "path", None)
+    return core.model_fingerprint(path or "", None, keep_ratio, (), prune_method, recover_steps, heads_keep,
+                                  experts_keep) if path else None
+
+
+PRUNE = NodeDef(
+    node_id="A3BPrune", display_name="A3B Prune",
+    description=("A3B pruning of a loaded model: keeps a share of the FFN neurons (and of the query heads, or of "
+                 "a mixture-of-experts model's experts), optionally recovered by distillation, and outputs the "
+                 "pruned model. Made once and cached on disk; needs torch (the prune extra)."),
+    inputs=[
+        In("model", MODEL, tooltip="The model to prune (from A3B Loader); its loading settings carry over."),
+        widget(KEEP_RATIO),
+        In("prune_method", "COMBO", PruneConfig.method, options=core.prune_methods,
            tooltip="How neurons are ranked when keep_ratio < 1."),
-        In("recover_steps", "INT", -1, optional=True, min=-1, max=10000,
+        In("recover_steps", "INT", -1, min=-1, max=10000,
            tooltip=("Distillation steps after pruning when keep_ratio < 1 (0 = none; -1 = the default for where it "
                     f"runs: {PruneConfig.recover_steps} steps of 8 x 128 tokens on the CPU, about 8 s each for a 135M "
                     f"model on 2 cores; {GPU_RECOVERY['recover_steps']} steps of 32 x 512 on a CUDA GPU, about 8 "
                     "minutes on an H200). Made once, then cached.")),
-        widget(opt.SERVE_AS_OPTION, optional=True),
-        widget(HEADS_KEEP, optional=True),
-        widget(EXPERTS_KEEP, optional=True),
-        In("mmproj", "COMBO", "auto", optional=True, options=_mmproj_options,
-           tooltip=opt.MMPROJ.help + " The files listed are the mmproj*.gguf found in models/LLM."),
-        widget(opt.SPECULATIVE, optional=True),
-        widget(opt.DRAFT_MAX, optional=True),
-        widget(opt.CPU_MOE, optional=True),
-        widget(opt.N_CPU_MOE, optional=True),
-        widget(opt.OVERRIDE_TENSOR, optional=True),
-        widget(opt.BACKEND_SAMPLING, optional=True),
+        widget(HEADS_KEEP),
+        widget(EXPERTS_KEEP),
     ],
-    outputs=[Out("model", MODEL, "Handle of the loaded model; the runtime reloads it on demand.")],
-    run=_run_loader, fingerprint=_fingerprint_loader,
+    outputs=[Out("model", MODEL, "Handle of the pruned model (the input unchanged when every ratio is 1.0).")],
+    run=_run_prune, fingerprint=_fingerprint_prune,
 )
 
 
@@ -267,7 +307,7 @@ def _generate_one(node_id, images, *, model, prompt, system, max_new_tokens, tem
                                   "time_to_first_token": r.time_to_first_token,
                                   "n_prompt_tokens": r.n_prompt_tokens,
                                   "n_cached_prompt_tokens": r.n_cached_prompt_tokens,
-                                  "n_reasoning_tokens": r.n_reasoning_tokens})
+                                  "n_reasoning_tokens": r.n_reasoning_tokens, **({"note": g.note} if g.note else {})})
     return (g.text, g.spans_json, g.reasoning), g.ui
 
 
@@ -281,29 +321,31 @@ GENERATE = NodeDef(
         In("system", "STRING", "", multiline=True, tooltip="System prompt (a character, a style, rules)."),
         widget(opt.MAX_TOKENS, "max_new_tokens", note="They must fit in n_ctx next to the prompt."),
         widget(opt.TEMPERATURE, round=0.01),
-        widget(opt.TOP_P, round=0.01),
-        widget(opt.TOP_K),
-        widget(opt.MIN_P, round=0.01),
-        widget(opt.REPEAT_PENALTY, round=0.01),
+        _advanced(widget(opt.TOP_P, round=0.01), optional=False),
+        _advanced(widget(opt.TOP_K), optional=False),
+        _advanced(widget(opt.MIN_P, round=0.01), optional=False),
+        _advanced(widget(opt.REPEAT_PENALTY, round=0.01), optional=False),
         widget(opt.SEED, control_after_generate=True),
-        In("stop", "STRING", "", multiline=True,
-           tooltip="Stop strings, one per line (\\n for a newline)."),
-        In("confidence_aware", "BOOLEAN", False,
-           tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
-        widget(opt.THRESHOLD, "confidence_threshold", optional=True, round=0.01),
+        _advanced(In("stop", "STRING", "", multiline=True,
+                     tooltip="Stop strings, one per line (\\n for a newline)."), optional=False),
+        _advanced(In("confidence_aware", "BOOLEAN", False,
+                     tooltip="Watch the model's entropy; mark runs of uncertain tokens and output them as spans."),
+                  optional=False),
+        _advanced(widget(opt.THRESHOLD, "confidence_threshold", optional=True, round=0.01)),
         In("context", "STRING", optional=True, force_input=True,
            tooltip="Text placed before the prompt: a storyboard, retrieved passages."),
         widget(opt.THINKING, optional=True, note="The reasoning goes to its own output."),
         widget(opt.REASONING_BUDGET, optional=True, none_below=True,
-               note=f"Here {NO_BUDGET} = no limit; max_new_tokens counts the answer."),
-        widget(opt.JSON_SCHEMA, optional=True, multiline=True,
+               note=f"Here {NO_BUDGET} = what the context holds beyond the prompt and max_new_tokens, so an answer "
+                    "always has room; max_new_tokens counts the answer."),
+        _advanced(widget(opt.JSON_SCHEMA, optional=True, multiline=True,
                note="Paste a schema (empty = free text); the text output is then JSON, e.g. a storyboard as a list "
-                    "of panels."),
+                    "of panels.")),
         In("image", "IMAGE", optional=True,
            tooltip="Images the model looks at before the prompt (needs the model's projector: A3BLoader's mmproj)."),
-        In("image_mode", "COMBO", nodeimages.ALL_IN_ONE, optional=True, options=list(nodeimages.IMAGE_MODES),
-           tooltip="A batch of images: all in one prompt, or one request per image (the answers one after "
-                   "another, a blank line between; the spans output a list per image)."),
+        _advanced(In("image_mode", "COMBO", nodeimages.ALL_IN_ONE, optional=True, options=list(nodeimages.IMAGE_MODES),
+                     tooltip="A batch of images: all in one prompt, or one request per image (the answers one "
+                             "after another, a blank line between; the spans output a list per image).")),
     ],
     outputs=[Out("text", "STRING", "The answer (without the reasoning of a thinking model)."),
              Out("low_confidence_spans", "STRING", "JSON list of low-confidence spans (start, end, text, entropy)."),
@@ -389,5 +431,5 @@ UNLOAD = NodeDef(
     run=_run_unload, fingerprint=_fingerprint_always, output_node=True, not_idempotent=True,
 )
 
-NODES: list[NodeDef] = [LOADER, GENERATE, EMBED, TOPK, UNLOAD]
+NODES: list[NodeDef] = [LOADER, PRUNE, GENERATE, EMBED, TOPK, UNLOAD]
 BY_ID = {n.node_id: n for n in NODES}

@@ -24,6 +24,8 @@ def input_options(i: In) -> dict[str, Any]:
         opts["forceInput"] = True
     if i.control_after_generate:
         opts["control_after_generate"] = True
+    if i.advanced:
+        opts["advanced"] = True
     return opts
 
 

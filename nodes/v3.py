@@ -12,6 +12,13 @@ from .defs import NODES, In, NodeDef, Out
 
 
 def _input(i: In):
+    inp = _make_input(i)
+    if i.advanced:   # ComfyUI releases without the flag pass it on in /object_info all the same
+        inp.extra_dict = {**(getattr(inp, "extra_dict", None) or {}), "advanced": True}
+    return inp
+
+
+def _make_input(i: In):
     common: dict[str, Any] = {"optional": i.optional, "tooltip": i.tooltip}
     if i.type == "INT":
         return io.Int.Input(i.name, default=i.default, min=i.min, max=i.max, step=i.step,

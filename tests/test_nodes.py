@@ -61,7 +61,7 @@ def generate(handle, prompt, **kw):
 # -- schemas -------------------------------------------------------------------------------------------
 def test_pack_exports_v1_mappings_outside_comfyui():
     assert comfyui_a3b.NODE_CLASS_MAPPINGS is NODE_CLASS_MAPPINGS
-    assert set(NODE_CLASS_MAPPINGS) == {"A3BLoader", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
+    assert set(NODE_CLASS_MAPPINGS) == {"A3BLoader", "A3BPrune", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
     assert comfyui_a3b.WEB_DIRECTORY == "./web"
     assert "comfy" not in sys.modules and "folder_paths" not in sys.modules  # no ComfyUI import
     assert all(NODE_DISPLAY_NAME_MAPPINGS[k].startswith("A3B ") for k in NODE_CLASS_MAPPINGS)
@@ -92,10 +92,17 @@ def test_generate_schema_matches_the_issue():
 def test_loader_embed_topk_unload_schemas():
     lt = input_types(defs.LOADER)
     assert lt["required"]["model"][0][0] == core.DEFAULT_CHOICE  # a dropdown, default first
-    for name in ("n_ctx", "n_gpu_layers", "threads", "flash_attn", "kv_cache_type"):
-        assert name in lt["required"]
-    assert {"lora", "lora_strength", "keep_ratio"} <= set(lt["optional"])
-    assert lt["optional"]["keep_ratio"][1]["default"] == 1.0
+    assert list(lt["required"]) == ["model", "n_ctx", "n_gpu_layers"]   # what loading needs
+    advanced = [k for k, (_, o) in lt["optional"].items() if o.get("advanced")]
+    assert [k for k in lt["optional"] if k not in advanced] == ["mmproj", "lora", "lora_strength"]
+    assert {"threads", "flash_attn", "kv_cache_type", "cpu_moe", "speculative"} <= set(advanced)
+    assert lt["required"]["n_ctx"][1]["min"] % lt["required"]["n_ctx"][1]["step"] == 0  # 2048 stays 2048
+    assert not {"keep_ratio", "prune_method", "recover_steps", "heads_keep", "experts_keep"} & set(lt["optional"])
+    pt = input_types(defs.PRUNE)
+    assert list(pt["required"]) == ["model", "keep_ratio", "prune_method", "recover_steps", "heads_keep",
+                                    "experts_keep"]
+    assert pt["required"]["keep_ratio"][1]["default"] == 1.0
+    assert NODE_CLASS_MAPPINGS["A3BPrune"].RETURN_TYPES == ("A3B_MODEL",)
     assert NODE_CLASS_MAPPINGS["A3BLoader"].RETURN_TYPES == ("A3B_MODEL",)
     emb = NODE_CLASS_MAPPINGS["A3BEmbed"]
     assert emb.INPUT_IS_LIST is True and emb.RETURN_TYPES == ("EMBEDDINGS", "STRING")
@@ -440,7 +447,7 @@ def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(
     GPU's recovery setting (prune.config.with_device_defaults); a number the user sets passes as is."""
     from comfyui_a3b import prune
 
-    assert defs.LOADER.defaults()["recover_steps"] == -1
+    assert defs.PRUNE.defaults()["recover_steps"] == -1
     seen = []
     monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
     core.VARIANTS.reset()
@@ -475,3 +482,29 @@ def test_the_in_process_language_server_start_is_one_line_with_its_address(monke
     said = [r.getMessage() for r in caplog.records if "language server" in r.getMessage()]
     assert said == [f"[comfyui-a3b] language server listening on {address}"], said
 
+
+
+def test_the_prune_node_serves_the_pruned_copy_with_the_loaders_settings(rt, tmp_path, monkeypatch, default_path):
+    """A3B Prune: model in, pruned model out (the cached copy, loaded with the loader's settings; the
+    source unloaded meanwhile), the input unchanged when every ratio is 1.0; bad ratios refused by name."""
+    from comfyui_a3b import prune
+
+    copy = tmp_path / "pruned.gguf"
+    shutil.copy(default_path, copy)
+    seen = []
+    monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or copy)
+    core.VARIANTS.reset()
+    src = node("A3BLoader").run(unique_id="1", **loader_args(n_ctx=1024, n_gpu_layers=0))["result"][0]
+    args = {**defs.PRUNE.defaults(), "model": src}
+    assert node("A3BPrune").run(unique_id="2", **args)["result"][0] is src   # 1.0 everywhere: nothing to do
+    out = node("A3BPrune").run(unique_id="2", **{**args, "keep_ratio": 0.5})
+    pruned = out["result"][0]
+    assert pruned.path == str(copy) and pruned.n_ctx == 1024 and pruned.n_gpu_layers == 0
+    assert seen[-1]["keep"] == 0.5 and seen[-1]["recover_steps"] is None
+    assert rt.loaded(pruned) is not None and rt.loaded(src) is None
+    assert "pruned.gguf, n_ctx 1024" in out["ui"]["text"][0]
+    assert generate(pruned, "Hi", max_new_tokens=2)["result"][0] is not None
+    with pytest.raises(core.NodeError, match="heads_keep"):
+        node("A3BPrune").run(unique_id="2", **{**args, "heads_keep": 1.5})
+    with pytest.raises(core.NodeError, match="A3BLoader"):
+        node("A3BPrune").run(unique_id="2", **{**args, "model": "not a handle"})

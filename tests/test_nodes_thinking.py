@@ -66,3 +66,29 @@ def test_old_workflows_without_the_new_inputs_still_run(spec):
     (text, _, reasoning), _ = defs.GENERATE.call("8", **{**args, "model": spec(THINK), "prompt": "Hi",
                                                          "temperature": 0.0})
     assert text == "It is 4." and reasoning
+
+
+def test_a_reasoning_without_a_budget_leaves_room_for_the_answer(spec):
+    """No budget set (the widget's -1): the reasoning gets what the context holds beyond the prompt and
+    max_new_tokens, so a model that would reason forever is closed in time and still answers."""
+    handle = core.load_model(LOOP, n_ctx=256)
+    (text, _, reasoning), ui = run(lambda ref: handle, LOOP, max_new_tokens=8)
+    assert text.startswith("[1]") and reasoning and "note" not in ui
+    n_prompt = __import__("comfyui_a3b.runtime", fromlist=["get_runtime"]).get_runtime().count_tokens(
+        __import__("comfyui_a3b.runtime", fromlist=["ChatPrompt"]).ChatPrompt(
+            [{"role": "user", "content": "What is 2 + 2?"}]), model=handle)
+    assert core.room_for_reasoning(256, n_prompt, 8) == 256 - n_prompt - 8 - core.CLOSE_RESERVE
+
+
+def test_a_reasoning_that_takes_every_token_says_so_in_the_node_and_its_result(spec, monkeypatch):
+    sent = []
+    monkeypatch.setattr(comfy, "send", lambda event, data: sent.append((event, data)))
+    # a budget larger than the context holds: the reasoning fills the context, no answer comes
+    handle = core.load_model(LOOP, n_ctx=256)
+    (text, _, reasoning), ui = run(lambda ref: handle, LOOP, max_new_tokens=8, reasoning_budget=4000)
+    assert text == "" and reasoning
+    note = ui["note"][0]
+    assert note.startswith("The reasoning used all ") and "raise max_new_tokens" in note
+    assert "reasoning_budget" in note
+    done = [d for e, d in sent if e == comfy.EVENT_DONE][-1]
+    assert done["note"] == note

@@ -192,8 +192,8 @@ def test_the_prune_flags_take_prune_configs_defaults_and_bounds():
 
 # -- the ComfyUI nodes --------------------------------------------------------------------------------------
 #: widgets that are their node's own and have no declaration elsewhere
-NODE_OWN = {("A3BLoader", "model"), ("A3BLoader", "lora"), ("A3BLoader", "prune_method"),
-            ("A3BLoader", "recover_steps"), ("A3BGenerate", "prompt"), ("A3BGenerate", "system"),
+NODE_OWN = {("A3BLoader", "model"), ("A3BLoader", "lora"), ("A3BPrune", "prune_method"),
+            ("A3BPrune", "recover_steps"), ("A3BGenerate", "prompt"), ("A3BGenerate", "system"),
             ("A3BGenerate", "stop"), ("A3BGenerate", "confidence_aware"), ("A3BEmbed", "text"),
             ("A3BTopK", "top_k"), ("A3BTopK", "separator"), ("A3BUnload", "unload_all"), ("A3BLoader", "mmproj"),
             ("A3BGenerate", "image_mode")}
@@ -228,6 +228,9 @@ def test_every_node_widget_is_its_declaration():
                 default = lo if default is None else default
             elif default is None:   # a text widget starts empty, a number at its minimum
                 default = "" if i.type == "STRING" else o.min
+            if i.type == "INT" and o.step and not o.words and i.none_value is None and lo % o.step:
+                lo = -(-lo // o.step) * o.step   # on the step's grid: the frontend snaps to min + k * step
+                default = max(default, lo)
             assert (i.min, i.max, i.step) == (lo, hi, o.step), where
             assert i.default == default, where
             assert i.tooltip.startswith(o.help), where

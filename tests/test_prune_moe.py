@@ -271,7 +271,7 @@ def test_expert_probe_reap_statistics_match_the_router(planted):
 def test_the_loader_serves_an_expert_pruned_variant_made_once(planted, tmp_path, monkeypatch):
     from comfyui_a3b.nodes import core, defs
 
-    assert defs.LOADER.defaults()["experts_keep"] == 1.0
+    assert defs.PRUNE.defaults()["experts_keep"] == 1.0
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     core.VARIANTS.reset()
     # the loader's default recover_steps would be refused by expert pruning: experts_keep < 1 runs one-shot

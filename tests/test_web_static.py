@@ -53,11 +53,11 @@ def test_the_example_workflows_are_current_and_open_with_nothing_covered(name):
     ui, api = be.build(be.EXAMPLES[name]())
     folder = Path(__file__).resolve().parents[1] / "examples"
     assert json.loads((folder / f"{name}.json").read_text()) == ui
-    assert json.loads((folder / f"{name}.api.json").read_text()) == api
+    assert json.loads((folder / "api" / f"{name}.api.json").read_text()) == api
     boxes = []
     for n in ui["nodes"]:
         (x, y), (w, h) = n["pos"], n["size"]
-        need = be.min_size(n["type"])
+        need = be.min_size(n["type"], n.get("showAdvanced", False))
         assert w >= need[0] and h >= need[1], (n["id"], n["type"], (w, h), need)
         boxes.append((n["id"], x, y - be.TITLE_H, x + w, y + h))
     for i, a in enumerate(boxes):
