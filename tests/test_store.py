@@ -190,7 +190,7 @@ def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_mode
     from comfyui_a3b.lsp_server.config import Settings
     from comfyui_a3b.nodes import core, defs
 
-    ui = json.loads((Path(__file__).parents[1] / "examples" / "rag.api.json").read_text())
+    ui = json.loads((Path(__file__).parents[1] / "examples" / "api" / "rag.api.json").read_text())
     w = next(n["inputs"] for n in ui.values() if n["class_type"] == "A3BLoader")
     layers = w["n_gpu_layers"] if placement == "example" else placement
     rt.unload()

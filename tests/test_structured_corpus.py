@@ -28,7 +28,7 @@ def corpus() -> list[tuple[str, str, dict, int]]:
         d = json.loads(path.read_text())
         assert d["source"] and d["prompt"]
         out.append((path.stem, d["prompt"], d["schema"], 128))
-    wf = json.loads((HERE.parent / "examples" / "storyboard_json.api.json").read_text())
+    wf = json.loads((HERE.parent / "examples" / "api" / "storyboard_json.api.json").read_text())
     node = wf["3"]["inputs"]
     out.append(("storyboard example", node["prompt"] + "\n\n" + wf["2"]["inputs"]["value"],
                 json.loads(node["json_schema"]), node["max_new_tokens"]))
