@@ -387,8 +387,8 @@ N_INDENT = Option("n_indent", int, 0,
 
 # -- Ollama's request options, as `a3b serve` takes them (serve/ollama_protocol.py) ------------------------
 NUM_PREDICT = Option("num_predict", int, -1,
-                     "Most tokens to generate (Ollama's option); -1 = until the answer ends or the context is full, "
-                     "-2 = fill the context.", min=-2, max=MAX_CONTEXT)
+                     "Most tokens to generate (Ollama's option); -1 = until the answer ends or the context is full.",
+                     min=-1, max=MAX_CONTEXT)
 NUM_CTX = replace(N_CTX, help="Context tokens of the request (Ollama's option): at most the served model's context, "
                   "which is fixed when it loads; a smaller value bounds prompt and answer together.")
 KEEP_ALIVE = Option("keep_alive", float, None,

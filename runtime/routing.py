@@ -79,7 +79,7 @@ _SIGNS = re.compile(
     rf"|(?P<file>(?<![\w.])\w[\w-]{{0,80}}\.(?:{_EXT})\b)"
     r"|(?P<syntax>#include\b|\bdef \w|\bimport \w|\bfrom \w+ import\b|\bfn \w|\bfunc \w|\bconsole\.log\b|"
     r"\bprintf\(|\bstd::|\bpublic static\b|\bself\.|=>|->|\+\+|!==|===|::|\);|\{\s*\}|\bnull\b|\bNone\b|"
-    r"\breturn\b|\blambda\b|\bTraceback\b|\w+Error\b|\w+Exception\b|\bsegfault\b|\bstack trace\b|"
+    r"\breturn\b|\blambda\b|\bTraceback\b|(?<!\w)\w{0,80}?(?:Error|Exception)\b|\bsegfault\b|\bstack trace\b|"
     r"\bSELECT\b|\bINSERT INTO\b|\bCREATE TABLE\b|\$ \w)"
     r"|(?P<word>(?i:\b(?:python|javascript|typescript|java|kotlin|rust|golang|c\+\+|c#|ruby|php|swift|haskell|"
     r"bash|shell script|sql|regex|regexp|json|yaml|html|css|numpy|pandas|react|django|flask|pytorch|"

@@ -101,13 +101,14 @@ def test_a_code_request_goes_to_the_code_model_in_both_apis(routed, caplog):
     c, srv, rt = routed
     caplog.set_level(logging.INFO, logger="a3b.route")
     ask = [{"role": "user", "content": FENCED}]
-    r = c.post("/api/chat", json={"model": "auto", "messages": ask, "stream": False, "options": {"num_predict": 5}})
+    r = c.post("/api/chat", json={"model": "auto", "messages": ask, "stream": False,
+                                  "options": {"num_predict": 5, "temperature": 0}})
     assert r.status_code == 200, r.text
     route = r.json()["a3b"]["route"]
-    assert route["route"] == "code" and route["method"] == "rules" and route["model"] == "coder"
+    assert route["route"] == "code" and route["method"] == "rules" and route["model"] == srv.cfg.router.names["code"]
     assert r.json()["message"]["content"].startswith("CODE") and r.headers["x-a3b-route"].startswith("code;")
-    assert any("route code -> coder" in m for m in caplog.messages)
-    r = c.post("/v1/chat/completions", json={"model": "auto", "messages": ask, "max_tokens": 5})
+    assert any("route code -> " in m for m in caplog.messages)
+    r = c.post("/v1/chat/completions", json={"model": "auto", "messages": ask, "max_tokens": 5, "temperature": 0})
     assert r.json()["a3b"]["route"]["route"] == "code" and r.json()["model"] == "auto"
     assert r.json()["choices"][0]["message"]["content"].startswith("CODE")
     # streamed: the decision rides in the last line (Ollama) and the last chunk's a3b block (OpenAI)
@@ -121,7 +122,7 @@ def test_a_code_request_goes_to_the_code_model_in_both_apis(routed, caplog):
 def test_prose_is_embedded_and_the_chosen_model_answers(routed):
     c, srv, rt = routed
     r = c.post("/api/chat", json={"model": "auto", "messages": [{"role": "user", "content": "Plan a picnic."}],
-                                  "stream": False, "options": {"num_predict": 5}})
+                                  "stream": False, "options": {"num_predict": 5, "temperature": 0}})
     route = r.json()["a3b"]["route"]
     assert route["method"] == "model"
     assert r.json()["message"]["content"].startswith("CODE" if route["route"] == "code" else "PROSE")
@@ -130,8 +131,9 @@ def test_prose_is_embedded_and_the_chosen_model_answers(routed):
 def test_each_model_is_served_by_name_too_and_listed(routed):
     c, srv, rt = routed
     names = [m["name"] for m in c.get("/api/tags").json()["models"]]
-    assert {"talker:latest", "coder:latest", "auto:latest"} <= set(names)
-    r = c.post("/api/generate", json={"model": "coder", "prompt": "Plan a picnic.", "stream": False,
-                                      "options": {"num_predict": 3}})
-    assert r.json()["response"].startswith("CODE") and "a3b" not in r.json()
+    coder = srv.cfg.router.names["code"]
+    assert {"auto:latest", coder + ":latest", srv.cfg.router.names["default"] + ":latest"} <= set(names)
+    r = c.post("/api/generate", json={"model": coder, "prompt": "Plan a picnic.", "stream": False,
+                                      "options": {"num_predict": 3, "temperature": 0}})
+    assert r.json()["response"] == "COD" and "a3b" not in r.json()
     assert rt.store.weight_loads >= 2 and len({e.spec.path for e in rt.store.loaded()}) == 2
