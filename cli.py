@@ -250,8 +250,15 @@ def cmd_serve(args) -> int:
     if args.parallel is not None:
         spec = rt.spec(spec, n_parallel=args.parallel)
     host, port = parse_address(args.http)
+    router = None
+    if args.route is not None or args.route_examples:   # every route's model loads now: errors at start-up
+        from .serve.routed import build_router
+
+        router = build_router(rt, spec, args.route or [], args.route_examples, embedding=args.route_embedding,
+                              head_tokens=args.route_head_tokens, rule_hits=args.route_rule_hits)
+        spec = router.routes["default"]
     srv = Server(spec, host, port, token=args.token, origins=tuple(args.allow_origin or ()), name=args.name,
-                 access_log=not args.quiet)
+                 access_log=not args.quiet, router=router, route_name=args.route_name)
     rt.load(spec)   # errors now, not at the first request
     srv.bind()      # a clear line now rather than a log line from the HTTP server later; the real port
     if not args.quiet:   # one line per request on stderr, as it is
@@ -397,6 +404,15 @@ def _add_serve(sub) -> None:
                          "default: none, every browser page is refused)")
     sv.add_argument("--name", default=None, help="the model's id in /v1/models (default: the file's name)")
     sv.add_argument("--quiet", "-q", action="store_true", help="no line per request on stderr")
+    sv.add_argument("--route", action="append", metavar="NAME=MODEL",
+                    help="route requests by task type: code=MODEL, default=MODEL (repeatable; requests naming "
+                         "--route-name are sent to the model whose route matches, see docs/scaling.md; default: none, "
+                         "no routing)")
+    sv.add_argument("--route-name", default="auto", help="the served name that routes (default: auto)")
+    sv.add_argument("--route-examples", metavar="FILE",
+                    help="JSON object: route name -> example prompts (default: built-in ones for code and default)")
+    for o in (opt.ROUTE_EMBEDDING, opt.ROUTE_HEAD_TOKENS, opt.ROUTE_RULE_HITS):
+        add_argument(sv, o)
     sv.set_defaults(func=cmd_serve)
 
 

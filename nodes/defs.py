@@ -14,7 +14,7 @@ from ..prune.config import GPU_RECOVERY, PruneConfig
 from ..runtime import options as opt
 from ..runtime.errors import Cancelled
 from ..runtime.options import Option
-from . import comfy, core
+from . import comfy, core, embeddings
 from . import images as nodeimages
 
 #: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto"): see `widget`
@@ -359,8 +359,8 @@ def _run_embed(node_id, *, model, text, pooling, normalize):
     model, pooling, normalize = _first(model), _first(pooling), _first(normalize)
     if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
         text = text[0]  # the widget, or one connected string: one item per line
-    vecs, texts = core.embed(model, text, pooling=pooling, normalize=normalize)
-    return (core.to_tensor(vecs), texts), {"text": [f"{len(texts)} x {vecs.shape[1]} embeddings ({pooling})"]}
+    vecs, texts = embeddings.embed(model, text, pooling=pooling, normalize=normalize)
+    return (embeddings.to_tensor(vecs), texts), {"text": [f"{len(texts)} x {vecs.shape[1]} embeddings ({pooling})"]}
 
 
 EMBED = NodeDef(
@@ -383,7 +383,7 @@ EMBED = NodeDef(
 def _run_topk(node_id, *, documents, texts, query, top_k, separator):
     documents, query, top_k, separator = _first(documents), _first(query), _first(top_k), _first(separator)
     texts = list(texts or [])
-    idx, scores = core.top_k(documents, texts, query, int(top_k))
+    idx, scores = embeddings.top_k(documents, texts, query, int(top_k))
     sep = separator.replace("\\n", "\n").replace("\\t", "\t")
     context = sep.join(texts[i] for i in idx)
     report = "\n".join(f"{s:.3f}  {texts[i]}" for i, s in zip(idx, scores))

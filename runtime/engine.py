@@ -260,7 +260,8 @@ class Backend(Protocol):
                     seq_id: int | None = None) -> Any:
         """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it;
         with `seq_id`, attached to that sequence so the next decodes draw its tokens (where the
-        engine can: the sampler's `backend`, a bool every sampler has, says)."""
+        engine can: the sampler's `backend`, a bool every sampler has, says). Every sampler has
+        `grammar` too: None, or the matcher whose `error` (None while it goes on) says why it gave up."""
 
     def prepare(self, sampler: Any, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id`: an attached sampler follows its request there."""

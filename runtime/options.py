@@ -385,6 +385,32 @@ N_INDENT = Option("n_indent", int, 0,
                   "the first one that is not ends the answer there (llama-server's field; 0 = off).",
                   min=0, max=MAX_CONTEXT)
 
+# -- Ollama's request options, as `a3b serve` takes them (serve/ollama_protocol.py) ------------------------
+NUM_PREDICT = Option("num_predict", int, -1,
+                     "Most tokens to generate (Ollama's option); -1 = until the answer ends or the context is full.",
+                     min=-1, max=MAX_CONTEXT)
+NUM_CTX = replace(N_CTX, help="Context tokens of the request (Ollama's option): at most the served model's context, "
+                  "which is fixed when it loads; a smaller value bounds prompt and answer together.")
+KEEP_ALIVE = Option("keep_alive", float, None,
+                    "How long a model stays loaded after a request (Ollama's keep_alive), in seconds or as a duration "
+                    "such as 5m; 0 = unload once idle, negative = keep loaded; left out = the store's own policy "
+                    "(loaded until evicted or unloaded).", min=-1e9, max=1e9, nullable=True)
+
+# -- routing requests by task type (runtime/routing.py) -----------------------------------------------------
+#: how a request's text becomes a vector for routing: the model's input token embeddings (a lookup in the
+#: memory-mapped GGUF, no pass through the model) or its pooled output embedding (one pass over the head)
+ROUTE_EMBEDDINGS = ("tokens", "model")
+ROUTE_EMBEDDING = Option("route_embedding", str, "tokens",
+                         "How the router embeds a request: tokens = the embedding model's input token vectors "
+                         "(a table lookup, well under a millisecond), model = its pooled output embedding (one "
+                         "pass through the model over the head of the request).", choices=ROUTE_EMBEDDINGS)
+ROUTE_HEAD_TOKENS = Option("route_head_tokens", int, 48,
+                           "Tokens of a request the router reads (the start of the last user message).",
+                           min=4, max=4096)
+ROUTE_RULE_HITS = Option("route_rule_hits", int, 2,
+                         "Code signs (fences, file names, language keywords) that let the rules decide a request "
+                         "for the code route without embedding it; 0 = always embed.", min=0, max=64)
+
 # -- the servers' tokens ------------------------------------------------------------------------------------
 LSP_TOKEN = Option("token", str, None, "Shared secret TCP/WebSocket editors must send.", nullable=True,
                    env="A3B_LSP_TOKEN")

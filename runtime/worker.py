@@ -364,7 +364,8 @@ class LoadedModel(RowVerifier, Model):
         job.t_last = now
         job.n_gen += 1
         self.stats["generated_tokens"] += 1
-        failed = getattr(getattr(job.sampler, "grammar", None), "error", None)
+        matcher = job.sampler.grammar if job.sampler is not None else None
+        failed = matcher.error if matcher is not None else None
         if failed:   # the grammar's matcher gave up (grammar.py): this request ends, the others go on
             with self._lock:
                 trim = self.policy.release(job, keep_cache=False)

@@ -41,7 +41,8 @@ class Server:
 
     def __init__(self, spec: LoadSpec, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
                  origins: tuple[str, ...] = (), name: str | None = None, *, access_log: bool = True,
-                 max_connections: int | None = None, header_timeout: float | None = None):
+                 max_connections: int | None = None, header_timeout: float | None = None, router: Any = None,
+                 route_name: str = "auto"):
         import uvicorn
 
         from . import connections
@@ -55,7 +56,14 @@ class Server:
         # with a LoRA adapter the plain base is served too, over the same weights (a context each)
         base = replace(spec, lora_path=None) if spec.lora_path else None
         self.cfg = ServeConfig(spec=spec, model_id=name or model_id(spec), token=token, origins=tuple(origins),
-                               loopback=is_loopback(host), others={model_id(base): base} if base else {})
+                               loopback=is_loopback(host), others={model_id(base): base} if base else {},
+                               router=router, route_name=route_name)
+        if router is not None:   # every route's model is served by its own id too; the table by route_name
+            for route, rspec in router.routes.items():
+                rid = self.cfg.model_id if rspec == spec else model_id(rspec)
+                if rspec != spec:
+                    self.cfg.others.setdefault(rid, rspec)
+                router.names[route] = rid
         self.host, self._port = host, port
         self.overload = connections.Overload(max_connections or connections.MAX_CONNECTIONS)
         app = create_app(self.cfg)

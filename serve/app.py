@@ -35,9 +35,10 @@ from ..runtime.netguard import host_header_ok, origin_ok, token_ok
 from ..runtime import options as opt
 from ..runtime.options import LoadSpec
 from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
-from . import answers, bridge
+from . import answers, bridge, routed
 from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
 from .disconnect import on_disconnect
+from .ollama_api import ollama_routes
 from .fields import (confidence_of, int_field, logprobs_of, messages_of, read_json, refuse_not_honoured, sampling_of,
                      speculative_of, stops_of)
 
@@ -57,6 +58,9 @@ class ServeConfig:
     stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "errors": 0, "disconnects": 0})
     #: more ids over the same weights: with a LoRA adapter, the plain base beside it (id -> spec)
     others: dict[str, LoadSpec] = field(default_factory=dict)
+    #: routing by task type (runtime/routing.py): the Router, and the name requests give to be routed
+    router: Any = None
+    route_name: str = "auto"
 
 
 def model_id(spec: LoadSpec) -> str:
@@ -262,9 +266,16 @@ class Api:
 
     async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
                         deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
-        spec = self.spec_for(body)
-        mid = body["model"] if spec is not self.cfg.spec else self.cfg.model_id
+        decision = None
+        if kind != "infill" and routed.is_route(self.cfg, body.get("model")):
+            spec, decision = await routed.decide(self.cfg, body)
+            mid = body.get("model") or self.cfg.route_name
+        else:
+            spec = self.spec_for(body)
+            mid = body["model"] if spec is not self.cfg.spec else self.cfg.model_id
         common = self._common(body, kind == "chat", spec, priority)
+        if decision is not None and out is not None:
+            out.route = decision.as_dict()
         # set when the client leaves before the request is queued (its grammar may still be compiling)
         common["abandoned"] = abandoned = threading.Event()
         stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token), request, abandoned)
@@ -274,13 +285,17 @@ class Api:
             sse = bridge.sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out,
                              mid, self.cfg.stats)
             return StreamingResponse(sse, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                              **(routed.header(decision) if decision else {})})
         events: list[TokenEvent] = []
         async with bridge.watched(request, stream, deadline_s, self.cfg.stats):
             while (ev := q.items.popleft() if q.items else await q.get()) is not None:
                 events.append(ev)
         res = bridge.result(stream)
-        return JSONResponse(answers.final(kind, mid, rid, res, events, out))
+        answer = answers.final(kind, mid, rid, res, events, out)
+        if decision is not None:
+            answer["a3b"]["route"] = decision.as_dict()
+        return JSONResponse(answer, headers=routed.header(decision) if decision else None)
 
     # -- llama-server's /infill -------------------------------------------------------------------
     async def infill(self, request: Request) -> Response:
@@ -354,6 +369,7 @@ def create_app(cfg: ServeConfig) -> Any:
         Route("/infill", wrap(api.infill), methods=["POST"]),
         Route("/v1/infill", wrap(api.infill), methods=["POST"]),
     ]
+    routes += ollama_routes(api)   # Ollama's API on the same port, behind the same Guard
     app = Starlette(routes=routes)
     app = CORSMiddleware(app, allow_origins=list(cfg.origins), allow_methods=["GET", "POST", "OPTIONS"],
                          allow_headers=["Authorization", "Content-Type"])

@@ -147,6 +147,8 @@ class ChatOutput:
 
     def __init__(self, tools: bool):
         self.calls = ToolCallStream() if tools else None
+        #: where a routed request went (runtime/routing.py Decision.as_dict), for the a3b block
+        self.route: dict | None = None
 
     def deltas(self, ev: TokenEvent) -> list[dict]:
         out: list[dict] = []
@@ -194,6 +196,8 @@ class ChatOutput:
             out["warnings"] = list(res.warnings)
         if self.calls is not None and self.calls.errors:
             out["tool_call_errors"] = list(self.calls.errors)
+        if self.route is not None:
+            out["route"] = self.route
         return out
 
 

@@ -83,6 +83,11 @@ class FakeSampler(dict):
 
     grammar: FakeGrammarState | None = None
 
+    @property
+    def backend(self) -> bool:
+        """Whether its chain is attached to a sequence (sampled on the backend)."""
+        return self["seq_id"] is not None
+
 
 @dataclass
 class FakeSettings:
@@ -277,14 +282,6 @@ def equal_split_passes(seqs: list[int], n_ubatch: int) -> int:
                 break
         passes += 1
     return passes
-
-
-class FakeSampler(dict):
-    """A request's sampler: its settings, its random stream, its grammar and where it is attached."""
-
-    @property
-    def backend(self) -> bool:
-        return self["seq_id"] is not None
 
 
 class FakeBackend(Backend):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import comfyui_a3b
-from comfyui_a3b.nodes import core, defs
+from comfyui_a3b.nodes import core, defs, embeddings
 from comfyui_a3b.nodes.v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, input_types
 from comfyui_a3b.runtime import LoadSpec, add_model_dir, get_runtime
 from comfyui_a3b.runtime.errors import (Cancelled, InvalidRequest, ModelNotFound, PathNotAllowed,
@@ -256,11 +256,11 @@ def test_embed_refuses_non_text_items_and_empty(handle):
 
 
 def test_topk_mismatch_errors(handle):
-    emb = core.to_tensor(np.eye(3, dtype=np.float32))
+    emb = embeddings.to_tensor(np.eye(3, dtype=np.float32))
     with pytest.raises(InvalidRequest, match="3 document embeddings but 2 texts"):
-        core.top_k(emb, ["a", "b"], emb[:1], 1)
+        embeddings.top_k(emb, ["a", "b"], emb[:1], 1)
     with pytest.raises(InvalidRequest, match="dimensions"):
-        core.top_k(emb, ["a", "b", "c"], np.ones((1, 5)), 1)
+        embeddings.top_k(emb, ["a", "b", "c"], np.ones((1, 5)), 1)
 
 
 def test_handle_type_checked():

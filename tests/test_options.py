@@ -19,6 +19,7 @@ import pytest
 from comfyui_a3b import cli, cliwords
 from comfyui_a3b.lsp_server import config as lsp
 from comfyui_a3b.nodes import core as node_core
+from comfyui_a3b.nodes import embeddings as node_embeddings
 from comfyui_a3b.nodes import defs
 from comfyui_a3b.prune import config as prune_config
 from comfyui_a3b.runtime import options as opt
@@ -99,7 +100,7 @@ def test_the_callers_defaults_are_the_declared_ones():
     params = inspect.signature(Runtime.embed).parameters
     assert (params["pooling"].default, params["normalize"].default) == (opt.POOLING.default, opt.NORMALIZE.default)
     assert inspect.signature(node_core.generate).parameters["max_new_tokens"].default == opt.MAX_TOKENS.default
-    assert inspect.signature(node_core.embed).parameters["pooling"].default == opt.POOLING.default
+    assert inspect.signature(node_embeddings.embed).parameters["pooling"].default == opt.POOLING.default
     for option in PRUNE_RATIOS:
         assert getattr(prune_config.PruneConfig, option.name) == option.default
 

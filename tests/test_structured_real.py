@@ -126,7 +126,8 @@ def test_storyboard_example_gives_panels_that_validate():
 
     from comfyui_a3b.nodes import core, defs
 
-    wf = json.loads((Path(__file__).resolve().parent.parent / "examples" / "api" / "storyboard_json.api.json").read_text())
+    api = Path(__file__).resolve().parent.parent / "examples" / "api"
+    wf = json.loads((api / "storyboard_json.api.json").read_text())
     inputs = {k: v for k, v in wf["3"]["inputs"].items() if not isinstance(v, list)}
     premise = wf["2"]["inputs"]["value"]
     (text, _, reasoning), _ = defs.GENERATE.call("3", **inputs, model=core.load_model(), context=premise)

@@ -1,0 +1,69 @@
+"""Which model a request names: a served model's id, or the route table's name (runtime/routing.py),
+whose router picks the model from the request's text. Shared by the OpenAI and Ollama endpoints.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..runtime.errors import InvalidRequest
+from ..runtime.options import LoadSpec
+from ..runtime.routing import Decision
+
+#: Most characters of a request handed to the router (it reads only the head anyway).
+MAX_ROUTED_CHARS = 1 << 16
+
+
+def route_text(body: dict) -> str:
+    """The text a request is routed by: its last user message (the text parts of its content), or
+    its prompt."""
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        for m in reversed(msgs):
+            if isinstance(m, dict) and m.get("role") == "user":
+                c = m.get("content")
+                if isinstance(c, list):
+                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+                return c[:MAX_ROUTED_CHARS] if isinstance(c, str) else ""
+        return ""
+    p = body.get("prompt")
+    return p[:MAX_ROUTED_CHARS] if isinstance(p, str) else ""
+
+
+def is_route(cfg: Any, name: Any) -> bool:
+    """Whether `name` names the route table (a request naming no model is routed when there is one)."""
+    if getattr(cfg, "router", None) is None:
+        return False
+    return name in (None, "", cfg.route_name) or (isinstance(name, str) and name.split(":")[0] == cfg.route_name)
+
+
+async def decide(cfg: Any, body: dict) -> tuple[LoadSpec, Decision]:
+    """The routed model of a request to the route table, decided off the event loop (tokenizing and
+    embedding are not the loop's work)."""
+    text = route_text(body)
+    d = await asyncio.get_running_loop().run_in_executor(None, cfg.router.decide, text)
+    return d.spec, d
+
+
+def build_router(rt, base: LoadSpec, routes: list[str], examples: str | None = None, **settings: Any):
+    """The Router of `--route NAME=MODEL` arguments (each model loaded with `base`'s options), its
+    models loaded and its examples embedded now: a bad table fails at start-up."""
+    from dataclasses import replace
+
+    from ..runtime.routing import Router, parse_route, read_examples
+
+    table: dict[str, LoadSpec] = {}
+    for text in routes:
+        name, model = parse_route(text)
+        if name in table:
+            raise InvalidRequest(f"--route {name}= is given twice.")
+        table[name] = rt.spec(replace(base, path=rt.spec(model).path))
+    return Router(rt, table, examples=read_examples(examples) if examples else None, **settings).prepare()
+
+
+def header(d: Decision) -> dict[str, str]:
+    """The decision as a response header, for clients that read no body field."""
+    return {"X-A3B-Route": f"{d.route}; model={d.model}; score={d.score:.4f}; method={d.method}"}
+
+
+__all__ = ["MAX_ROUTED_CHARS", "build_router", "decide", "header", "is_route", "route_text"]
