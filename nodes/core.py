@@ -357,7 +357,8 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     prompt = ChatPrompt(msgs)
     n_prompt = rt.count_tokens(prompt, model=spec)
     check_budget(spec, n_prompt, max_new_tokens)
-    if reasoning_budget is None and thinking != "off":
+    if reasoning_budget is None and thinking != "off" and rt.load(spec).runs_here:
+        # a remote server decodes on its own and cannot close the block at a budget: it gets none
         reasoning_budget = room_for_reasoning(spec.n_ctx, n_prompt, max_new_tokens)
     sampling = sampling or SamplingParams()
     conf = (ConfidenceConfig(enabled=True, threshold=confidence_threshold, insert_marker=True)

@@ -373,26 +373,34 @@ def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     rt.unload(h)
 
 
+def _prune(loaded, **settings):
+    """A3B Prune over A3B Loader's handle, as a workflow chains them."""
+    defaults = {k: v for k, v in defs.PRUNE.defaults().items() if k != "model"}
+    return node("A3BPrune").run(unique_id="2", model=loaded, **{**defaults, **settings})["result"][0]
+
+
 @pytest.mark.slow
 def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_models):
-    """keep_ratio < 1 loads the pruned copy (made once, cached on disk); without torch, a clear error."""
+    """A3B Prune with keep_ratio < 1 loads the pruned copy (made once, cached on disk); without torch,
+    a clear error."""
     import importlib.util
 
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     add_model_dir(tiny_models["llama"].parent)
-    args = {**defs.LOADER.defaults(), "model": tiny_models["llama"].name, "keep_ratio": 0.5,
-            "prune_method": "magnitude", "recover_steps": 0, "n_ctx": 256}
+    loaded = node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "model": tiny_models["llama"].name,
+                                                      "n_ctx": 256})["result"][0]
+    args = {"keep_ratio": 0.5, "prune_method": "magnitude", "recover_steps": 0}
     if importlib.util.find_spec("torch") is None:
         with pytest.raises(Exception, match="(?i)torch") as ei:
-            node("A3BLoader").run(unique_id="1", **args)
+            _prune(loaded, **args)
         assert "pip install" in str(ei.value)
         return
-    h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
-    assert "keep0.5" in os.path.basename(h.path) and str(tmp_path / "cache") in h.path
+    h = _prune(loaded, **args)
+    assert "keep0.5" in os.path.basename(h.path) and str(tmp_path / "cache") in h.path and h.n_ctx == 256
     assert rt.store.entry(h) is not None
     assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
     t0 = time.perf_counter()
-    assert node("A3BLoader").run(unique_id="1", **args)["result"][0] == h  # no second pruning
+    assert _prune(loaded, **args) == h  # no second pruning
     assert time.perf_counter() - t0 < 1.0
     rt.unload(h)
 
@@ -405,17 +413,20 @@ def test_heads_keep_serves_a_head_pruned_variant(rt, tmp_path, monkeypatch, tiny
 
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     add_model_dir(tiny_models["llama"].parent)
-    args = {**defs.LOADER.defaults(), "model": tiny_models["llama"].name, "heads_keep": 0.5, "recover_steps": 0,
-            "n_ctx": 256}
-    h = node("A3BLoader").run(unique_id="1", **args)["result"][0]
+    base = {**defs.LOADER.defaults(), "n_ctx": 256}
+    loaded = node("A3BLoader").run(unique_id="1", **{**base, "model": tiny_models["llama"].name})["result"][0]
+    args = {"heads_keep": 0.5, "recover_steps": 0}
+    h = _prune(loaded, **args)
     a = inspect_gguf(h.path).a3b
     assert (a["a3b.n_head"], a["a3b.n_head_source"], a["a3b.n_ff"], a["a3b.n_ff_source"]) == (2, 4, 128, 128)
     assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
     rt.unload(h)
-    for bad, match in ((dict(heads_keep=0.0), "heads_keep must be in"), (dict(keep_ratio=1.5), "keep_ratio must be in"),
-                       (dict(model=tiny_models["qwen2"].name, heads_keep=0.5), "qwen2")):
+    qwen2 = node("A3BLoader").run(unique_id="1", **{**base, "model": tiny_models["qwen2"].name})["result"][0]
+    for model, bad, match in ((loaded, dict(heads_keep=0.0), "heads_keep must be in"),
+                              (loaded, dict(keep_ratio=1.5), "keep_ratio must be in"),
+                              (qwen2, dict(heads_keep=0.5), "qwen2")):
         with pytest.raises(Exception, match=match):
-            node("A3BLoader").run(unique_id="1", **{**args, **bad})
+            _prune(model, **{**args, **bad})
 
 
 def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):

@@ -167,3 +167,16 @@ def test_a_wrong_field_in_a_stream_is_one_clear_error(rt, caplog, bad, match):
                 rt.generate("x", model=srv.url, chat="delta" in str(bad), max_tokens=5)
         assert "not reachable" not in str(e.value)
         assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_the_generate_nodes_defaults_run_over_a_remote_model(rt, monkeypatch):
+    """A3BGenerate's automatic reasoning budget is for models decoded here: over a remote server (which
+    cannot close a reasoning block at a budget) the node's defaults still run."""
+    from comfyui_a3b.nodes import core, defs
+
+    with _server(chat__completions=lambda b: HELLO) as srv:
+        monkeypatch.setenv("A3B_REMOTE_MODELS", srv.url)
+        handle = core.load_model(srv.url)
+        (text, _, _), _ = defs.GENERATE.call("2", **{**defs.GENERATE.defaults(), "model": handle, "prompt": "Hi"})
+        assert text == "Hello"
+        assert "reasoning_budget" not in srv.requests[-1][1]

@@ -136,4 +136,5 @@ def test_each_model_is_served_by_name_too_and_listed(routed):
     r = c.post("/api/generate", json={"model": coder, "prompt": "Plan a picnic.", "stream": False,
                                       "options": {"num_predict": 3, "temperature": 0}})
     assert r.json()["response"] == "COD" and "a3b" not in r.json()
-    assert rt.store.weight_loads >= 2 and len({e.spec.path for e in rt.store.loaded()}) == 2
+    paths = [e.spec.path for e in rt.store.loaded()]   # other tests may have left the embedded model loaded
+    assert all(paths.count(spec.path) == 1 for spec in srv.cfg.router.routes.values())
