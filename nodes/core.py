@@ -24,6 +24,7 @@ from ..runtime import handover
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
 from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
+from . import router as noderouter
 
 log = logging.getLogger("a3b.nodes")
 
@@ -219,7 +220,10 @@ VARIANTS = _Variants()
 
 
 def unload(model: LoadSpec | None = None) -> int:
-    """Free one model's contexts (and its weights when nothing else uses them), or every model."""
+    """Free one model's contexts (and its weights when nothing else uses them), or every model (a
+    router's: both of its models)."""
+    if isinstance(model, noderouter.RoutedModel):
+        return get_runtime().unload(model.default) + get_runtime().unload(model.code)
     return get_runtime().unload(model)
 
 
@@ -342,11 +346,12 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     Raises Cancelled (with the partial result attached) when `hooks.should_stop` turns true: the
     stream is cancelled between two tokens.
     """
-    if not isinstance(spec, LoadSpec):
-        raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
     text_in = build_prompt(prompt, context)
     if not text_in.strip():
         raise InvalidRequest("The prompt is empty: type a prompt (or connect a context) for A3BGenerate.")
+    spec, decision = noderouter.resolve(spec, text_in)
+    if not isinstance(spec, LoadSpec):
+        raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
     hooks = hooks or GenerateHooks()
     rt = get_runtime()
     from ..runtime import chat as chatmod
@@ -387,8 +392,10 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
     note = reasoning_note(res)
     if note:
         log.warning("a3b: %s", note)
-    return Generated(res.text, spans, res, ui={"text": [res.text], **({"note": [note]} if note else {})},
-                     reasoning=res.reasoning, note=note)
+    ui = {"text": [res.text], **({"note": [note]} if note else {})}
+    if decision is not None:
+        ui["route"] = [noderouter.describe(decision)]
+    return Generated(res.text, spans, res, ui=ui, reasoning=res.reasoning, note=note)
 
 
 #: tokens kept for closing the reasoning block (the end-of-thinking marker and the blank line after it;

@@ -15,6 +15,7 @@ from ..runtime import options as opt
 from ..runtime.errors import Cancelled
 from ..runtime.options import Option
 from . import comfy, core, embeddings
+from . import router as noderouter
 from . import images as nodeimages
 
 #: the n_gpu_layers widget's "auto" (an INT widget cannot hold the runtime's "auto"): see `widget`
@@ -259,6 +260,27 @@ PRUNE = NodeDef(
 )
 
 
+# -- A3BRouter -------------------------------------------------------------------------------------------------
+def _run_router(node_id, *, default, code, route_embedding=opt.ROUTE_EMBEDDING.default):
+    handle = noderouter.routed_model(default, code, route_embedding)
+    return (handle,), {"text": [f"default: {core.describe(default)}\ncode: {core.describe(code)}"]}
+
+
+ROUTER = NodeDef(
+    node_id="A3BRouter", display_name="A3B Router",
+    description=("One model handle over two loaded models: A3B Generate sends each prompt to the model its task "
+                 "needs (code, algorithms and maths to code, the rest to default), decided by code signs and "
+                 "example prompts in a fraction of a millisecond. The route taken is shown in the node."),
+    inputs=[
+        In("default", MODEL, tooltip="The model for general prompts (and for A3B Embed)."),
+        In("code", MODEL, tooltip="The model for code, algorithms and maths."),
+        _advanced(widget(opt.ROUTE_EMBEDDING)),
+    ],
+    outputs=[Out("model", MODEL, "A handle that routes each prompt to one of the two models.")],
+    run=_run_router,
+)
+
+
 # -- A3BGenerate ------------------------------------------------------------------------------------------
 def _run_generate(node_id, *, image=None, image_mode=nodeimages.ALL_IN_ONE, **inputs):
     parts = nodeimages.tensor_images(image) if image is not None else []
@@ -307,7 +329,8 @@ def _generate_one(node_id, images, *, model, prompt, system, max_new_tokens, tem
                                   "time_to_first_token": r.time_to_first_token,
                                   "n_prompt_tokens": r.n_prompt_tokens,
                                   "n_cached_prompt_tokens": r.n_cached_prompt_tokens,
-                                  "n_reasoning_tokens": r.n_reasoning_tokens, **({"note": g.note} if g.note else {})})
+                                  "n_reasoning_tokens": r.n_reasoning_tokens, **({"note": g.note} if g.note else {}),
+                                  **({"route": g.ui["route"][0]} if "route" in g.ui else {})})
     return (g.text, g.spans_json, g.reasoning), g.ui
 
 
@@ -431,5 +454,5 @@ UNLOAD = NodeDef(
     run=_run_unload, fingerprint=_fingerprint_always, output_node=True, not_idempotent=True,
 )
 
-NODES: list[NodeDef] = [LOADER, PRUNE, GENERATE, EMBED, TOPK, UNLOAD]
+NODES: list[NodeDef] = [LOADER, PRUNE, ROUTER, GENERATE, EMBED, TOPK, UNLOAD]
 BY_ID = {n.node_id: n for n in NODES}

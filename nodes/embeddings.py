@@ -10,6 +10,7 @@ from ..runtime import LoadSpec, get_runtime
 from ..runtime.errors import InvalidRequest
 from ..runtime.options import POOLING
 from .core import NodeError
+from .router import RoutedModel
 
 
 def split_texts(text: str | Sequence[Any] | None) -> list[str]:
@@ -34,6 +35,8 @@ def split_texts(text: str | Sequence[Any] | None) -> list[str]:
 
 def embed(spec: LoadSpec, text: str | Sequence[Any], *, pooling: str = POOLING.default,
           normalize: bool = True) -> tuple[np.ndarray, list[str]]:
+    if isinstance(spec, RoutedModel):   # a router's embeddings are its default model's
+        spec = spec.default
     if not isinstance(spec, LoadSpec):
         raise NodeError(f"'model' must come from an A3BLoader node, got {type(spec).__name__}.")
     texts = split_texts(text)

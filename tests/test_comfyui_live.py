@@ -26,7 +26,7 @@ from comfyui_a3b.bench.common import free_port
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
-A3B_NODES = {"A3BLoader", "A3BPrune", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
+A3B_NODES = {"A3BLoader", "A3BPrune", "A3BRouter", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow,
               pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout")]

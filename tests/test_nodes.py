@@ -61,7 +61,8 @@ def generate(handle, prompt, **kw):
 # -- schemas -------------------------------------------------------------------------------------------
 def test_pack_exports_v1_mappings_outside_comfyui():
     assert comfyui_a3b.NODE_CLASS_MAPPINGS is NODE_CLASS_MAPPINGS
-    assert set(NODE_CLASS_MAPPINGS) == {"A3BLoader", "A3BPrune", "A3BGenerate", "A3BEmbed", "A3BTopK", "A3BUnload"}
+    assert set(NODE_CLASS_MAPPINGS) == {"A3BLoader", "A3BPrune", "A3BRouter", "A3BGenerate", "A3BEmbed", "A3BTopK",
+                                     "A3BUnload"}
     assert comfyui_a3b.WEB_DIRECTORY == "./web"
     assert "comfy" not in sys.modules and "folder_paths" not in sys.modules  # no ComfyUI import
     assert all(NODE_DISPLAY_NAME_MAPPINGS[k].startswith("A3B ") for k in NODE_CLASS_MAPPINGS)

@@ -267,7 +267,7 @@ app.registerExtension({
       const node = nodeById(detail.node);
       if (!node) return;
       if (node.__a3bReasoning) setReasoning(node, node.__a3bReasoning, true);
-      if (detail.note) setNote(node, detail.note);
+      if (detail.note || detail.route) setNote(node, [detail.route, detail.note].filter(Boolean).join("\n"));
       if (detail.interrupted) setStream(node, (node.__a3bText || "") + "\n[interrupted]");
     });
 
@@ -321,7 +321,8 @@ app.registerExtension({
       onExecuted?.apply(this, arguments);
       const text = message?.text?.[0];
       if (typeof text === "string") { this.__a3bText = text; setStream(this, text); }
-      setNote(this, message?.note?.[0] || "");
+      // the route an A3B Router handle took, and what to tell the user (an answer the reasoning ate)
+      setNote(this, [message?.route?.[0], message?.note?.[0]].filter(Boolean).join("\n"));
     };
   },
 });
