@@ -48,7 +48,7 @@ CORE_TEXT_BOXES = {"PrimitiveStringMultiline": 1, "PreviewAny": 1, "StringConcat
 TITLE_H, SLOT_H, WIDGET_H, TEXT_BOX_H, WIDGET_GAP, BOTTOM = 30, 20, 20, 50, 4, 8 + 6
 TEXT_BOX_MIN_W = 400
 #: A3BGenerate's output widget (web/a3b.js outputMinHeight): ten 16 px lines of answer and a padding
-ANSWER_BOX_H = 10 * 16 + 12
+ANSWER_BOX_H = 10 * 16 + 32
 
 # The view is saved for the canvas of a 1600 x 900 browser window (frontend 1.27: a 1600 x 757 page, the
 # workflow tabs and the menu bar take its top 78 px, the sidebar's icons its left 64 px, leaving a
@@ -324,7 +324,7 @@ def image_dialogue() -> list[N]:
     as a comic panel, and the next step writes the characters' lines for that panel."""
     text = (380, 120)
     return arrange([
-        [N(1, "A3BLoader", "Vision-language model (pick one with its mmproj)"),
+        [N(1, "A3BLoader", "Vision-language model (pick one with its mmproj)", size=(360, 0)),
          N(2, "LoadImage", "Panel image", {"image": "example.png"}, size=(320, 320))],
         [N(3, "A3BGenerate", "Panel description", {
             "max_new_tokens": 120, "temperature": 0.2, "seed": 3,

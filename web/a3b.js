@@ -22,7 +22,7 @@ export const INPUT_BOX_MAX = { prompt: 140, system: 90, stop: 50, json_schema: 1
 // The smallest height the output widget needs: ten lines of answer, the reasoning's summary line (and
 // its open box), the note when there is one.
 export function outputMinHeight(state) {
-  let h = ANSWER_MIN_LINES * LINE_PX + 12;
+  let h = ANSWER_MIN_LINES * LINE_PX + 32;   // + the textarea's padding and border, the widget's margins
   if (state.reasoningShown) h += SUMMARY_PX + (state.reasoningOpen ? REASONING_OPEN_PX : 0);
   if (state.noteShown) h += NOTE_PX;
   return h;
