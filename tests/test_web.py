@@ -137,6 +137,24 @@ def _apart(a, b) -> bool:
     return a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
 
 
+def _thumbnail(browser, canvas, path: Path) -> None:
+    """The Templates browser's thumbnail of an opened example (A3B_THUMBNAILS=examples/ writes them):
+    the canvas without the minimap and LiteGraph's info corner, 640 px wide."""
+    import io
+
+    from PIL import Image
+
+    hide = ("const m = document.querySelector('.minimap-main-container'); if (m) m.style.visibility = arguments[0];"
+            "const c = window.comfyAPI.app.app.canvas; c.show_info = arguments[0] !== 'hidden'; c.draw(true, true);")
+    browser.execute_script(hide, "hidden")
+    time.sleep(0.3)
+    shot = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("RGB")
+    browser.execute_script(hide, "visible")
+    ratio = shot.width / browser.execute_script("return window.innerWidth")
+    img = shot.crop(tuple(round(v * ratio) for v in canvas))
+    img.resize((640, round(640 * img.height / img.width))).save(path, quality=85)
+
+
 def test_examples_open_framed_with_every_node_in_view(browser, shots):
     """Each example opens with every node (title bar included) inside the canvas of a 1600 x 900 window:
     below the menu bar, beside the sidebar, clear of the minimap; at least as large as its widgets need,
@@ -156,6 +174,8 @@ def test_examples_open_framed_with_every_node_in_view(browser, shots):
             for b in nodes[i + 1:]:
                 assert _apart(a["box"], b["box"]), (name, a, b)
         view = browser.execute_script("const app = window.comfyAPI.app.app;" + ON_SCREEN)
+        if os.environ.get("A3B_THUMBNAILS"):
+            _thumbnail(browser, view["canvas"], Path(os.environ["A3B_THUMBNAILS"]) / f"{name}.jpg")
         cx0, cy0, cx1, cy1 = view["canvas"]
         assert cy0 >= view["menu"]
         for n in view["nodes"]:
