@@ -65,6 +65,6 @@ def test_reasoning_streams_into_its_own_collapsed_box(tmp_path):
     assert got["hidden"] is False and got["during"] == "Reasoning\u2026 (3 words)"
     assert got["after"] == "Reasoning (3 words)"
     # the answer box keeps ten 16 px lines; the summary line and the note add theirs, and the node grows
-    assert got["before"] == 10 * 16 + 12 and got["min"] > got["before"] and got["height"] >= 60 + got["min"]
+    assert got["before"] == 10 * 16 + 32 and got["min"] > got["before"] and got["height"] >= 60 + got["min"]
     assert got["note"] == "The reasoning used all 2 tokens" and got["noteHidden"] is False
     assert got["advanced"] == ["b", "c"]
