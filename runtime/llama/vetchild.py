@@ -64,6 +64,14 @@ def _decode(L, ctx, batch, seqs, start: int, toks) -> int:
     return L.llama_decode(ctx, batch)
 
 
+def _small_context(L, model):
+    """A 64-token context on one thread, for the one decode a check makes (NULL when it cannot open)."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
+    cp.n_threads = cp.n_threads_batch = 1
+    return L.llama_init_from_model(model, cp)
+
+
 def _check(path: str, decode: bool, repack: bool = True) -> dict:
 
     import llama_cpp as L
@@ -74,10 +82,7 @@ def _check(path: str, decode: bool, repack: bool = True) -> dict:
         return {"ok": True, "loads": False}   # a clean refusal: the host's own load reports it
     if not decode or n <= 0:
         return {"ok": True, "loads": True, "decoded": False}
-    cp = L.llama_context_default_params()
-    cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
-    cp.n_threads = cp.n_threads_batch = 1
-    ctx = L.llama_init_from_model(model, cp)
+    ctx = _small_context(L, model)
     if not ctx:
         return {"ok": True, "loads": True, "decoded": False}
     rc = _decode(L, ctx, L.llama_batch_init(64, 0, 1), [0], 0, list(buf[:n]))
@@ -101,10 +106,7 @@ def _check_lora(base: str, path: str, decode: bool, repack: bool) -> dict:
         return {"ok": True, "loads": False}
     if not decode or n <= 0:
         return {"ok": True, "loads": True, "decoded": False}
-    cp = L.llama_context_default_params()
-    cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
-    cp.n_threads = cp.n_threads_batch = 1
-    ctx = L.llama_init_from_model(model, cp)
+    ctx = _small_context(L, model)
     if not ctx:
         return {"ok": True, "loads": True, "decoded": False}
     adapters = (L.llama_adapter_lora_p_ctypes * 1)(adapter)
