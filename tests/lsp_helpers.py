@@ -72,14 +72,12 @@ MULTI = T.Position(line=6, character=25)
 
 
 @contextlib.asynccontextmanager
-async def remote_model_client(url: str, api_key: str):
-    """A pytest-lsp client of the language server over the remote model at `url`, initialised (no
-    debounce) and shut down after use."""
+async def started_client(command: list[str], env: dict[str, str]):
+    """A pytest-lsp client of the language server started with `command` (over stdio) and `env`,
+    initialised as VS Code (no debounce) and shut down after use."""
     from pytest_lsp import ClientServerConfig, client_capabilities
 
-    env = {**os.environ, "A3B_REMOTE_API_KEY": api_key}
-    c = await ClientServerConfig(server_command=SERVER + ["--stdio", "--model", url],
-                                 server_env=env).start(devtools=None)
+    c = await ClientServerConfig(server_command=command + ["--stdio"], server_env=env).start(devtools=None)
     try:
         await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
                                                       initialization_options={"a3b": {"debounceMs": 0}}))
@@ -87,6 +85,23 @@ async def remote_model_client(url: str, api_key: str):
         await c.shutdown_session()
     finally:
         await c.stop()
+
+
+@contextlib.asynccontextmanager
+async def remote_model_client(url: str, api_key: str):
+    """A client of the language server over the remote model at `url`."""
+    async with started_client(SERVER + ["--model", url], {**os.environ, "A3B_REMOTE_API_KEY": api_key}) as c:
+        yield c
+
+
+@contextlib.asynccontextmanager
+async def folder_client(root: Path):
+    """A client of the fake-model language server whose cache is root/cache and whose model folder
+    is root/models (made here), as the tuning tests need."""
+    (root / "models").mkdir()
+    env = {**os.environ, "A3B_CACHE": str(root / "cache"), "A3B_MODELS": str(root / "models")}
+    async with started_client(SERVERS["fake"].command, env) as c:
+        yield c
 
 
 def open_doc(client, uri: str, text: str, language: str = "python", version: int = 1) -> None:

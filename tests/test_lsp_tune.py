@@ -5,15 +5,13 @@ The server runs over the fake engine; the child tunes a tiny random llama GGUF f
 so this sits in the slow tier."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import pytest_asyncio
 from lsprotocol import types as T
 from pygls.exceptions import JsonRpcException
-from pytest_lsp import ClientServerConfig, client_capabilities
 
-from lsp_helpers import SERVERS, status
+from lsp_helpers import folder_client, status
 from tinygguf import write_tiny_gguf
 
 pytest.importorskip("torch")
@@ -22,15 +20,8 @@ pytestmark = pytest.mark.slow
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def client(tmp_path):
-    (tmp_path / "models").mkdir()
-    env = {**os.environ, "A3B_CACHE": str(tmp_path / "cache"), "A3B_MODELS": str(tmp_path / "models")}
-    c = await ClientServerConfig(server_command=SERVERS["fake"].command + ["--stdio"], server_env=env).start(
-        devtools=None)
-    await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
-                                                  initialization_options={"a3b": {"debounceMs": 0}}))
-    yield c
-    await c.shutdown_session()
-    await c.stop()
+    async with folder_client(tmp_path) as c:
+        yield c
 
 
 def _repo(root):

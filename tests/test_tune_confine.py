@@ -13,11 +13,10 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types as T
 from pygls.exceptions import JsonRpcException
-from pytest_lsp import ClientServerConfig, client_capabilities
 
 from comfyui_a3b.runtime.errors import InvalidRequest
 
-from lsp_helpers import SERVERS, status
+from lsp_helpers import folder_client, status
 from tinygguf import write_tiny_gguf
 
 
@@ -68,16 +67,8 @@ def test_writing_never_goes_through_a_link_left_as_the_part_file(tmp_path):
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def client(tmp_path):
-    models = tmp_path / "models"
-    models.mkdir()
-    env = {**os.environ, "A3B_CACHE": str(tmp_path / "cache"), "A3B_MODELS": str(models)}
-    c = await ClientServerConfig(server_command=SERVERS["fake"].command + ["--stdio"], server_env=env).start(
-        devtools=None)
-    await c.initialize_session(T.InitializeParams(capabilities=client_capabilities("visual-studio-code"),
-                                                  initialization_options={"a3b": {"debounceMs": 0}}))
-    yield c
-    await c.shutdown_session()
-    await c.stop()
+    async with folder_client(tmp_path) as c:
+        yield c
 
 
 async def _refused(client, repo, opts, words):
