@@ -29,10 +29,6 @@ class RoutedModel:
     code: LoadSpec
     embedding: str = ROUTE_EMBEDDING.default
 
-    @property
-    def path(self) -> str:   # what a node shows and fingerprints: both models
-        return f"{self.default.path} | code: {self.code.path}"
-
 
 _routers: OrderedDict[RoutedModel, Router] = OrderedDict()
 _lock = threading.Lock()

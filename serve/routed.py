@@ -4,11 +4,14 @@ whose router picks the model from the request's text. Shared by the OpenAI and O
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.errors import InvalidRequest
 from ..runtime.options import LoadSpec
 from ..runtime.routing import Decision
+
+if TYPE_CHECKING:
+    from .app import ServeConfig
 
 #: Most characters of a request handed to the router (it reads only the head anyway).
 MAX_ROUTED_CHARS = 1 << 16
@@ -30,14 +33,14 @@ def route_text(body: dict) -> str:
     return p[:MAX_ROUTED_CHARS] if isinstance(p, str) else ""
 
 
-def is_route(cfg: Any, name: Any) -> bool:
+def is_route(cfg: ServeConfig, name: Any) -> bool:
     """Whether `name` names the route table (a request naming no model is routed when there is one)."""
-    if getattr(cfg, "router", None) is None:
+    if cfg.router is None:
         return False
     return name in (None, "", cfg.route_name) or (isinstance(name, str) and name.split(":")[0] == cfg.route_name)
 
 
-async def decide(cfg: Any, body: dict) -> tuple[LoadSpec, Decision]:
+async def decide(cfg: ServeConfig, body: dict) -> tuple[LoadSpec, Decision]:
     """The routed model of a request to the route table, decided off the event loop (tokenizing and
     embedding are not the loop's work)."""
     text = route_text(body)
