@@ -255,13 +255,16 @@ class Backend(Protocol):
 
     #: whether new_sampler may attach a chain to a sequence, drawn inside the decode (sampler_choice.py)
     backend_sampling: bool = False
+    #: whether such a chain can also give each row's entropy (measured where the logits are)
+    backend_entropy: bool = False
 
     def new_sampler(self, sampling: SamplingParams, seed: int, grammar: Any = None,
-                    seq_id: int | None = None) -> Any:
+                    seq_id: int | None = None, entropy: bool = False) -> Any:
         """A request's sampler; with `grammar` (what compile_grammar returned), constrained by it;
         with `seq_id`, attached to that sequence so the next decodes draw its tokens (where the
-        engine can: the sampler's `backend`, a bool every sampler has, says). Every sampler has
-        `grammar` too: None, or the matcher whose `error` (None while it goes on) says why it gave up."""
+        engine can: the sampler's `backend`, a bool every sampler has, says), and with `entropy`
+        (where backend_entropy) measuring each row's entropy there. Every sampler has `grammar` too:
+        None, or the matcher whose `error` (None while it goes on) says why it gave up."""
 
     def prepare(self, sampler: Any, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id`: an attached sampler follows its request there."""

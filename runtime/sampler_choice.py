@@ -10,8 +10,10 @@ sorts a whole vocabulary row for it. What the backend chain cannot give decides 
 * a repeat penalty stays on the CPU (its place in the chain, after top-k, is what today's output is
   made of; the graph version would change the order and so the text), and so does a sampler order
   given by the request (llama-server's `samplers`: the infill sampler has no graph version);
-* logprobs and confidence spans read the raw logits row, which llama.cpp does not copy back for an
-  output row whose sequence has a backend chain (and whose logits the chain transforms in place);
+* logprobs read the raw logits row, which llama.cpp does not copy back for an output row whose
+  sequence has a backend chain (and whose logits the chain transforms in place); confidence spans
+  need only the row's entropy, which a backend chain measures in the graph where the build's probe
+  found that it matches the CPU's (llama/graph_entropy.py), else they keep the CPU chain;
 * speculative drafts need one output row per drafted token, which the context is made for up to
   the model's draft_max (a request asking more keeps the CPU chain); then the worker accepts a
   drafted token while the row's draw equals it, and the backend draws one token per output row,
@@ -30,8 +32,9 @@ BACKEND = "backend"
 CPU = "cpu"
 
 
-def cpu_reasons(request) -> list[str]:
-    """Why `request` (a GenerationRequest) needs the CPU chain; empty when the backend can draw it."""
+def cpu_reasons(request, entropy: bool = False) -> list[str]:
+    """Why `request` (a GenerationRequest) needs the CPU chain; empty when the backend can draw it
+    (and, with `entropy`, measure each row's entropy)."""
     sp = request.sampling
     why = []
     if sp.repeat_penalty != 1.0:
@@ -42,15 +45,17 @@ def cpu_reasons(request) -> list[str]:
         why.append("grammar")
     if request.logprobs is not None:
         why.append("logprobs")
-    if request.confidence.enabled:
+    if request.confidence.enabled and not entropy:
         why.append("confidence")
     return why
 
 
-def choose(mode: str, available: bool, request, draft_max: int | None = None) -> tuple[str, str]:
+def choose(mode: str, available: bool, request, draft_max: int | None = None,
+           entropy: bool = False) -> tuple[str, str]:
     """(BACKEND or CPU, the reason in a few words) for `request` on a model loaded with
     backend_sampling=`mode` (and `draft_max`), where `available` says whether this build and
-    placement can run backend chains at all (probed once, vet.backend_sampling_works).
+    placement can run backend chains at all and `entropy` whether they measure entropies too
+    (probed once, vet.backend_sampling_works and backend_entropy_works).
 
     The context takes draft_max + 1 output rows per sequence with a backend chain (llama.cpp refuses
     a batch with more), so a request that asks to draft more than the model was loaded with keeps
@@ -61,7 +66,7 @@ def choose(mode: str, available: bool, request, draft_max: int | None = None) ->
         return CPU, "backend_sampling=off"
     if not available:
         return CPU, "not available with this build or placement"
-    why = cpu_reasons(request)
+    why = cpu_reasons(request, entropy)
     if draft_max is not None and (request.draft_max or 0) > draft_max:
         why.append(f"draft_max above the model's {draft_max}")
     if why:

@@ -70,12 +70,13 @@ class RowVerifier:
             if job.sampler_kind is None:
                 job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
                                                               self.backend.backend_sampling, job.req,
-                                                              self.spec.draft_max)
+                                                              self.spec.draft_max, self.backend.backend_entropy)
                 self.stats[f"sampler_{job.sampler_kind}"] += 1
             job.grammar_live = job.grammar is not None and job.asm.split.answering
             seq = job.slot.seq_id if job.sampler_kind == sampler_choice.BACKEND and job.slot is not None else None
             job.sampler = self.backend.new_sampler(job.req.sampling, job.seed,
-                                                   job.grammar if job.grammar_live else None, seq_id=seq)
+                                                   job.grammar if job.grammar_live else None, seq_id=seq,
+                                                   entropy=job.req.confidence.enabled)
             if seq is not None and not job.sampler.backend:
                 job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
         elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:

@@ -357,26 +357,37 @@ def backend_sampling_works(repack: bool) -> bool:
     server (a chain attached to a context whose weights sit in AMX buffers crashed in the AMX matrix
     product of the first decode) and kept with the other verdicts. No child process possible or no
     embedded model: False (the CPU chain, as before)."""
-    key = _build_key() + ("backend_sampling", bool(repack))
+    return bool(_sampling_verdict(repack).get("works"))
+
+
+def backend_entropy_works(repack: bool) -> bool:
+    """Whether a backend chain also measures its row's entropy inside the graph (llama/graph_entropy.py)
+    and that entropy matches the CPU's over the same logits: learnt by the same probe."""
+    v = _sampling_verdict(repack)
+    return bool(v.get("works") and v.get("entropy"))
+
+
+def _sampling_verdict(repack: bool) -> dict:
+    key = _build_key() + ("backend_sampling", bool(repack), "entropy")
     with _lock:
         VERDICTS.load_disk()
         v = VERDICTS.get(key)
         if v is None:
             canary = _canary()
             if canary is None:
-                return False
+                return {}
             try:
                 v = _ask(canary, canary.stat().st_size, repack=repack, kind="sampling")
             except (OSError, ValueError) as e:
                 log.debug("could not probe backend sampling: %s", e)
-                return False
+                return {}
             if v.get("status") == "timeout":
-                return False   # a busy machine, maybe: ask again next time
-            v = {"ok": True, "works": bool(v.get("ok") and v.get("works")),
+                return {}   # a busy machine, maybe: ask again next time
+            v = {"ok": True, "works": bool(v.get("ok") and v.get("works")), "entropy": bool(v.get("entropy")),
                  "log": v.get("why") or v.get("signal") or v.get("status") or ""}
             VERDICTS[key] = v
             VERDICTS.save_disk()
             if not v["works"]:
                 log.info("backend sampling does not work with this llama.cpp build%s (%s): the CPU sampler "
                          "draws every token", " over repacked weights" if repack else "", v["log"])
-    return bool(v.get("works"))
+    return v

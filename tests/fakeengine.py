@@ -113,6 +113,8 @@ class FakeSettings:
     n_vocab: int = N_VOCAB
     #: the fake can attach samplers to sequences (backend sampling)
     backend_sampling: bool = False
+    #: its backend chains also measure each row's entropy
+    backend_entropy: bool = False
     #: the fake can copy a slot's cache into another (the policy closes holes between slots)
     move: bool = True
     #: a step that reads a prompt chunk takes this many times delay_ms
@@ -136,6 +138,7 @@ class FakeSettings:
                    image_tokens=int(q.get("image_tokens", 4)), encode_ms=float(q.get("encode_ms", 0)),
                    speculative=q.get("speculative"), position=q.get("position") == "1",
                    n_vocab=int(q.get("n_vocab", N_VOCAB)), backend_sampling=q.get("backend_sampling") == "1",
+                   backend_entropy=q.get("backend_entropy") == "1",
                    move=q.get("move", "1") == "1", prompt_factor=float(q.get("prompt_factor", 1)))
 
 
@@ -313,6 +316,7 @@ class FakeBackend(Backend):
         #: unit entries decoded: (seq_id, start, digest)
         self.images_decoded: list[tuple[int, int, str]] = []
         self.backend_sampling = self.settings.backend_sampling
+        self.backend_entropy = self.settings.backend_entropy
         #: seq_id -> the sampler attached there, as llama.cpp keeps it; every attach, in order
         self.attached: dict[int, dict] = {}
         self.attaches: list[int] = []
@@ -391,10 +395,12 @@ class FakeBackend(Backend):
     def _history(self, row: int) -> list[int]:
         return self.rows[row]   # KeyError: sampling a row the step did not ask logits for
 
-    def new_sampler(self, sampling, seed: int, grammar: str | None = None, seq_id: int | None = None):
+    def new_sampler(self, sampling, seed: int, grammar: str | None = None, seq_id: int | None = None,
+                    entropy: bool = False):
         s = FakeSampler(sampling=sampling, rng=random.Random(seed), grammar=grammar, seq_id=None)
         if seq_id is not None:
             assert self.backend_sampling and grammar is None, "a backend chain where the fake has none"
+            s["entropy"] = entropy and self.backend_entropy
             self._attach(s, seq_id)
         return s
 
@@ -475,6 +481,9 @@ class FakeBackend(Backend):
         return script[len(tail)] if len(tail) < len(script) else answer[0]
 
     def sample_rows(self, rows):
+        for s, _, want in rows:   # a backend row has no raw logits: its entropy comes from the chain's taps
+            assert not (want and s.get("seq_id") is not None and not s.get("entropy")), \
+                "an entropy asked of a backend row whose chain does not measure it"
         return [(self._sample(s, row), self._entropy(row) if want else None) for s, row, want in rows]
 
     def _sample(self, sampler, row: int) -> int:

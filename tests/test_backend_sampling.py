@@ -1,8 +1,8 @@
 """Backend sampling on the real embedded model (slow tier): greedy gives the CPU chain's tokens,
-a seed gives the same text run to run, the draws follow the model's distribution, and requests the
-graph cannot draw fall back to the CPU chain. The weights are loaded unrepacked
-(A3B_CPU_REPACK=off): over this processor's AMX-repacked weights llama.cpp's backend chains crash
-(the probe in the vetting child finds that and keeps the CPU chain)."""
+a seed gives the same text run to run, the draws follow the model's distribution, confidence spans
+measured in the graph are the CPU's, and requests the graph cannot draw fall back to the CPU chain.
+The weights are loaded unrepacked (A3B_CPU_REPACK=off): over this processor's AMX-repacked weights
+llama.cpp's backend chains crash (the probe in the vetting child finds that and keeps the CPU chain)."""
 from __future__ import annotations
 
 import collections
@@ -50,12 +50,30 @@ def test_a_seed_gives_the_same_text_run_to_run(rt):
     assert other.tokens != a.tokens
 
 
-def test_penalties_grammar_and_confidence_fall_back_to_the_cpu_chain(rt):
+def test_penalties_grammar_and_logprobs_fall_back_to_the_cpu_chain(rt):
     pen = SamplingParams(temperature=0.7, repeat_penalty=1.1, seed=1)
     assert _gen(rt, "auto", pen, max_tokens=8).sampler == "cpu"
-    assert _gen(rt, "auto", preset("greedy"), max_tokens=8, confidence=ConfidenceConfig()).sampler == "cpu"
+    assert _gen(rt, "auto", preset("greedy"), max_tokens=8, logprobs=2).sampler == "cpu"
     r = _gen(rt, "auto", preset("greedy"), max_tokens=8, json_schema={"type": "object"})
     assert r.sampler == "cpu" and r.text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("sampling", [preset("greedy"), SamplingParams(temperature=0.8, top_k=40, top_p=0.95,
+                                                                       min_p=0.05, repeat_penalty=1.0, seed=3)],
+                         ids=["greedy", "t0.8"])
+def test_confidence_spans_measured_in_the_graph_are_the_cpu_chains(rt, sampling):
+    """A request with confidence spans draws on the backend, its entropies measured in the graph
+    (llama/graph_entropy.py): the same tokens, entropies within float32 rounding and the same spans
+    as the CPU chain, which reads each raw row (a fixed seed; both chains draw the same tokens)."""
+    conf = ConfidenceConfig(threshold=1.5, min_run=1)
+    cpu = _gen(rt, "off", sampling, max_tokens=48, confidence=conf)
+    graph = _gen(rt, "auto", sampling, max_tokens=48, confidence=conf)
+    assert (cpu.sampler, graph.sampler) == ("cpu", "backend")
+    assert graph.tokens == cpu.tokens and len(cpu.tokens) > 20
+    assert np.allclose(graph.entropies, cpu.entropies, rtol=1e-4, atol=1e-4), (graph.entropies, cpu.entropies)
+    assert [s.as_dict() | {"mean_entropy": 0, "max_entropy": 0} for s in graph.spans] == \
+        [s.as_dict() | {"mean_entropy": 0, "max_entropy": 0} for s in cpu.spans]
+    assert cpu.spans, "no span to compare: a lower threshold is needed"
 
 
 def test_backend_draws_follow_the_models_distribution(rt):

@@ -37,13 +37,22 @@ def test_what_the_backend_cannot_give_keeps_the_cpu_chain(kw, why):
 
 
 def test_only_a_load_with_matrix_products_on_the_cpu_is_probed_over_repacked_weights():
-    from comfyui_a3b.runtime.llama.backend import cpu_matmuls
+    from comfyui_a3b.runtime.llama.sampling_power import cpu_matmuls
 
     assert not cpu_matmuls(True, -1, 32, 0, False)     # everything offloaded ("all": -1)
     assert not cpu_matmuls(True, 33, 32, 0, False)
     assert cpu_matmuls(True, 32, 32, 0, False)          # the output layer stays on the CPU
     assert cpu_matmuls(True, 10, 32, 0, False) and cpu_matmuls(False, -1, 32, 0, False)
     assert cpu_matmuls(True, -1, 32, 4, False) and cpu_matmuls(True, -1, 32, 0, True)   # experts in RAM
+
+
+def test_confidence_spans_go_to_the_backend_where_it_measures_entropies():
+    conf = _req(confidence=ConfidenceConfig(enabled=True))
+    assert choose("auto", True, conf, entropy=True)[0] == BACKEND
+    assert choose("auto", True, conf, entropy=False)[0] == CPU
+    # the other reasons still hold with entropies in the graph
+    kind, why = choose("auto", True, _req(confidence=ConfidenceConfig(enabled=True), logprobs=1), entropy=True)
+    assert kind == CPU and why == "needs logprobs"
 
 
 def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain():
@@ -95,3 +104,17 @@ def test_a_request_the_backend_cannot_draw_gets_no_chain(rt):
 def test_an_engine_without_backend_chains_samples_on_the_cpu(rt):
     m, res = _run(rt, "fake://m", "auto", PLAIN)
     assert res[0].sampler == CPU and m.backend.attaches == []
+
+
+def test_confidence_spans_from_backend_chains_that_measure_entropies(rt):
+    """An engine whose chains measure entropies draws a request with spans on the backend and gives
+    the spans the CPU chain gives (the fake's entropies are the same either way)."""
+    conf = ConfidenceConfig(enabled=True, threshold=1.0, min_run=1)
+    m, on = _run(rt, "fake://m?backend_sampling=1&backend_entropy=1&text=ab1cd2ef", "auto", PLAIN, n=2,
+                 confidence=conf)
+    _, off = _run(rt, "fake://m?backend_sampling=1&backend_entropy=1&text=ab1cd2ef", "off", PLAIN, n=2,
+                  confidence=conf)
+    assert [r.sampler for r in on] == [BACKEND] * 2 and len(m.backend.attaches) == 2
+    assert [r.entropies for r in on] == [r.entropies for r in off]
+    assert [[s.as_dict() for s in r.spans] for r in on] == [[s.as_dict() for s in r.spans] for r in off]
+    assert all(r.spans for r in on)

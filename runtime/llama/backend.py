@@ -21,13 +21,14 @@ from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..grammars import check_size, compile_bounded
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
-from . import abort, chain as chains, passes
+from . import abort, chain as chains, graph_entropy, passes
 from .chain import greedy as chain_greedy
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import kv_stream_bytes, measure_context
 from .grammar import Grammar, compile_matcher
 from .mtp import MtpContext
 from .rows import THREADS_FROM, entropy, heavy
+from .sampling_power import backend_powers
 from .threadpool import attach
 from .threadtune import ThreadTuner
 from .weights import Weights
@@ -118,32 +119,12 @@ class Sampler:
     seq_id: int | None = None
     #: token ids never drawn (ignore_eos: the end-of-generation tokens; the chain holds them too)
     ban: list[int] = field(default_factory=list)
+    #: the backend chain measures its row's entropy in the graph (graph_entropy.py)
+    entropy: bool = False
 
     @property
     def backend(self) -> bool:
         return self.seq_id is not None
-
-
-def backend_sampling_available(weights: Weights, spec: LoadSpec) -> bool:
-    """Whether backend chains may be attached to this load's context: asked for (auto), and the
-    build runs them with this placement. A chain attached to a context whose CPU weights sit in
-    llama.cpp's repacked (AMX) buffers crashed this build's first decode, so that case is probed in
-    the vetting child (vet.backend_sampling_works) before it is trusted here; a model wholly on the
-    GPU is probed without repacking (its matrix products do not run on the CPU)."""
-    if spec.backend_sampling == "off":
-        return False
-    info = weights.info
-    cpu = cpu_matmuls(llama().llama_supports_gpu_offload(), info.n_gpu_layers, info.n_layer, info.n_cpu_moe,
-                      bool(spec.override_tensor) or bool(spec.cpu_moe))
-    return vet.backend_sampling_works(repack=weights.repacked and cpu)
-
-
-def cpu_matmuls(gpu_offload: bool, n_gpu_layers: int, n_layer: int, n_cpu_moe: int, overrides: bool) -> bool:
-    """Whether some matrix products of a load run on the CPU (over weights llama.cpp may repack).
-    llama.cpp offloads every layer and the output layer for a negative count or one above n_layer;
-    n_layer itself leaves the output layer on the CPU."""
-    wholly = n_gpu_layers < 0 or n_gpu_layers > n_layer
-    return not gpu_offload or not wholly or n_cpu_moe > 0 or overrides
 
 
 class LlamaBackend(Backend):
@@ -198,8 +179,9 @@ class LlamaBackend(Backend):
         #: and a copy that costs less than the pass through the weights it saves
         self.can_move = (spec.n_parallel > 1 and self.mtp is None and not recurrent
                          and kv_stream_bytes(weights, spec) <= weights.size_bytes)
-        #: backend chains may be attached (sampler_choice.py); the chain attached to each sequence
-        self.backend_sampling = backend_sampling_available(weights, spec)
+        #: backend chains may be attached (sampler_choice.py), measuring entropies in the graph
+        #: too (graph_entropy.py); the chain attached to each sequence
+        self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
         self._attached: dict[int, Sampler] = {}
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
         self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
@@ -298,24 +280,27 @@ class LlamaBackend(Backend):
         return compile_bounded(lambda: compile_matcher(self.weights, json_schema, gbnf), abandoned,
                                "json_schema" if json_schema is not None else "grammar")
 
-    def _chain(self, sp, seed: int):
+    def _chain(self, sp, seed: int, taps: tuple | None = None):
         return chains.build(sp, seed, self.weights.n_vocab, self.weights.vocab_ptr,
-                           self.weights.eog_tokens() if sp.ignore_eos else [])
+                           self.weights.eog_tokens() if sp.ignore_eos else [], taps)
 
-    def new_sampler(self, sp, seed: int, grammar: Any = None, seq_id: int | None = None) -> Sampler:
+    def new_sampler(self, sp, seed: int, grammar: Any = None, seq_id: int | None = None,
+                    entropy: bool = False) -> Sampler:
         """The request's chain; with `seq_id` (sampler_choice.choose said backend), attached to that
-        sequence so the decode draws its tokens, else (or where llama.cpp refuses it) a CPU chain."""
-        chain = self._chain(sp, seed)
+        sequence so the decode draws its tokens (and, with `entropy`, measures each row's entropy in
+        the graph), else (or where llama.cpp refuses it) a CPU chain."""
         greedy = chain_greedy(sp)
         ban = self.weights.eog_tokens() if sp.ignore_eos else []
         if seq_id is not None and self.backend_sampling and grammar is None and sp.repeat_penalty == 1.0:
-            sampler = Sampler(chain, greedy=greedy, ban=ban)
+            taps = graph_entropy.taps(llama()) if entropy and self.backend_entropy else None
+            chain = self._chain(sp, seed, taps)
+            sampler = Sampler(chain, greedy=greedy, ban=ban, entropy=taps is not None)
             if self._attach(sampler, seq_id):
                 return sampler
             # a chain that went through llama.cpp's backend set-up skips its backend part on the
             # CPU: a fresh one for the CPU
             llama().llama_sampler_free(chain)
-            chain = self._chain(sp, seed)
+        chain = self._chain(sp, seed)
         g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
         return Sampler(chain, greedy=greedy, grammar=g, ban=ban)
 
@@ -371,7 +356,10 @@ class LlamaBackend(Backend):
             if tok < 0:
                 raise DecodeFailed(f"llama.cpp drew no token for output row {row} of sequence {sampler.seq_id}")
             L.llama_sampler_accept(sampler.chain, tok)
-            return tok, None
+            ent = graph_entropy.read(L, self.ctx, row) if want_entropy and sampler.entropy else None
+            if want_entropy and ent is None:   # sampler_choice gives such a request a chain with the taps
+                raise DecodeFailed(f"llama.cpp measured no entropy for output row {row} of sequence {sampler.seq_id}")
+            return tok, ent
         logits = None
         if want_entropy or sampler.greedy or sampler.grammar is not None:
             logits = np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,))

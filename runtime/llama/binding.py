@@ -11,6 +11,7 @@ import collections
 import ctypes
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -75,8 +76,12 @@ def check_usable() -> None:
 
 
 def library_dir() -> Path | None:
-    """The folder of the shared libraries llama-cpp-python ships (libllama, libggml*), found without
-    importing it; None where it is not installed."""
+    """The folder of the shared libraries llama-cpp-python loads (libllama, libggml*), found without
+    importing it: LLAMA_CPP_LIB_PATH where set (llama-cpp-python loads its libllama from there: a
+    llama.cpp built apart), else the package's own; None where it is not installed."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
     try:
         spec = importlib.util.find_spec("llama_cpp")
     except (ImportError, ValueError):

@@ -6,7 +6,8 @@ the chain is the penalty and the likeliest token. A request may give llama-serve
 order instead (llama.vim sends top_k, top_p, infill): the samplers named apply in that order, those
 left out not at all (without `temperature` the draw is at temperature 1, as llama-server draws), and
 `infill` is llama.cpp's fill-in-the-middle sampler. `ignore_eos` puts a bias of -inf on every
-end-of-generation token first, as llama-server does.
+end-of-generation token first, as llama-server does. A backend chain that measures entropies has
+graph_entropy's two taps around all of that (the first sees the raw row).
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def greedy(sp) -> bool:
     return sp.temperature <= 0 and sp.repeat_penalty == 1.0 and sp.samplers is None
 
 
-def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int]):
+def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int], taps: tuple | None = None):
     L = llama()
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
 
     def add(s):
         L.llama_sampler_chain_add(chain, s)
 
+    if taps:
+        add(taps[0])
     if sp.ignore_eos:
         bias = (L.llama_logit_bias * len(eog))(*(L.llama_logit_bias(t, float("-inf")) for t in eog))
         add(L.llama_sampler_init_logit_bias(n_vocab, len(eog), bias))
@@ -50,4 +53,6 @@ def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int]):
         elif name == "infill":
             add(L.llama_sampler_init_infill(vocab_ptr))
     add(L.llama_sampler_init_greedy() if cold else L.llama_sampler_init_dist(seed))
+    if taps:
+        add(taps[1])
     return chain

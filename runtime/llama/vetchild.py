@@ -120,8 +120,14 @@ def _check_sampling(path: str, repack: bool) -> dict:
     """Backend sampling with this build: a chain (top-k, temperature, dist) and a greedy one attached
     to two sequences of one context, a batch with a third sequence sampled on the CPU, two decodes.
     `works`: every backend token is a real token and the greedy one is the raw argmax of a context
-    without backend chains. A crash here (an AMX kernel over repacked weights did) stays in the child."""
+    without backend chains. `entropy`: both chains carry graph_entropy's taps, and the entropy they
+    measure matches the CPU's over the plain context's row. A crash here (an AMX kernel over repacked
+    weights did) stays in the child."""
     import llama_cpp as L
+    import numpy as np
+
+    import graph_entropy   # beside this file, standalone like it
+    from rows import entropy as cpu_entropy
 
     _log = _log_to_stderr(L)   # held while llama.cpp may call it
     model, vocab, buf, n = _load(L, path, repack)
@@ -142,15 +148,17 @@ def _check_sampling(path: str, repack: bool) -> dict:
     plain = context()
     if decode(plain, [0], 0, list(buf[:n])) != 0:
         return {"ok": True, "works": False, "why": "plain decode failed"}
-    logits = L.llama_get_logits_ith(plain, n - 1)
     n_vocab = L.llama_vocab_n_tokens(vocab)
-    want = max(range(n_vocab), key=lambda i: logits[i])
+    logits = np.ctypeslib.as_array(L.llama_get_logits_ith(plain, n - 1), shape=(n_vocab,))
+    want, h_cpu = int(logits.argmax()), cpu_entropy(logits)
     ctx = context()
     chains = []
     for greedy in (True, False):
         c = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        for smpl in ([L.llama_sampler_init_greedy()] if greedy else
-                     [L.llama_sampler_init_top_k(40), L.llama_sampler_init_temp(0.7), L.llama_sampler_init_dist(1)]):
+        measure, deliver = graph_entropy.taps(L)
+        for smpl in ([measure, L.llama_sampler_init_greedy(), deliver] if greedy else
+                     [measure, L.llama_sampler_init_top_k(40), L.llama_sampler_init_temp(0.7),
+                      L.llama_sampler_init_dist(1), deliver]):
             L.llama_sampler_chain_add(c, smpl)
         if not L.llama_set_sampler(ctx, len(chains), c):
             return {"ok": True, "works": False, "why": "llama_set_sampler refused a chain"}
@@ -162,12 +170,18 @@ def _check_sampling(path: str, repack: bool) -> dict:
             return {"ok": True, "works": False, "why": "decode with backend chains failed"}
         rows = [len(toks) * (s + 1) - 1 for s in range(3)]
         got.append([L.llama_get_sampled_token_ith(ctx, r) for r in rows[:2]])
+        if step == 0:
+            h_graph = [graph_entropy.read(L, ctx, r) for r in rows[:2]]
         for c, tok in zip(chains, got[-1]):
             L.llama_sampler_accept(c, tok)
     for s in range(2):
         L.llama_set_sampler(ctx, s, None)
     works = got[0][0] == want and all(0 <= t < n_vocab for pair in got for t in pair)
-    return {"ok": True, "works": works, "why": "" if works else f"tokens {got}, argmax {want}"}
+    # the same row, the same formula in float32: within a few units of the last place
+    same = all(h is not None and abs(h - h_cpu) <= 1e-3 * max(1.0, h_cpu) for h in h_graph)
+    return {"ok": True, "works": works, "entropy": works and same,
+            "why": "" if works else f"tokens {got}, argmax {want}",
+            "entropies": [h_cpu, *h_graph]}
 
 
 def _check_mmproj(path: str, encode: bool, base: str | None = None) -> dict:
