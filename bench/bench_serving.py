@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from .common import (RESULTS, free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
+from .common import (free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
                      print_table, write_results)
 
 TEXT_PROMPT = ("Request {i}: write a long, detailed report about the history of lighthouses on the northern "
@@ -236,7 +236,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="a3b serve,llama-server", help="which servers to run (comma list)")
     ap.add_argument("--name", default="serving", help="results name under bench/results")
     ap.add_argument("--out", default=None, help="also copy the results into this folder")
+    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
     args = ap.parse_args(argv)
+    if args.report:
+        res = json.loads(Path(args.report).read_text())
+        report(res, Path(args.report).stem)
+        return 0
     if args.model is None:
         from comfyui_a3b.runtime import default_model_path
 
@@ -257,16 +262,18 @@ def main(argv=None) -> int:
     if args.passes:
         res["passes"] = passes(args)
         print("passes:", res["passes"], flush=True)
-    report(res, args.name)
-    if args.out:   # the results folder may be a copy that goes away (a GPU machine's): the files here too
-        for suffix in (".json", ".png"):
-            src = RESULTS / f"{args.name}{suffix}"
-            if src.exists():
-                shutil.copy2(src, Path(args.out) / src.name)
+    report(res, args.name, args.out)
     return 0
 
 
-def report(res: dict, name: str) -> None:
+def _keep(path: Path, out: str | None) -> None:
+    """The results folder may be a copy that goes away (a GPU machine's): each file in `out` too, as
+    soon as it is written (a plot that fails there loses nothing measured)."""
+    if out:
+        shutil.copy2(path, Path(out) / path.name)
+
+
+def report(res: dict, name: str, out: str | None = None) -> None:
     a, ls = res.get("a3b serve", {}).get("cells", {}), res.get("llama-server", {}).get("cells", {})
     rows = []
     for key in a:
@@ -280,7 +287,7 @@ def report(res: dict, name: str) -> None:
                  "p95", "a3b CPU-s/1k tok", "l-s CPU-s/1k tok", "a3b loop CPU %"], rows)
     summary = {key: a[key]["aggregate_tps"] / ls[key]["aggregate_tps"] for key in a if key in ls}
     res["ratios"] = summary
-    write_results(name, res)
+    _keep(write_results(name, res), out)
 
     def draw(ax):
         keys = list(a)
@@ -296,7 +303,7 @@ def report(res: dict, name: str) -> None:
         ax.set_title(f"{Path(res['args']['model']).name}: a3b serve vs llama-server", fontsize=9)
         ax.legend(fontsize=8)
 
-    plot(name, draw)
+    _keep(plot(name, draw), out)
 
 
 if __name__ == "__main__":

@@ -298,12 +298,12 @@ DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and ste
                    min=1, max=64)
 
 #: Sampling inside llama.cpp's graph (on the GPU where the model runs there): auto or off.
-BACKEND_SAMPLING_MODES = ("auto", "off")
+BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING = Option("backend_sampling", str, "auto",
-                          "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there) for "
-                          "requests whose settings it can run: temperature, top_k, top_p, min_p, greedy; requests "
-                          "with a repeat penalty, a grammar, logprobs or confidence spans use the CPU sampler "
-                          "(auto), or every request does (off).", choices=BACKEND_SAMPLING_MODES)
+                          "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there): greedy "
+                          "requests and those with confidence spans, their entropy measured there (auto); also "
+                          "temperature chains, which the CPU sampler drew faster (on); never (off). A repeat "
+                          "penalty, a grammar or logprobs keep the CPU sampler.", choices=BACKEND_SAMPLING_MODES)
 
 # -- sampling (SamplingParams) ------------------------------------------------------------------------------
 TEMPERATURE = Option("temperature", float, 0.4, "Sampling temperature; 0 = always the likeliest token.",

@@ -19,9 +19,13 @@ def _req(**kw) -> GenerationRequest:
     return GenerationRequest("x", **kw)
 
 
-def test_a_temperature_chain_and_greedy_go_to_the_backend():
-    assert choose("auto", True, _req())[0] == BACKEND
+def test_greedy_goes_to_the_backend_and_a_temperature_chain_where_asked():
     assert choose("auto", True, _req(sampling=preset("greedy"))) == (BACKEND, "greedy")
+    assert choose("on", True, _req(sampling=preset("greedy"))) == (BACKEND, "greedy")
+    # auto leaves a temperature chain to the CPU sampler (measured faster), on draws it in the graph
+    kind, why = choose("auto", True, _req())
+    assert kind == CPU and "backend_sampling=on" in why
+    assert choose("on", True, _req())[0] == BACKEND
 
 
 @pytest.mark.parametrize("kw, why", [
@@ -32,7 +36,7 @@ def test_a_temperature_chain_and_greedy_go_to_the_backend():
     ({"confidence": ConfidenceConfig(enabled=True)}, "confidence"),
 ])
 def test_what_the_backend_cannot_give_keeps_the_cpu_chain(kw, why):
-    kind, reason = choose("auto", True, _req(**kw))
+    kind, reason = choose("on", True, _req(**kw))
     assert kind == CPU and why in reason
 
 
@@ -48,7 +52,7 @@ def test_only_a_load_with_matrix_products_on_the_cpu_is_probed_over_repacked_wei
 
 def test_confidence_spans_go_to_the_backend_where_it_measures_entropies():
     conf = _req(confidence=ConfidenceConfig(enabled=True))
-    assert choose("auto", True, conf, entropy=True)[0] == BACKEND
+    assert choose("auto", True, conf, entropy=True)[0] == BACKEND   # a temperature chain too
     assert choose("auto", True, conf, entropy=False)[0] == CPU
     # the other reasons still hold with entropies in the graph
     kind, why = choose("auto", True, _req(confidence=ConfidenceConfig(enabled=True), logprobs=1), entropy=True)
@@ -57,14 +61,14 @@ def test_confidence_spans_go_to_the_backend_where_it_measures_entropies():
 
 def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain():
     # the context has draft_max + 1 output rows per sequence for backend chains
-    assert choose("auto", True, _req(draft_max=8), draft_max=8)[0] == BACKEND
-    kind, why = choose("auto", True, _req(draft_max=9), draft_max=8)
+    assert choose("on", True, _req(draft_max=8), draft_max=8)[0] == BACKEND
+    kind, why = choose("on", True, _req(draft_max=9), draft_max=8)
     assert kind == CPU and "draft_max" in why
 
 
 def test_off_or_unavailable_is_the_cpu_chain():
     assert choose("off", True, _req()) == (CPU, "backend_sampling=off")
-    assert choose("auto", False, _req())[0] == CPU
+    assert choose("on", False, _req())[0] == CPU
     with pytest.raises(ValueError):
         choose("gpu", True, _req())
 
@@ -85,7 +89,7 @@ def _run(rt, ref, mode, sampling, n=1, **kw):
 
 @pytest.mark.parametrize("sampling", [preset("greedy"), PLAIN], ids=["greedy", "sampled"])
 def test_the_worker_attaches_a_chain_per_request_and_detaches_it_at_the_end(rt, sampling):
-    m, on = _run(rt, "fake://m?backend_sampling=1", "auto", sampling, n=3)
+    m, on = _run(rt, "fake://m?backend_sampling=1", "on", sampling, n=3)
     _, off = _run(rt, "fake://m?backend_sampling=1", "off", sampling, n=3)
     assert [r.sampler for r in on] == [BACKEND] * 3 and [r.sampler for r in off] == [CPU] * 3
     assert [r.tokens for r in on] == [r.tokens for r in off]   # the fake draws the same either way
@@ -95,14 +99,14 @@ def test_the_worker_attaches_a_chain_per_request_and_detaches_it_at_the_end(rt, 
 
 def test_a_request_the_backend_cannot_draw_gets_no_chain(rt):
     pen = SamplingParams(temperature=0.7, repeat_penalty=1.2, seed=1)
-    m, res = _run(rt, "fake://m?backend_sampling=1", "auto", pen)
+    m, res = _run(rt, "fake://m?backend_sampling=1", "on", pen)
     assert res[0].sampler == CPU and m.backend.attaches == []
-    m, res = _run(rt, "fake://m?backend_sampling=1", "auto", PLAIN, confidence=ConfidenceConfig(enabled=True))
+    m, res = _run(rt, "fake://m?backend_sampling=1", "on", PLAIN, confidence=ConfidenceConfig(enabled=True))
     assert res[0].sampler == CPU and m.backend.attaches == []
 
 
 def test_an_engine_without_backend_chains_samples_on_the_cpu(rt):
-    m, res = _run(rt, "fake://m", "auto", PLAIN)
+    m, res = _run(rt, "fake://m", "on", PLAIN)
     assert res[0].sampler == CPU and m.backend.attaches == []
 
 
