@@ -5,8 +5,9 @@
 #   PYTHONPATH=<folder holding comfyui_a3b>:<site folder> sh bench/gpu_serving.sh OUT BIN [MODEL]
 #
 # BIN: llama-server and llama-batched-bench built from the vendored llama.cpp of the installed
-# llama-cpp-python (docs/gpu.md); the CUDA build of llama-cpp-python on PYTHONPATH. About 4-6 minutes
-# on one H200. Results: OUT/serving_gpu.{json,png}, OUT/bench_gpu.{json,png}, OUT/*.log.
+# llama-cpp-python (docs/gpu.md); the CUDA build of llama-cpp-python on PYTHONPATH, or its Python
+# package with LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB set to BIN (one build for both). About 2-6
+# minutes on one H200. Results: OUT/serving_gpu.{json,png}, OUT/bench_gpu.{json,png}, OUT/*.log.
 set -eu
 if [ $# -lt 2 ]; then
     echo "usage: sh bench/gpu_serving.sh OUT BIN [MODEL]" >&2

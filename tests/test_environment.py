@@ -142,3 +142,15 @@ def test_values_are_read_when_used_not_at_import(monkeypatch):
     assert backend.sample_threads() == 3
     monkeypatch.delenv("A3B_SAMPLE_THREADS")
     assert 1 <= backend.sample_threads() <= 16
+
+
+def test_the_libraries_are_looked_for_where_llama_cpp_python_loads_them(monkeypatch, tmp_path):
+    """LLAMA_CPP_LIB_PATH makes llama-cpp-python load a llama.cpp built apart; libggml (the graph's
+    entropy, the evaluation callbacks) must come from the same folder, not the package's own copy."""
+    from comfyui_a3b.runtime.llama.binding import library_dir
+
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    own = library_dir()
+    assert own is not None and own.name == "lib"
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    assert library_dir() == tmp_path
