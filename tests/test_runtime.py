@@ -248,8 +248,8 @@ def test_greedy_rows_are_read_without_the_chain_and_give_the_chains_tokens(rt, m
     rt.unload()
     original = backend.LlamaBackend.new_sampler
 
-    def through_the_chain(self, sp, seed, grammar=None, seq_id=None):
-        s = original(self, sp, seed, grammar, seq_id)
+    def through_the_chain(self, sp, seed, grammar=None, seq_id=None, entropy=False):
+        s = original(self, sp, seed, grammar, seq_id, entropy)
         assert s.greedy    # the preset is greedy alone: the fast path was the one taken above
         s.greedy = False
         return s
