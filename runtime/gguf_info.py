@@ -140,6 +140,8 @@ MAX_LAYERS = 512
 #: arrays kept by scan_header (small ones: strings up to 64, numbers up to one per layer); larger
 #: arrays are checked and skipped
 _KEEP_ARRAY_LEN = 64
+#: an `a3b.*` array (the pruning record: per-layer widths, calibration topics) is kept up to this
+_KEEP_A3B_LEN = 4096
 _KEEP_NUMBERS_LEN = MAX_LAYERS
 #: Bounds of the hyperparameters read before llama.cpp has accepted a file (`dims`). llama.cpp
 #: checks these values itself, or aborts on them (runtime/vet.py); the bounds only keep what the
@@ -302,7 +304,7 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
                 if etype == STRING:
                     if count * 8 > size - pos:
                         raise overrun(count * 8, repr(key), f"{count} strings")
-                    if count <= _KEEP_ARRAY_LEN:
+                    if count <= (_KEEP_A3B_LEN if key.startswith("a3b.") else _KEEP_ARRAY_LEN):
                         meta[key] = [string(f"an item of {key!r}") for _ in range(count)]
                     else:
                         skip_strings(count, f"the items of {key!r}")
@@ -310,7 +312,7 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
                     nbytes = count * _SCALAR[etype]
                     if nbytes > size - pos:
                         raise overrun(nbytes, repr(key), f"{count} items")
-                    if count <= _KEEP_NUMBERS_LEN:
+                    if count <= (_KEEP_A3B_LEN if key.startswith("a3b.") else _KEEP_NUMBERS_LEN):
                         meta[key] = [v[0] for v in struct.iter_unpack(_FMT[etype], mm[pos:pos + nbytes])]
                     pos += nbytes
                 else:
@@ -359,10 +361,31 @@ def scan_header(path: str | os.PathLike) -> HeaderScan:
 
 
 def inspect_gguf(path: str | os.PathLike) -> GGUFInfo:
-    """Read a GGUF's metadata and tensor index; raise a typed error for missing/foreign/cut files."""
-    scan_header(path)   # bounded: what the full reader below would choke on is refused here
+    """Read a GGUF's metadata and tensor index; raise a typed error for missing/foreign/cut files.
+
+    From the bounded scan (tens of milliseconds): gguf's GGUFReader makes an object per vocabulary
+    entry, 3 s for the embedded model's 49k tokens and merges, which every load, `a3b inspect` and
+    each pruning step paid. The reader still reads what the scan leaves out: an `a3b.*` array longer
+    than the scan keeps, or a tensor type the installed `gguf` does not know (its error stands)."""
+    scan = scan_header(path)   # bounded: what a full reader would choke on is refused here
     p = Path(path)
-    return _inspect(p, p.stat().st_size)
+    size = p.stat().st_size
+    left_out = any(k.startswith("a3b.") and k not in scan.metadata for k in scan.types)
+    if left_out or any(tensor_bytes(shape, t) is None for _, shape, t, _ in scan.tensors):
+        return _inspect(p, size)
+    return _from_scan(p, size, scan)
+
+
+def _from_scan(p: Path, size: int, scan: HeaderScan) -> GGUFInfo:
+    from gguf import GGMLQuantizationType
+
+    meta = scan.metadata
+    tensor_types: dict[str, int] = {}
+    for _, _, t, _ in scan.tensors:
+        name = GGMLQuantizationType(t).name
+        tensor_types[name] = tensor_types.get(name, 0) + 1
+    return _info(p, size, scan.version, meta, tensor_types, sum(math.prod(s) for _, s, _, _ in scan.tensors),
+                 len(scan.tensors), scan.array_lengths.get("tokenizer.ggml.tokens"))
 
 
 def _inspect(p: Path, size: int) -> GGUFInfo:
@@ -381,28 +404,34 @@ def _inspect(p: Path, size: int) -> GGUFInfo:
                             "Copy or download the file again.")
 
     meta = {name: _field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
-    arch = meta.get("general.architecture") or "unknown"
-
-    def k(suffix: str):
-        return meta.get(f"{arch}.{suffix}")
-
     tensor_types: dict[str, int] = {}
     n_params = 0
     for t in reader.tensors:
         tensor_types[t.tensor_type.name] = tensor_types.get(t.tensor_type.name, 0) + 1
         n_params += int(t.n_elements)
-    ftype = meta.get("general.file_type")
     tokens = meta.get("tokenizer.ggml.tokens")
+    version = int(_field_value(reader.fields["GGUF.version"])) if "GGUF.version" in reader.fields else 0
+    return _info(p, size, version, meta, tensor_types, n_params, len(reader.tensors), len(tokens) if tokens else None)
+
+
+def _info(p: Path, size: int, version: int, meta: dict[str, Any], tensor_types: dict[str, int], n_params: int,
+          n_tensors: int, n_tokens: int | None) -> GGUFInfo:
+    arch = meta.get("general.architecture") or "unknown"
+
+    def k(suffix: str):
+        return meta.get(f"{arch}.{suffix}")
+
+    ftype = meta.get("general.file_type")
     fim = {key.split("_token_id")[0]: meta[f"tokenizer.ggml.{key}"]
            for key in _FIM_KEYS if f"tokenizer.ggml.{key}" in meta}
     return GGUFInfo(
         path=str(p.resolve()),
         file_size=size,
-        version=int(_field_value(reader.fields["GGUF.version"])) if "GGUF.version" in reader.fields else 0,
+        version=version,
         architecture=arch,
         name=meta.get("general.name"),
         n_params=n_params,
-        n_tensors=len(reader.tensors),
+        n_tensors=n_tensors,
         context_length=k("context_length"),
         embedding_length=k("embedding_length"),
         block_count=k("block_count"),
@@ -415,7 +444,7 @@ def _inspect(p: Path, size: int) -> GGUFInfo:
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        vocab_size=len(tokens) if tokens else None,
+        vocab_size=n_tokens or None,
         pooling_type=k("pooling_type"),
         fim_tokens=fim,
         a3b={name: v for name, v in meta.items() if name.startswith("a3b.")},

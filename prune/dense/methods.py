@@ -63,8 +63,8 @@ def obs_chunk(n: int) -> int:
 
 
 def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerPlan:
-    """Remove n - k of the first n columns of W (torch float64, (n_out, m)), Hinv the inverse of the
-    damped Gram matrix G (updated in place: the caller gives it away).
+    """Remove n - k of the first n columns of W (torch float64, (n_out, m); updated in place), Hinv
+    the inverse of the damped Gram matrix G (updated in place: the caller gives it away).
 
     W must be the least-squares optimum for G (the current weights, when the target is the layer's own
     output). Removing the `chunk` cheapest neurons together is an exact block-OBS update for that
@@ -78,14 +78,18 @@ def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerP
     if fit_bias:
         protected[n] = True
     left = n - k
+    # One scratch matrix the size of W for the squares and the update: a fresh (n_out, m) temporary
+    # per step was mapped and faulted in anew each time (large blocks go back to the system at once,
+    # runtime/memory.py), which was most of the method's time; the same operations in the same order.
+    scratch = torch.empty_like(W)
     while left > 0:
         c = min(chunk, left)
-        sal = (W * W).sum(0) / Hinv.diagonal()
+        sal = torch.mul(W, W, out=scratch).sum(0) / Hinv.diagonal()
         sal[~alive | protected] = float("inf")
         S = torch.topk(sal, c, largest=False).indices
         Hss_inv = torch.linalg.inv(Hinv[S][:, S])
         HS = Hinv[S]
-        W = W - (W[:, S] @ Hss_inv) @ HS
+        W.sub_(torch.mm(W[:, S] @ Hss_inv, HS, out=scratch))
         Hinv.addmm_(HS.T @ Hss_inv, HS, alpha=-1.0)  # in place, no n x n temporary: one matrix at a time
         W[:, S] = 0.0
         alive[S] = False
