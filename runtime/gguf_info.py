@@ -11,10 +11,10 @@ Two readers, for two jobs:
 * `Dims` are the hyperparameters the runtime reads from the scan before llama.cpp has accepted the
   file (the layer planner, the main-memory check): each is checked against a bound, so a crafted
   `block_count` of 2**32 - 1 is a `CorruptGGUF` naming the key, not a list of four billion layers.
-* `inspect_gguf` runs the scan, then the `gguf` package's full reader for the complete picture
-  (`a3b inspect`). The model store does not use it before loading: the full reader takes seconds on a
-  large vocabulary, and llama.cpp reads the same metadata in milliseconds (see runtime/vet.py for how
-  a file llama.cpp could crash on is checked first).
+* `inspect_gguf` describes a file (`a3b inspect`, pruning, tuning) from the scan; the `gguf`
+  package's full reader, which takes seconds on a large vocabulary, only reads what the scan leaves
+  out. The model store does not use it before loading: llama.cpp reads the same metadata in
+  milliseconds (see runtime/vet.py for how a file llama.cpp could crash on is checked first).
 """
 from __future__ import annotations
 
