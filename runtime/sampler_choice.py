@@ -59,7 +59,7 @@ def choose(mode: str, available: bool, request, draft_max: int | None = None,
     """(BACKEND or CPU, the reason in a few words) for `request` on a model loaded with
     backend_sampling=`mode` (and `draft_max`), where `available` says whether this build and
     placement can run backend chains at all and `entropy` whether they measure entropies too
-    (probed once, vet.backend_sampling_works and backend_entropy_works).
+    (probed once, vet.backend_sampling_works).
 
     The context takes draft_max + 1 output rows per sequence with a backend chain (llama.cpp refuses
     a batch with more), so a request that asks to draft more than the model was loaded with keeps

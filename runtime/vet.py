@@ -351,20 +351,15 @@ def shutdown() -> None:
             s.kill()
 
 
-def backend_sampling_works(repack: bool) -> bool:
-    """Whether llama.cpp's backend sampler chains run with this build on this processor, with the
-    weights repacked for the CPU or not: learnt once per build from the embedded model in the vetting
-    server (a chain attached to a context whose weights sit in AMX buffers crashed in the AMX matrix
-    product of the first decode) and kept with the other verdicts. No child process possible or no
-    embedded model: False (the CPU chain, as before)."""
-    return bool(_sampling_verdict(repack).get("works"))
-
-
-def backend_entropy_works(repack: bool) -> bool:
-    """Whether a backend chain also measures its row's entropy inside the graph (llama/graph_entropy.py)
-    and that entropy matches the CPU's over the same logits: learnt by the same probe."""
+def backend_sampling_works(repack: bool) -> tuple[bool, bool]:
+    """(Whether llama.cpp's backend sampler chains run with this build on this processor, whether
+    they also measure a row's entropy inside the graph as the CPU computes it: llama/graph_entropy.py),
+    with the weights repacked for the CPU or not: learnt once per build from the embedded model in the
+    vetting server (a chain attached to a context whose weights sit in AMX buffers crashed in the AMX
+    matrix product of the first decode) and kept with the other verdicts. No child process possible or
+    no embedded model: (False, False) (the CPU chain, as before)."""
     v = _sampling_verdict(repack)
-    return bool(v.get("works") and v.get("entropy"))
+    return bool(v.get("works")), bool(v.get("works") and v.get("entropy"))
 
 
 def _sampling_verdict(repack: bool) -> dict:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from comfyui_a3b.runtime import gguf_info
 from comfyui_a3b.runtime.gguf_info import inspect_gguf
 
-from tinygguf import write_tiny_gguf
+from tinygguf import rewritten_copy, write_tiny_gguf
 
 
 _READER = gguf_info._inspect
@@ -26,29 +25,16 @@ def _with_arrays(path: Path, a3b_strings: int, per_layer: int = 2) -> Path:
     and per-layer number arrays."""
     import gguf
 
-    src = write_tiny_gguf(path.with_suffix(".src.gguf"))
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(path), "llama")
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        w.add_key_value(name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    w.add_string("a3b.method", "a3b")
-    w.add_float32("a3b.keep", 0.625)
-    w.add_bool("a3b.bias_compensation", True)
-    w.add_array("a3b.calib.prose_topics", [f"topic {i}" for i in range(a3b_strings)])
-    w.add_key_value("a3b.widths", [96] * per_layer, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT32)
-    w.add_key_value("llama.expert_used_count", [2] * per_layer, gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.UINT32)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    def add(w):
+        w.add_string("a3b.method", "a3b")
+        w.add_float32("a3b.keep", 0.625)
+        w.add_bool("a3b.bias_compensation", True)
+        w.add_array("a3b.calib.prose_topics", [f"topic {i}" for i in range(a3b_strings)])
+        w.add_key_value("a3b.widths", [96] * per_layer, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT32)
+        w.add_key_value("llama.expert_used_count", [2] * per_layer, gguf.GGUFValueType.ARRAY,
+                        sub_type=gguf.GGUFValueType.UINT32)
+
+    return rewritten_copy(write_tiny_gguf(path.with_suffix(".src.gguf")), path, add=add)
 
 
 def test_the_embedded_model_is_described_as_the_full_reader_describes_it():

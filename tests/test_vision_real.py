@@ -17,7 +17,7 @@ from comfyui_a3b.bench.mmproj import SHAPES, write_mmproj
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.errors import CorruptGGUF, ModelLoadFailed, ModelNotFound, PromptTooLong
 from comfyui_a3b.runtime.requests import ChatPrompt, ImagePart
-from tinygguf import write_tiny_gguf
+from tinygguf import rewritten_copy, write_tiny_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -164,34 +164,9 @@ def test_the_planner_counts_the_projector(tmp_path):
 
 def crashing_projector(path) -> None:
     """A projector on which libmtmd's clip loader aborts (GGML_ASSERT n_merge > 0 for minimax_m3)."""
-    import gguf
-
     write_mmproj(path, 64, dict(SHAPES["tiny-mlp"]))
-    r = gguf.GGUFReader(str(path))
-    w = gguf.GGUFWriter(str(path) + ".tmp", "clip")
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name == "clip.projector_type":
-            w.add_string(name, "minimax_m3")
-            continue
-        kind = gguf.GGUFValueType(int(field.types[0]))
-        value = field.contents()
-        if kind == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, value)
-        else:
-            w.add_key_value(name, value, kind)
-    w.add_uint32("clip.vision.spatial_merge_size", 0)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    import os
-
-    os.replace(str(path) + ".tmp", path)
+    rewritten_copy(path, path, {"clip.projector_type": "minimax_m3"},
+                   lambda w: w.add_uint32("clip.vision.spatial_merge_size", 0))
 
 
 CHILD = textwrap.dedent("""

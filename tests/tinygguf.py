@@ -6,8 +6,10 @@ cannot: an unknown architecture, a truncated copy, a file that is not GGUF at al
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -275,4 +277,33 @@ def patched_copy(src: str | Path, dst: str | Path, values: dict[str, int]) -> Pa
             v -= 1 << bits
         struct.pack_into(fmt, data, offset, v)
     Path(dst).write_bytes(data)
+    return Path(dst)
+
+
+def rewritten_copy(src: str | Path, dst: str | Path, replace: dict[str, Any] | None = None,
+                   add: Callable[[Any], None] | None = None) -> Path:
+    """`src` written anew by gguf's writer into `dst` (which may be `src`): every metadata key with its
+    stored types, the values in `replace` put in place of theirs, then what `add(writer)` adds, then
+    the tensors as stored."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    tmp = str(dst) + ".tmp"
+    w = gguf.GGUFWriter(tmp, r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, (replace or {}).get(name, f.contents()), vtype, sub_type=sub)
+    if add is not None:
+        add(w)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
+                     raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, dst)
     return Path(dst)

@@ -22,32 +22,29 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from functools import cache
 from types import SimpleNamespace
 
 # Standalone (the vetting child imports it beside itself): the standard library and the llama_cpp
 # module it is given, nothing of the package.
 
 _V = ctypes.c_void_p
-_ops_cache: list = []
 
 
+@cache
 def _ops(L) -> SimpleNamespace:
     """ggml's graph functions, looked up through libllama (so in the very libggml-base it uses)."""
-    if _ops_cache:
-        return _ops_cache[0]
     lib = L.llama_cpp._lib
 
     def fn(name, res, *args):
         return ctypes.CFUNCTYPE(res, *args)((name, lib))
 
-    g = SimpleNamespace(**{n: fn(n, _V, _V, _V, _V) for n in ("ggml_sub", "ggml_mul", "ggml_add", "ggml_get_rows")},
-                        **{n: fn(n, _V, _V, _V) for n in ("ggml_soft_max", "ggml_sum", "ggml_argmax",
-                                                           "ggml_log", "ggml_neg")},
-                        ggml_reshape_1d=fn("ggml_reshape_1d", _V, _V, _V, ctypes.c_int64),
-                        ggml_reshape_2d=fn("ggml_reshape_2d", _V, _V, _V, ctypes.c_int64, ctypes.c_int64),
-                        ggml_nelements=fn("ggml_nelements", ctypes.c_int64, _V))
-    _ops_cache.append(g)
-    return g
+    binary = ("ggml_sub", "ggml_mul", "ggml_add", "ggml_get_rows")
+    unary = ("ggml_soft_max", "ggml_sum", "ggml_argmax", "ggml_log", "ggml_neg")
+    return SimpleNamespace(**{n: fn(n, _V, _V, _V, _V) for n in binary}, **{n: fn(n, _V, _V, _V) for n in unary},
+                           ggml_reshape_1d=fn("ggml_reshape_1d", _V, _V, _V, ctypes.c_int64),
+                           ggml_reshape_2d=fn("ggml_reshape_2d", _V, _V, _V, ctypes.c_int64, ctypes.c_int64),
+                           ggml_nelements=fn("ggml_nelements", ctypes.c_int64, _V))
 
 
 def build(g, ctx: int, logits: int) -> int:
@@ -68,12 +65,11 @@ class _Handoff(threading.local):
 
 
 _handoff = _Handoff()
-_ifaces: list = []   # the two sampler interfaces, alive for the process: llama.cpp holds their pointers
 
 
-def _interfaces(L) -> list:
-    if _ifaces:
-        return _ifaces
+@cache
+def _interfaces(L) -> tuple:
+    """The two sampler interfaces, alive for the process (cached): llama.cpp holds their pointers."""
     g = _ops(L)
 
     def measure(smpl, ctx, gf, data) -> None:
@@ -90,13 +86,14 @@ def _interfaces(L) -> list:
     def cpu_apply(smpl, cur_p) -> None:
         """Nothing on the CPU: a chain drawn on the CPU reads its entropy from the row (rows.py)."""
 
-    for apply in (measure, deliver):
+    def iface(apply):
         i = L.llama_sampler_i()
         i.apply = L.llama_sampler_i_apply(cpu_apply)
         i.backend_init = L.llama_sampler_i_backend_init(backend_init)
         i.backend_apply = L.llama_sampler_i_backend_apply(apply)
-        _ifaces.append(i)
-    return _ifaces
+        return i
+
+    return iface(measure), iface(deliver)
 
 
 def taps(L) -> tuple:

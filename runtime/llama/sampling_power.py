@@ -22,10 +22,7 @@ def backend_powers(weights: Weights, spec: LoadSpec) -> tuple[bool, bool]:
     info = weights.info
     cpu = cpu_matmuls(llama().llama_supports_gpu_offload(), info.n_gpu_layers, info.n_layer, info.n_cpu_moe,
                       bool(spec.override_tensor) or bool(spec.cpu_moe))
-    repack = weights.repacked and cpu
-    if not vet.backend_sampling_works(repack=repack):
-        return False, False
-    return True, vet.backend_entropy_works(repack=repack)
+    return vet.backend_sampling_works(repack=weights.repacked and cpu)
 
 
 def cpu_matmuls(gpu_offload: bool, n_gpu_layers: int, n_layer: int, n_cpu_moe: int, overrides: bool) -> bool:
