@@ -59,10 +59,12 @@ def text_logprobs(events: list[TokenEvent], offset: int = 0) -> dict:
 
 
 def usage(res: GenerationResult) -> dict:
-    """OpenAI's usage object; drafted tokens the model accepted are `accepted_prediction_tokens` and the
-    rejected ones `rejected_prediction_tokens`, as OpenAI reports predicted outputs."""
+    """OpenAI's usage object; the prompt tokens read from a slot's cache are `cached_tokens`, drafted
+    tokens the model accepted `accepted_prediction_tokens` and the rejected ones
+    `rejected_prediction_tokens`, as OpenAI reports prompt caching and predicted outputs."""
     return {"prompt_tokens": res.n_prompt_tokens, "completion_tokens": res.n_tokens,
             "total_tokens": res.n_prompt_tokens + res.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": res.n_cached_prompt_tokens},
             "completion_tokens_details": {"accepted_prediction_tokens": res.n_accepted_tokens,
                                           "rejected_prediction_tokens": res.n_drafted_tokens - res.n_accepted_tokens}}
 

@@ -45,6 +45,53 @@ def test_slot_with_the_longest_common_prefix_is_chosen_and_trimmed():
     assert j.fed == 3 and j.n_cached == 3
 
 
+def _serve(p: Policy, tokens: list[int], generated: int = 8) -> Job:
+    """One request through the policy alone: placed, its prompt read, `generated` tokens, released."""
+    j = job(tokens)
+    p.submit(j)
+    p.admit()
+    while len(j.seq) < len(tokens) + generated:
+        step = p.next_step()
+        decode_all(p, step)
+    j.slot_id = j.slot.seq_id
+    p.release(j)
+    return j
+
+
+def test_prompts_sharing_a_start_keep_each_others_caches():
+    # "Request 0: ...", "Request 1: ...": two tokens in common; each took the slot of the one before
+    # (the longest prefix), so the same prompt sent again was read whole
+    p = Policy(n_slots=4, batch_tokens=64)
+    prompts = [[1, 50, 100 + i] + list(range(200, 226)) for i in range(3)]
+    firsts = [_serve(p, t) for t in prompts]
+    assert [j.n_cached for j in firsts] == [0, 0, 0]
+    assert len({j.slot_id for j in firsts}) == 3
+    again = [_serve(p, t) for t in prompts]
+    assert [j.n_cached for j in again] == [len(t) - 1 for t in prompts]
+
+
+def test_with_every_slot_holding_another_cache_the_least_recently_used_one_goes():
+    p = Policy(n_slots=3, batch_tokens=64)
+    for i, n in enumerate((40, 10, 60)):   # released in this order; the longest cache is not the oldest
+        _serve(p, [1, 300 + i] + [400 + i] * n)
+    oldest = min(p.slots, key=lambda s: s.last_used)
+    j = job([1, 999, 5, 6])
+    p.submit(j)
+    p.admit()
+    assert j.slot is oldest and j.n_cached == 1
+
+
+def test_a_prefix_is_taken_where_it_saves_more_than_it_drops():
+    p = Policy(n_slots=2, batch_tokens=64)
+    base = list(range(1, 91))
+    p.slots[0].tokens = base + [7] * 10 + list(range(500, 650))   # 100 in common, 150 dropped
+    p.slots[1].tokens = base                                        # 90 in common, nothing dropped
+    j = job(base + [7] * 10 + [8])
+    p.submit(j)
+    adm = p.admit()
+    assert j.slot is p.slots[1] and not adm.trims and j.n_cached == 90
+
+
 def test_an_identical_prompt_keeps_one_token_to_decode():
     p = Policy(n_slots=1, batch_tokens=64)
     p.slots[0].tokens = [1, 2, 3]

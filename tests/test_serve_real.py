@@ -118,6 +118,23 @@ def test_infill_like_llama_vim(served):
     assert out["content"].strip() and out["timings"]["predicted_n"] >= 1 and out["tokens_evaluated"] > 20
 
 
+def test_prompts_sent_again_are_read_from_the_cache(served):
+    """Prompts that share only their first words, one after another, then each again: the second time
+    each is read from its slot's cache (OpenAI's `cached_tokens`), as from a server that has served them."""
+    def usage(i: int) -> dict:
+        body = {"prompt": f"Request {i}: write a long report about the lighthouses of the northern coast.",
+                "max_tokens": 8, "temperature": 0}
+        r = httpx.post(served.url + "/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"},
+                       timeout=60, trust_env=False)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+
+    first = [usage(i) for i in range(3)]
+    again = [usage(i) for i in range(3)]
+    for a, b in zip(first, again):
+        assert b["prompt_tokens_details"]["cached_tokens"] == b["prompt_tokens"] - 1 > 10, (a, b)
+
+
 # -- the remote engine ---------------------------------------------------------------------------------
 def test_remote_engine_round_trip_through_a3b_serve(served, rt, monkeypatch):
     monkeypatch.setenv("A3B_REMOTE_API_KEY", TOKEN)
