@@ -247,6 +247,7 @@ def main(argv=None) -> int:
 
         args.model = str(default_model_path())
     log_dir = Path(args.out or "/tmp")
+    log_dir.mkdir(parents=True, exist_ok=True)
     res: dict = {"args": vars(args), "command": "python -m comfyui_a3b.bench.bench_serving " +
                  " ".join(argv if argv is not None else sys.argv[1:])}
     for name, cmd, is_ls in (("a3b serve", a3b_cmd, False), ("llama-server", llama_server_cmd, True)):

@@ -265,7 +265,7 @@ class Policy:
 
     def _place(self, job: Job, free: list[Slot]) -> Trim | None:
         running = {s.seq_id for s in self.slots if s.job is not None and s.job.base_priority == job.base_priority}
-        best = max(free, key=lambda s: placement_key(s, common_prefix(s.tokens, job.seq), running))
+        best = max(free, key=lambda s: placement_key(s, common_prefix(s.tokens, job.seq), running, len(job.seq)))
         # keep at least one token to decode: its logits give the next token
         common = min(common_prefix(best.tokens, job.seq), len(job.seq) - 1)
         inside = job.units.covering(common) if job.units else None

@@ -12,8 +12,7 @@ one pass at 1543). So the policy (scheduler.py)
 * puts a step's rows in ascending slot order (`DecodeStep` rows, scheduler.Policy._decode),
 * places a new request in the free slot that keeps the running slots together, unless another one
   holds a longer cached prefix by `PREFIX_WORTH` tokens or more (prefix reuse saves reading
-  those tokens again), without giving up a longer cache for a short shared start (`reuse_worth`),
-  and
+  those tokens again) and covers a share of the prompt (`reuse_worth`), and
 * when a step's slots are not side by side (finished requests left holes that no waiting request
   filled; only a higher priority class decodes while others wait in their slots), moves requests
   into the holes before the step (`gather`): the engine copies the slot's KV stream (llama.cpp's
@@ -61,33 +60,32 @@ def together_delta(running: set[int], seq_id: int) -> int:
     return (1 - (seq_id - 1 in running) - (seq_id + 1 in running)) if running else 1
 
 
-#: what a cached token the placement drops is worth against a prompt token it saves reading now
-DROPPED_WORTH = 0.5
+#: the share of a prompt a slot's cached prefix must cover to be taken for it (llama-server's
+#: --slot-prompt-similarity is 0.1; a prompt that shares only a template's first tokens with a cache
+#: covers less than that, the same prompt again or a chat's next turn nearly all of it)
+REUSE_SHARE = 0.1
 
 
-def reuse_worth(slot: Slot, common: int) -> float:
-    """What placing a request in `slot` saves, in prompt tokens: the `common` cached-prefix tokens it
-    does not read again, less what the slot's other cached tokens were worth, which the placement
-    drops. A dropped token is read again only if its request comes back (the next turn of that chat,
-    the next completion in that file), so it counts at DROPPED_WORTH of a token read now."""
-    return common - DROPPED_WORTH * max(0, len(slot.tokens) - common)
+def reuse_worth(common: int, prompt_len: int) -> int:
+    """The cached-prefix tokens a slot saves a prompt of `prompt_len` tokens: `common`, when it covers
+    more than REUSE_SHARE of the prompt; else 0, as for an empty slot."""
+    return common if common > REUSE_SHARE * prompt_len else 0
 
 
-def placement_key(slot: Slot, common: int, running: set[int]) -> tuple:
-    """Sort key of a free slot for a request with `common` cached-prefix tokens there.
+def placement_key(slot: Slot, common: int, running: set[int], prompt_len: int = 0) -> tuple:
+    """Sort key of a free slot for a request of `prompt_len` tokens with `common` cached-prefix tokens
+    there.
 
-    A slot whose reuse saves more than it drops (`reuse_worth` above 0) is worth that much; any
-    other slot is worth nothing, like an empty one, and then an empty slot comes first, else the
-    one used longest ago (its cache is the least likely to be asked for again), as llama-server
-    takes a slot by prefix only above a similarity and otherwise the least recently used one.
-    Taking the longest prefix whatever it dropped let prompts that share only their first tokens
-    (a template's header, "Request" and a number) each take the slot of the one before while other
-    slots stood empty: the same prompt sent again was read whole every time (110 ms for 29 tokens on
-    2 cores, against 15 ms with its cache). A slot that keeps the running slots together is worth
-    `PREFIX_WORTH` tokens more per run it saves; then the longer prefix, the lower slot id (the
-    block stays low and compact)."""
-    worth = max(0.0, reuse_worth(slot, common)) - PREFIX_WORTH * together_delta(running, slot.seq_id)
-    return worth, not slot.tokens, common, -slot.last_used, -slot.seq_id
+    The slot's prefix counts when it is a share of the prompt (`reuse_worth`); a slot that keeps the
+    running slots together is worth `PREFIX_WORTH` tokens more per run it saves. Between slots whose
+    prefix does not count, an empty slot comes first, then the one used longest ago (its cache is the
+    least likely to be asked for again), then the lower id (the block stays low and compact): as
+    llama-server picks, by prefix similarity, else the least recently used. Taking the longest prefix
+    whatever it was let prompts that share only their first tokens (a template's header, "Request"
+    and a number) each take the slot of the one before while other slots stood empty: the same prompt
+    sent again was read whole every time (110 ms for 29 tokens on 2 cores; 15 ms from its cache)."""
+    worth = reuse_worth(common, prompt_len) - PREFIX_WORTH * together_delta(running, slot.seq_id)
+    return worth, not slot.tokens, -slot.last_used, -slot.seq_id
 
 
 def gather(slots: list[Slot], together: set[int]) -> list[tuple[Slot, Slot]]:

@@ -81,15 +81,12 @@ def test_with_every_slot_holding_another_cache_the_least_recently_used_one_goes(
     assert j.slot is oldest and j.n_cached == 1
 
 
-def test_a_prefix_is_taken_where_it_saves_more_than_it_drops():
-    p = Policy(n_slots=2, batch_tokens=64)
-    base = list(range(1, 91))
-    p.slots[0].tokens = base + [7] * 10 + list(range(500, 650))   # 100 in common, 150 dropped
-    p.slots[1].tokens = base                                        # 90 in common, nothing dropped
-    j = job(base + [7] * 10 + [8])
-    p.submit(j)
-    adm = p.admit()
-    assert j.slot is p.slots[1] and not adm.trims and j.n_cached == 90
+def test_the_same_prompt_again_takes_its_cache_before_an_empty_slot():
+    p = Policy(n_slots=3, batch_tokens=64)
+    prompt = [1, 50] + list(range(200, 231))
+    _serve(p, prompt, generated=128)    # the answer is four times the prompt
+    j = _serve(p, prompt)
+    assert j.n_cached == len(prompt) - 1 and j.slot_id == 0
 
 
 def test_an_identical_prompt_keeps_one_token_to_decode():
