@@ -60,10 +60,11 @@ def together_delta(running: set[int], seq_id: int) -> int:
     return (1 - (seq_id - 1 in running) - (seq_id + 1 in running)) if running else 1
 
 
-#: the share of a prompt a slot's cached prefix must cover to be taken for it (llama-server's
-#: --slot-prompt-similarity is 0.1; a prompt that shares only a template's first tokens with a cache
-#: covers less than that, the same prompt again or a chat's next turn nearly all of it)
-REUSE_SHARE = 0.1
+#: the share of a prompt a slot's cached prefix must cover to be taken for it. llama-server's
+#: --slot-prompt-similarity is 0.1, which short prompts reach with a shared template header or first
+#: words alone ("Request 1: ..." and "Request 2: ..." share 2 of 18 tokens); the same prompt again, a
+#: chat's next turn and a completion further down the same file cover most of theirs.
+REUSE_SHARE = 0.5
 
 
 def reuse_worth(common: int, prompt_len: int) -> int:
@@ -83,7 +84,9 @@ def placement_key(slot: Slot, common: int, running: set[int], prompt_len: int = 
     llama-server picks, by prefix similarity, else the least recently used. Taking the longest prefix
     whatever it was let prompts that share only their first tokens (a template's header, "Request"
     and a number) each take the slot of the one before while other slots stood empty: the same prompt
-    sent again was read whole every time (110 ms for 29 tokens on 2 cores; 15 ms from its cache)."""
+    sent again was read whole every time (110 ms for 29 tokens on 2 cores; 15 ms from its cache). A
+    prompt whose shared start is most of it (a long system prompt before a short question) still
+    takes such a slot, as in llama-server."""
     worth = reuse_worth(common, prompt_len) - PREFIX_WORTH * together_delta(running, slot.seq_id)
     return worth, not slot.tokens, -slot.last_used, -slot.seq_id
 
