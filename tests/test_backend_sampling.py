@@ -130,4 +130,6 @@ def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt):
     plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
     more = _gen(rt, "auto", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False,
                 draft_max=16)
-    assert more.sampler == "cpu" and more.tokens == plain.tokens and more.n_accepted_tokens > 10
+    # how many drafts run follows the step costs this model measured so far (speculative.StepCost):
+    # on two busy cores a drafted token can cost most of a step, and the drafter then drafts less
+    assert more.sampler == "cpu" and more.tokens == plain.tokens and more.n_drafted_tokens > 0

@@ -59,3 +59,30 @@ def test_our_own_processes_load_llama_cpp_before_the_cxx_runtime():
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["False", "True"]
+
+
+def test_override_patterns_are_refused_beside_such_a_build_and_the_planners_need_no_re2(tmp_path):
+    """RE2's extension crashed a process whose CUDA llama.cpp build carried its own C++ runtime; there a
+    user's override_tensor pattern is refused with what to do, and the planner's own layer patterns
+    (matched with Python's re) still place the experts."""
+    carrier = _build(tmp_path, "libggml-carrier.so", static=True)
+    code = textwrap.dedent(f"""
+        import ctypes, sys
+        sys.modules["re2"] = None          # any import of RE2 fails loudly here
+        from comfyui_a3b.runtime.errors import InvalidRequest
+        from comfyui_a3b.runtime.llama import tensorpatterns as tp
+        from comfyui_a3b.runtime.llama.placement import layer_pattern
+        names = ["blk.0.ffn_up_exps.weight", "blk.1.ffn_up_exps.weight", "blk.0.attn_q.weight"]
+        print(tp.for_llama([(layer_pattern(1, 2, True), "CPU")], names, 100))
+        del sys.modules["re2"]
+        ctypes.CDLL({str(carrier)!r})
+        try:
+            tp.compiled("ffn_.*_exps")
+        except InvalidRequest as e:
+            print(e)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    placed, refused = p.stdout.splitlines()
+    assert placed == "[('^(?:blk\\\\.0\\\\.ffn_up_exps\\\\.weight)$', 'CPU')]"
+    assert "libggml-carrier.so carries its own copy of the C++ runtime" in refused and "README" in refused

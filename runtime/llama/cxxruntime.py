@@ -87,6 +87,16 @@ def carriers(libs: list[str] | None = None) -> list[str]:
     return out
 
 
+def own_runtime() -> list[str]:
+    """The loaded llama.cpp libraries that carry their own C++ runtime, whichever was loaded first: where
+    the system's libstdc++ is not loaded yet, a library that defines PROBE defines its own copy."""
+    libs = mapped_libraries()
+    if _has("libstdc++.so", libs):
+        return carriers(libs)
+    return [os.path.basename(p) for p in libs
+            if os.path.basename(p).startswith(("libggml", "libllama")) and _address(p) is not None]
+
+
 def clash() -> str | None:
     """A message when this process is in the state that crashes llama.cpp's first load, else None."""
     if not _stdcxx_first:

@@ -120,8 +120,8 @@ def layer_pattern(layers: int, n_layer: int, moe: bool) -> str:
     """One regular expression for the movable tensors of the first `layers` layers."""
     what = r"ffn_(gate|up|down|gate_up)_(ch)?exps" if moe else r"ffn_(gate|up|down)\.weight$"
     if layers >= n_layer:
-        return rf"^blk\.\d+\.{what}"
-    return rf"^blk\.({'|'.join(str(i) for i in range(layers))})\.{what}"
+        return tensorpatterns.ours(rf"^blk\.\d+\.{what}")
+    return tensorpatterns.ours(rf"^blk\.({'|'.join(str(i) for i in range(layers))})\.{what}")
 
 
 def max_overrides() -> int:

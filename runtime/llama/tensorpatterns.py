@@ -15,6 +15,8 @@ letters A and Z) mean the start and end of the name here too: `\\Z` is RE2's `\\
 """
 from __future__ import annotations
 
+import re
+import sys
 from functools import lru_cache
 
 from ..errors import InvalidRequest
@@ -39,9 +41,35 @@ def _translated(pattern: str) -> str:
     return "".join(out)
 
 
+#: patterns this package writes (the planner's layer patterns): no user text, nothing that
+#: backtracks, so Python's re matches them and a placement needs no RE2
+_OURS: set[str] = set()
+
+
+def ours(pattern: str) -> str:
+    """`pattern`, marked as written here (matched with Python's re)."""
+    _OURS.add(pattern)
+    return pattern
+
+
 @lru_cache(maxsize=256)
 def compiled(pattern: str):
-    """The RE2 object for a user pattern; InvalidRequest (one line) for what RE2 cannot express."""
+    """The RE2 object for a user pattern; InvalidRequest (one line) for what RE2 cannot express.
+
+    RE2's extension loads the system's C++ runtime. Beside a llama.cpp build that carries its own
+    copy (docs/gpu.md), importing it crashed the process (a CUDA build, llama.cpp loaded first), so
+    there a user pattern is refused with what to do instead."""
+    if pattern in _OURS:
+        return re.compile(pattern)
+    if "re2" not in sys.modules:
+        from . import cxxruntime
+
+        carriers = cxxruntime.own_runtime()
+        if carriers:
+            raise InvalidRequest(f"override_tensor patterns need RE2, which cannot load beside this llama.cpp build: "
+                                 f"{', '.join(carriers)} carries its own copy of the C++ runtime. Rebuild "
+                                 "llama-cpp-python as the README's GPU section shows, or leave override_tensor out "
+                                 "(cpu_moe, n_cpu_moe and the automatic placement need no patterns of yours).")
     import re2
 
     options = re2.Options()
