@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -150,3 +154,27 @@ def test_pools_give_the_same_greedy_answers_and_end_with_their_model(default_pat
     assert m.backend.pools is None
     assert _answers(rt, spec) == with_pools
     rt.unload()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or not sys.platform.startswith("linux"),
+                    reason="needs gcc with OpenMP on Linux")
+def test_the_openmp_team_a_load_leaves_on_its_thread_is_released(tmp_path):
+    """An OpenMP parallel region on the loading thread (llama.cpp's AMX weight conversion) leaves idle
+    threads that make a second team beside the worker's; the helper the load calls frees them."""
+    src = tmp_path / "team.c"
+    src.write_text("int team(void) { int n = 0;\n#pragma omp parallel num_threads(3)\n{\n#pragma omp atomic\nn++;\n}\n"
+                   "return n; }\n")
+    lib = tmp_path / "libteam.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-fopenmp", "-o", str(lib), str(src)], check=True, timeout=120)
+    code = textwrap.dedent(f"""
+        import ctypes, os
+        from comfyui_a3b.runtime.llama.threadpool import release_openmp_threads
+        threads = lambda: len(os.listdir("/proc/self/task"))
+        before = threads()
+        print(ctypes.CDLL({str(lib)!r}).team(), threads() - before)
+        print(release_openmp_threads(), threads() - before)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    team, released = p.stdout.splitlines()
+    assert team == "3 2" and released == "True 0"

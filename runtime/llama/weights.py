@@ -18,6 +18,7 @@ from ..engine import ModelInfo
 from ..errors import ModelLoadFailed, ModelUnloaded, TruncatedGGUF, UnsupportedArchitecture
 from ..gguf_info import FILE_TYPES
 from .binding import lib_lock, llama, llama_cpp_version, log_mark, log_since
+from . import threadpool
 
 
 def unknown_arch_from_log(text: str) -> str | None:
@@ -102,6 +103,7 @@ class Weights:
         t0 = time.perf_counter()
         ptr = L.llama_model_load_from_file(str(path).encode("utf-8"), params)
         self.load_seconds = time.perf_counter() - t0
+        threadpool.release_openmp_threads()   # the load's threads (AMX weight conversion); see there
         if not ptr:
             raise load_error(self.path, log_since(mark))
         self.ptr = ptr
