@@ -14,7 +14,8 @@ Rules, in the order they apply:
   submitted with (`base_priority`); promotion (below) does not change it.
 * **Admission.** Waiting requests take free slots, highest class first, then oldest. A slot is
   chosen by the longest common prefix between its cached tokens and the request's prompt (KV reuse)
-  where that prefix is most of the prompt, else empty first, then least recently used, weighed against keeping the running slots side by side (slots.py: llama.cpp decodes a step in one
+  where that prefix is most of the prompt, else empty first, then least recently used, weighed
+  against keeping the running slots side by side (slots.py: llama.cpp decodes a step in one
   pass only over consecutive sequence ids); a step whose slots are not side by side first moves
   requests into the holes between them (`DecodeStep.moves`) where the engine can copy a slot.
   When every slot is taken, a waiting request may preempt (pause) a running one of a lower class;
