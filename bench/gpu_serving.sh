@@ -7,7 +7,9 @@
 # BIN: llama-server and llama-batched-bench built from the vendored llama.cpp of the installed
 # llama-cpp-python (docs/gpu.md); the CUDA build of llama-cpp-python on PYTHONPATH, or its Python
 # package with LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB set to BIN (one build for both). About 2-6
-# minutes on one H200. Results: OUT/serving_gpu.{json,png}, OUT/bench_gpu.{json,png}, OUT/*.log.
+# minutes on one H200 (four requests per client and cell: a cell of two lasted under a second
+# at one client, and the machine moves 10-25% run to run).
+# Results: OUT/serving_gpu.{json,png}, OUT/bench_gpu.{json,png}, OUT/*.log.
 set -eu
 if [ $# -lt 2 ]; then
     echo "usage: sh bench/gpu_serving.sh OUT BIN [MODEL]" >&2
@@ -24,6 +26,6 @@ write_model(Path(sys.argv[1]), SHAPES['qwen3-8b'])" "$MODEL"
 fi
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 "$PY" -m comfyui_a3b.bench.bench_serving --gpu --model "$MODEL" --token-prompts --llama-server "$BIN/llama-server" \
-    --clients 1,4,16 --parallel 16 --n-ctx 512 --name serving_gpu --out "$OUT" 2>&1 | tee "$OUT/serving_gpu.log"
+    --clients 1,4,16 --parallel 16 --n-ctx 512 --rounds 4 --name serving_gpu --out "$OUT" 2>&1 | tee "$OUT/serving_gpu.log"
 "$PY" -m comfyui_a3b.bench.bench_gpu --out "$OUT" --model "$MODEL" --bin "$BIN" --only runtime,tools \
     2>&1 | tee "$OUT/bench_gpu.log"
