@@ -169,9 +169,9 @@ def release_openmp_threads() -> bool:
     the weights at load time in an OpenMP parallel region of all the cores, so the loading thread keeps
     a team of idle threads; the worker thread that decodes starts a team of its own. With more OpenMP
     threads than cores libgomp spins only a hundred rounds at a barrier before it sleeps on a futex, and
-    a graph has a barrier after every operation. llama-server loads and decodes on one thread. On two
-    cores a second team measured 10-20% slower decoding (87-95 against 100-110 tokens/s for the
-    embedded model, back once the team was released)."""
+    a graph has a barrier after every operation. llama-server loads and decodes on one thread. On an
+    AMX host pinned to two cores, one request decoded at 74 tokens/s with the load's threads kept and
+    108 with them released (bench/bench_openmp_team.py; llama-server 89 on that file)."""
     if not sys.platform.startswith("linux"):
         return False
     for name in OPENMP_LIBS:
