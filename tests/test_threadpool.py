@@ -178,3 +178,19 @@ def test_the_openmp_team_a_load_leaves_on_its_thread_is_released(tmp_path):
     assert p.returncode == 0, p.stderr
     team, released = p.stdout.splitlines()
     assert team == "3 2" and released == "True 0"
+
+
+@pytest.mark.slow
+def test_a_load_releases_the_openmp_threads_of_its_own_thread(default_path, monkeypatch):
+    """The runtime asks once per load, on the loading thread (where llama.cpp's AMX conversion runs its
+    OpenMP region), and the model then decodes as before."""
+    calls = []
+    real = threadpool.release_openmp_threads
+    monkeypatch.setattr(threadpool, "release_openmp_threads",
+                        lambda: calls.append(threading.current_thread()) or real())
+    rt = Runtime()
+    spec = rt.spec(str(default_path), n_parallel=1, n_ctx=256)
+    rt.load(spec)
+    assert calls == [threading.current_thread()]
+    assert rt.generate("Hi", model=spec, chat=False, max_tokens=4, sampling=GREEDY, confidence=NO_CONF).n_tokens == 4
+    rt.unload()
