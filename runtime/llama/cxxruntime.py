@@ -71,12 +71,14 @@ def _address(path: str) -> int | None:
 
 
 def carriers(libs: list[str] | None = None) -> list[str]:
-    """The loaded llama.cpp libraries (libllama, libggml*) that carry their own C++ runtime."""
+    """The loaded llama.cpp libraries (libllama, libggml*) that carry their own C++ runtime, whichever
+    was loaded first: where the system's libstdc++ is loaded, those whose address of PROBE is not its
+    own; where it is not loaded yet, those that define PROBE at all (a copy of their own)."""
     libs = mapped_libraries() if libs is None else libs
     stdcxx = next((p for p in libs if os.path.basename(p).startswith("libstdc++.so")), None)
     system = _address(stdcxx) if stdcxx else None
-    if system is None:
-        return []
+    if stdcxx and system is None:
+        return []   # the system's copy does not answer: nothing to compare with
     out = []
     for p in libs:
         name = os.path.basename(p)
@@ -85,16 +87,6 @@ def carriers(libs: list[str] | None = None) -> list[str]:
             if own is not None and own != system:
                 out.append(name)
     return out
-
-
-def own_runtime() -> list[str]:
-    """The loaded llama.cpp libraries that carry their own C++ runtime, whichever was loaded first: where
-    the system's libstdc++ is not loaded yet, a library that defines PROBE defines its own copy."""
-    libs = mapped_libraries()
-    if _has("libstdc++.so", libs):
-        return carriers(libs)
-    return [os.path.basename(p) for p in libs
-            if os.path.basename(p).startswith(("libggml", "libllama")) and _address(p) is not None]
 
 
 def clash() -> str | None:

@@ -64,7 +64,7 @@ def compiled(pattern: str):
     if "re2" not in sys.modules:
         from . import cxxruntime
 
-        carriers = cxxruntime.own_runtime()
+        carriers = cxxruntime.carriers()
         if carriers:
             raise InvalidRequest(f"override_tensor patterns need RE2, which cannot load beside this llama.cpp build: "
                                  f"{', '.join(carriers)} carries its own copy of the C++ runtime. Rebuild "
