@@ -22,7 +22,7 @@ import textwrap
 from .common import median, plot, print_table, write_results
 
 CHILD = textwrap.dedent("""
-    import json, os, sys, time
+    import dataclasses, json, os, sys, time
     model, variant, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if variant == "kept":
         from comfyui_a3b.runtime.llama import threadpool
@@ -44,7 +44,7 @@ CHILD = textwrap.dedent("""
             return timed
     timed = Timed()
     bk.llama = lambda: timed
-    sp = preset("greedy").__class__(**{**preset("greedy").__dict__, "ignore_eos": True})
+    sp = dataclasses.replace(preset("greedy"), ignore_eos=True)
     runs = []
     for _ in range(2):
         acc[:] = [0.0, 0]

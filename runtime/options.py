@@ -297,7 +297,7 @@ SPECULATIVE = Option("speculative", str, "auto",
 DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and step (speculative decoding).",
                    min=1, max=64)
 
-#: Sampling inside llama.cpp's graph (on the GPU where the model runs there): auto or off.
+#: Sampling inside llama.cpp's graph (on the GPU where the model runs there): auto, on or off.
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING = Option("backend_sampling", str, "auto",
                           "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there): greedy "
