@@ -63,6 +63,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "(default: the embedded SmolLM2-135M)")
     add_argument(p, opt.N_CTX, metavar="N")
     add_argument(p, opt.N_THREADS, "--threads", metavar="N")
+    add_argument(p, opt.N_BATCH, metavar="N")
     add_argument(p, opt.N_GPU_LAYERS, metavar="N|auto")
     add_argument(p, opt.CTX_POLICY)
     add_argument(p, opt.CPU_MOE, action="store_true")
@@ -82,7 +83,8 @@ def _add_lora_args(p: argparse.ArgumentParser) -> None:
 
 def _spec(rt, args):
     lora = getattr(args, "lora", None)
-    return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+    return rt.spec(args.model, n_ctx=args.n_ctx, n_threads=args.threads, n_batch=args.n_batch,
+                   n_gpu_layers=args.n_gpu_layers,
                    ctx_policy=args.ctx_policy, speculative=args.speculative, draft_max=args.draft_max,
                    backend_sampling=args.backend_sampling,
                    cpu_moe=args.cpu_moe or None, n_cpu_moe=args.n_cpu_moe or None,

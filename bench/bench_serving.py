@@ -154,16 +154,41 @@ def measure(name: str, proc: Proc, args, llama_server: bool) -> dict:
     for mode in args.modes.split(","):
         for n in map(int, args.clients.split(",")):
             cpu0, loop0 = proc.cpu()
+            stats0 = None if llama_server else a3b_stats(proc.base)
             c = cell(proc.base, n, args.rounds, body_of(mode, args.gen, args.token_prompts, llama_server))
             cpu1, loop1 = proc.cpu()
+            if stats0 is not None:
+                c["steps"] = steps(stats0, a3b_stats(proc.base))
             c["cpu_s_per_1k_tokens"] = (cpu1 - cpu0) / max(c["tokens"], 1) * 1000
             if not llama_server:
                 c["loop_cpu_share"] = (loop1 - loop0) / c["wall_s"]
             res["cells"][f"{mode}/{n}"] = c
             print(f"{name} {mode} {n} clients: {c['aggregate_tps']:.0f} tok/s, TTFT p50 {c['ttft_p50_ms']:.0f} ms, "
                   f"p95 {c['ttft_p95_ms']:.0f} ms, {c['cpu_s_per_1k_tokens']:.2f} CPU-s/1k tokens"
-                  + (f", errors {c['errors']}" if c["errors"] else ""), flush=True)
+                  + (f", errors {c['errors']}" if c["errors"] else "")
+                  + (STEPS.format(**c["steps"]) if "steps" in c else ""), flush=True)
     return res
+
+
+STEPS = (" | steps {decode_calls}: {ms_per_step:.1f} ms, {rows_per_step:.1f} rows, {tokens_per_step:.1f} tokens, "
+         "drafted {drafted_tokens} accepted {accepted_tokens}, engine TTFT {engine_ttft_ms:.0f} ms")
+
+
+def a3b_stats(base: str) -> dict:
+    return httpx.get(base + "/props", timeout=600, trust_env=False).json()["a3b_stats"]
+
+
+def steps(before: dict, after: dict) -> dict:
+    """What the engine did in a cell: decode calls, their mean time and rows, drafted and accepted tokens."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("decode_calls", "decode_us", "decode_rows", "decoded_tokens",
+                                                          "generated_tokens", "drafted_tokens", "accepted_tokens",
+                                                          "first_token_us", "first_tokens")}
+    calls = max(d["decode_calls"], 1)
+    d["ms_per_step"] = d["decode_us"] / calls / 1000
+    d["rows_per_step"] = d["decode_rows"] / calls
+    d["tokens_per_step"] = d["decoded_tokens"] / calls
+    d["engine_ttft_ms"] = d["first_token_us"] / max(d["first_tokens"], 1) / 1000   # submitted to first token, mean
+    return d
 
 
 def pinned(args, cmd: list[str]) -> list[str]:
@@ -200,9 +225,9 @@ def passes(args) -> dict:
     try:
         n = max(map(int, args.clients.split(",")))
         warm_up(proc.base, args.parallel, args.gen, args.token_prompts, False)
-        before = httpx.get(proc.base + "/props", timeout=600, trust_env=False).json()["a3b_stats"]
+        before = a3b_stats(proc.base)
         cell(proc.base, n, 1, body_of("greedy", args.gen, args.token_prompts, False))
-        after = httpx.get(proc.base + "/props", timeout=600, trust_env=False).json()["a3b_stats"]
+        after = a3b_stats(proc.base)
     finally:
         proc.stop()
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ("passes", "counted_steps", "decode_steps",

@@ -3,6 +3,7 @@ Job, EmbedJob) plus the request's stream, sampler, text and speculative-decoding
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ class GenJob(Job):
         #: the answer's grammar (GBNF), in the sampler chain once the answer channel has begun
         self.grammar = grammar
         self.grammar_live = False
+        self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
         #: speculative decoding: the drafter (None: none) and its K policy (speculative.py)

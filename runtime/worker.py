@@ -347,12 +347,15 @@ class LoadedModel(RowVerifier, Model):
                 with self._lock:
                     self._closing = self._closing or f"decode failed: {e}"
             return
+        took = time.perf_counter() - t0
         if all(e.count == 1 for e in step.entries):   # decoding rows (and drafts), no prompt chunk
-            self.step_cost.record(step.n_tokens, len(step.entries), time.perf_counter() - t0)
+            self.step_cost.record(step.n_tokens, len(step.entries), took)
         with self._lock:
             self.policy.decoded(step)
         self.stats["decode_calls"] += 1
         self.stats["decoded_tokens"] += step.n_tokens
+        self.stats["decode_us"] += int(took * 1e6)   # the engine's time (benchmarks: ms per step)
+        self.stats["decode_rows"] += len(step.entries)
         now = time.perf_counter()
         self._verify([e for e in step.entries if e.output is not None], now)
 
@@ -361,6 +364,8 @@ class LoadedModel(RowVerifier, Model):
         """A sampled token: stream its text, and finish the request at EOG, a stop string or a limit."""
         if job.t_first is None:
             job.t_first = now
+            self.stats["first_token_us"] += int((now - job.t_submit) * 1e6)   # submitted to first token
+            self.stats["first_tokens"] += 1
         job.t_last = now
         job.n_gen += 1
         self.stats["generated_tokens"] += 1

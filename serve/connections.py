@@ -14,9 +14,11 @@ logs a traceback per attempt to accept. Inside ComfyUI that is someone else's pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
+import socket
 import time
 from typing import Any
 
@@ -92,12 +94,25 @@ class Overload:
         loop.default_exception_handler(context)
 
 
+def nodelay(transport) -> None:
+    """Send each write at once (TCP_NODELAY). asyncio sets it only on sockets whose protocol number is
+    TCP's, and a listening socket from `socket.create_server` (Server.bind) hands out sockets of
+    protocol 0: there Nagle's algorithm held a stream's next small write until the client
+    acknowledged the one before, which a client delays by up to 40 ms (measured: the first token of
+    a stream reached the client 33 ms after the engine had it)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def protocol_class(overload: Overload, header_timeout: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with the connection bounds above."""
     busy = _busy_answer(overload.max_connections)
 
     class BoundedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         def connection_made(self, transport) -> None:   # type: ignore[override]
+            nodelay(transport)
             super().connection_made(transport)
             if len(self.connections) > overload.max_connections:
                 overload.refuse()
