@@ -304,6 +304,7 @@ def test_version(capsys):
 def test_runtime_errors_name_the_flags_not_the_fields(fake_engine, capsys):
     for argv, flag, field in ((["--max-tokens", "0"], "--max-tokens must be in 1..", "max_tokens"),
                               (["--threads", "-1"], "--threads must be in 0..512", "n_threads"),
+                              (["--n-batch", "0"], "--n-batch must be in 1..", "n_batch"),
                               (["--temperature", "-1"], "--temperature must be in [0, 2]", None),
                               (["--entropy-run", "0"], "--entropy-run must be in 1..", "min_run")):
         assert cli.main(["generate", "hi", "--model", "fake://t", *argv]) == 2
@@ -311,6 +312,14 @@ def test_runtime_errors_name_the_flags_not_the_fields(fake_engine, capsys):
         assert flag in line and (field is None or field not in line), line
     assert cli.main(["embed", "a", "--model", "fake://t", "--n-ctx", "8"]) == 2
     assert "--n-ctx must be in 16..1048576, got 8" in one_error_line(capsys)
+
+
+def test_n_batch_reaches_the_load(fake_engine, capsys):
+    from comfyui_a3b.runtime import get_runtime
+
+    assert cli.main(["generate", "hi", "--model", "fake://t", "--n-batch", "64", "--max-tokens", "2", "--raw"]) == 0
+    capsys.readouterr()
+    assert 64 in [m["spec"]["n_batch"] for m in get_runtime().status()["models"] if m["path"] == "fake://t"]
 
 
 def _stdin(monkeypatch, data: bytes) -> None:

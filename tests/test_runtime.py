@@ -112,6 +112,9 @@ def test_concurrent_requests_all_complete(rt):
     m = rt.load(spec)
     # batching really happened: fewer decode calls than tokens decoded
     assert m.stats["decoded_tokens"] > m.stats["decode_calls"]
+    # what the serving benchmark reads per cell: rows per step, engine time, submit to first token
+    assert m.stats["decode_calls"] < m.stats["decode_rows"] <= m.stats["decoded_tokens"]
+    assert m.stats["first_tokens"] == 8 and m.stats["first_token_us"] > 0 and m.stats["decode_us"] > 0
     # and the texts agree with one-at-a-time generation for most prompts (batched float sums may
     # round differently, so demand agreement of the first words)
     agree = sum(out[i].split()[:3] == solo[i].split()[:3] for i in range(4))
