@@ -112,3 +112,23 @@ def gather(slots: list[Slot], together: set[int]) -> list[tuple[Slot, Slot]]:
     holes = [s for s in window if s.seq_id not in together]
     outside = [s for s in slots if s.seq_id in together and s not in window]
     return list(zip(outside, holes))
+
+
+def passes(rows: list[tuple[int, int]]) -> int:
+    """The micro-batches llama.cpp's equal split cuts a batch into, the batch given as (sequence id,
+    tokens) in ascending ids, as a step's rows go: each micro-batch takes, from the first sequence with
+    tokens left, the sequences whose ids follow each other, and as many tokens of each as the one with
+    the fewest left has (a step's tokens fit one micro-batch: the policy's budget is its size)."""
+    left = [[seq_id, n] for seq_id, n in rows if n > 0]
+    count = 0
+    while left:
+        chosen = [left[0]]
+        for r in left[1:]:
+            if r[0] == chosen[-1][0] + 1:
+                chosen.append(r)
+        take = min(r[1] for r in chosen)
+        for r in chosen:
+            r[1] -= take
+        left = [r for r in left if r[1] > 0]
+        count += 1
+    return count

@@ -426,3 +426,53 @@ def test_a_model_that_cannot_undo_drafts_speculates_only_when_loaded_for_it():
     assert isinstance(drafter, NgramDrafter) and control.k_max == 3
     drafter, control = drafting.for_request(model(None), req)   # attention only: as before
     assert isinstance(drafter, NgramDrafter) and control.k_max == 8
+
+
+# -- drafts even across a step's rows (drafting.even, slots.passes) --------------------------------
+def test_passes_follow_llamas_equal_split():
+    from comfyui_a3b.runtime.slots import passes
+
+    assert passes([(0, 1), (1, 1), (2, 1)]) == 1
+    assert passes([(0, 1), (1, 5), (2, 1)]) == 2            # the drafting row's four more
+    assert passes([(0, 1), (1, 5), (2, 1), (3, 5)]) == 3    # 1 and 3 do not follow each other
+    assert passes([(0, 4), (1, 4), (2, 4)]) == 1            # every row drafts three
+    assert passes([(0, 5), (1, 5), (2, 4), (3, 5)]) == 3    # one drafts less: 0-1, then 3 alone
+
+
+def _rows(drafts: list[int], rate: float):
+    from types import SimpleNamespace
+
+    from comfyui_a3b.runtime.steps import DecodeStep, Entry
+
+    entries = []
+    for i, k in enumerate(drafts):
+        job = SimpleNamespace(slot=SimpleNamespace(seq_id=i), control=SimpleNamespace(rate=rate))
+        entries.append(Entry(job, 10, 1, output=i, room=k, draft=[7] * k))
+    return DecodeStep(entries)
+
+
+def test_a_lone_drafting_row_beside_many_drafts_nothing():
+    from comfyui_a3b.runtime.drafting import even
+
+    step = _rows([0] * 5 + [4] + [0] * 10, 0.8)   # 16 rows, one drafts: a second pass for 2.4 tokens
+    even(step)
+    assert all(not e.draft for e in step.entries)
+
+
+def test_rows_that_all_draft_are_cut_to_the_shortest_draft():
+    from comfyui_a3b.runtime.drafting import even
+
+    step = _rows([4, 4, 3, 4], 1.0)
+    even(step)
+    assert [len(e.draft) for e in step.entries] == [3, 3, 3, 3]
+
+
+def test_drafts_that_pay_for_their_pass_stay_as_proposed():
+    from comfyui_a3b.runtime.drafting import even
+
+    step = _rows([4] * 12 + [0] * 4, 0.9)   # 12 rows x 3.1 expected tokens for one more pass
+    even(step)
+    assert [len(e.draft) for e in step.entries] == [4] * 12 + [0] * 4
+    one = _rows([6], 0.2)                   # a single sequence: its drafts ride in its own pass
+    even(one)
+    assert len(one.entries[0].draft) == 6

@@ -37,6 +37,7 @@ class Slot:
 class Job:
     def __init__(self, seq, seq_id, drafter):
         self.seq, self.slot, self.drafter, self.priority = seq, Slot(seq_id), drafter, 0
+        self.control = None
 
 
 def test_every_request_of_a_step_drafts_in_one_pass_from_its_next_token_and_position():
@@ -47,9 +48,10 @@ def test_every_request_of_a_step_drafts_in_one_pass_from_its_next_token_and_posi
     for j in jobs:
         j.job = j
     fill(DecodeStep(entries))
-    assert [e.draft for e in entries] == [[8, 9, 10], [11, 12]]
-    assert ctx.passes == 1
-    assert [e.output for e in entries] == [0, 4]   # rows renumbered after the drafts
+    assert ctx.passes == 1 and ctx.done == {}   # both drafted in one pass: 8, 9, 10 and 11, 12
+    # then cut to the shortest: drafts of 3 and 2 beside each other are two passes of the model
+    assert [e.draft for e in entries] == [[8, 9], [11, 12]]
+    assert [e.output for e in entries] == [0, 3]   # rows renumbered after the drafts
 
 
 def test_no_room_no_ask_and_three_failures_stop_drafting():
