@@ -125,8 +125,9 @@ class StepCost:
     the weights), so a drafted token costs a whole share and slows the other three, and drafting at
     four requests lost a third of the throughput where it gained at one. Part of that cost is
     llama.cpp's: with a KV stream per sequence it cuts a batch into micro-batches of as many tokens
-    from each sequence (its equal split), so a step where one sequence drafts runs as two passes;
-    the timed steps carry that cost, whatever its cause."""
+    from each sequence (its equal split), so a step where one sequence drafts runs as two passes
+    (drafting.even cuts such drafts where they bring less than the pass costs); the timed steps
+    carry what remains, whatever its cause."""
 
     WINDOW = 15
     MIN_S = 1e-3
