@@ -86,10 +86,13 @@ def even(step: DecodeStep) -> None:
     if len(decoding) < 2 or not any(e.draft for e in decoding):
         return
     shortest = min(len(e.draft) for e in decoding)
+    # the tokens that count are those of the class the step serves: a batch job riding beside an
+    # editor's request (scheduler.py) does not cut the editor's drafts for its own pass
+    top = max(e.job.base_priority for e in rows)
 
     def per_pass(cap: int | None) -> float:
         kept = {id(e): len(e.draft) if cap is None else min(len(e.draft), cap) for e in rows}
-        made = sum(1 + expected(e, kept[id(e)]) for e in rows if e.output is not None)
+        made = sum(1 + expected(e, kept[id(e)]) for e in rows if e.output is not None and e.job.base_priority == top)
         return made / slots.passes([(e.job.slot.seq_id, e.count + kept[id(e)]) for e in rows])
 
     if per_pass(shortest) >= per_pass(None):

@@ -439,14 +439,15 @@ def test_passes_follow_llamas_equal_split():
     assert passes([(0, 5), (1, 5), (2, 4), (3, 5)]) == 3    # one drafts less: 0-1, then 3 alone
 
 
-def _rows(drafts: list[int], rate: float):
+def _rows(drafts: list[int], rate: float, priorities: list[int] | None = None):
     from types import SimpleNamespace
 
     from comfyui_a3b.runtime.steps import DecodeStep, Entry
 
     entries = []
     for i, k in enumerate(drafts):
-        job = SimpleNamespace(slot=SimpleNamespace(seq_id=i), control=SimpleNamespace(rate=rate))
+        job = SimpleNamespace(slot=SimpleNamespace(seq_id=i), control=SimpleNamespace(rate=rate),
+                              base_priority=priorities[i] if priorities else PRIORITY_BATCH)
         entries.append(Entry(job, 10, 1, output=i, room=k, draft=[7] * k))
     return DecodeStep(entries)
 
@@ -476,3 +477,15 @@ def test_drafts_that_pay_for_their_pass_stay_as_proposed():
     one = _rows([6], 0.2)                   # a single sequence: its drafts ride in its own pass
     even(one)
     assert len(one.entries[0].draft) == 6
+
+
+def test_a_batch_rider_does_not_cut_an_editors_drafts():
+    from comfyui_a3b.runtime.drafting import even
+
+    # the editor's 1.3 expected tokens for a second pass: worth it to the editor, not to the two rows
+    mixed = _rows([4, 0], 0.6, [PRIORITY_INTERACTIVE, PRIORITY_BATCH])
+    even(mixed)
+    assert [len(e.draft) for e in mixed.entries] == [4, 0]
+    alike = _rows([4, 0], 0.6)
+    even(alike)
+    assert [len(e.draft) for e in alike.entries] == [0, 0]

@@ -37,7 +37,7 @@ class Slot:
 class Job:
     def __init__(self, seq, seq_id, drafter):
         self.seq, self.slot, self.drafter, self.priority = seq, Slot(seq_id), drafter, 0
-        self.control = None
+        self.control, self.base_priority = None, 0
 
 
 def test_every_request_of_a_step_drafts_in_one_pass_from_its_next_token_and_position():
