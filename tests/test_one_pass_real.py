@@ -44,3 +44,31 @@ def test_decode_steps_stay_one_pass_after_slots_were_used_out_of_order(rt, monke
         assert mixed and max(mixed) >= 2, warm
     finally:
         rt.unload(spec)
+
+
+def test_the_equal_split_the_drafting_rule_counts_is_llamas(rt, monkeypatch):
+    """slots.passes (what drafting.even weighs drafts with) against llama.cpp's own count: batches
+    whose sequences put in different numbers of tokens, decoded by the real backend."""
+    from comfyui_a3b.runtime.scheduler import Job, Slot
+    from comfyui_a3b.runtime.slots import passes
+    from comfyui_a3b.runtime.steps import DecodeStep, Entry
+
+    monkeypatch.setenv("A3B_COUNT_PASSES", "on")
+    spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
+    m = rt.load(spec)
+    try:
+        backend = m.backend
+        for shape in ([1, 5, 1], [1, 5, 1, 5], [4, 4, 4], [5, 5, 4, 5], [1, 1, 1, 1], [3, 1, 2]):
+            entries = []
+            for seq_id, n in enumerate(shape):
+                backend.trim(seq_id, 0)
+                job = Job([300 + 17 * seq_id + k for k in range(n)])
+                job.slot = Slot(seq_id)
+                entries.append(Entry(job, 0, n, output=0))
+            step = DecodeStep(entries)
+            step.number_rows()
+            backend.decode(step)
+            counted = backend.passes.per_step[-1][2]
+            assert counted == passes(list(enumerate(shape))), (shape, counted)
+    finally:
+        rt.unload(spec)
