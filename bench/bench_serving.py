@@ -178,11 +178,15 @@ def a3b_stats(base: str) -> dict:
     return httpx.get(base + "/props", timeout=600, trust_env=False).json()["a3b_stats"]
 
 
+def delta(before: dict, after: dict, keys) -> dict:
+    """How much each of `keys` of the server's stats grew between two reads."""
+    return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+
+
 def steps(before: dict, after: dict) -> dict:
     """What the engine did in a cell: decode calls, their mean time and rows, drafted and accepted tokens."""
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("decode_calls", "decode_us", "decode_rows", "decoded_tokens",
-                                                          "generated_tokens", "drafted_tokens", "accepted_tokens",
-                                                          "first_token_us", "first_tokens")}
+    d = delta(before, after, ("decode_calls", "decode_us", "decode_rows", "decoded_tokens", "generated_tokens",
+                              "drafted_tokens", "accepted_tokens", "first_token_us", "first_tokens"))
     calls = max(d["decode_calls"], 1)
     d["ms_per_step"] = d["decode_us"] / calls / 1000
     d["rows_per_step"] = d["decode_rows"] / calls
@@ -230,8 +234,7 @@ def passes(args) -> dict:
         after = a3b_stats(proc.base)
     finally:
         proc.stop()
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("passes", "counted_steps", "decode_steps",
-                                                          "decode_step_passes", "moved")}
+    d = delta(before, after, ("passes", "counted_steps", "decode_steps", "decode_step_passes", "moved"))
     d["clients"] = n
     d["passes_per_decode_step"] = d["decode_step_passes"] / max(d["decode_steps"], 1)
     d["passes_per_step"] = d["passes"] / max(d["counted_steps"], 1)

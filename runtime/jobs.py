@@ -13,7 +13,6 @@ from .generation import GenerationStream
 from .reasoning import ChannelAssembler
 from .requests import GenerationRequest
 from .scheduler import EmbedJob, Job
-from .speculative import SpecControl
 
 
 class GenJob(Job):
@@ -38,9 +37,8 @@ class GenJob(Job):
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
-        #: speculative decoding: the drafter (None: none) and its K policy (speculative.py)
+        #: speculative decoding: the drafter (None: none); its K policy is the policy's `Job.control`
         self.drafter: Any = None
-        self.control: SpecControl | None = None
         self.n_ctx_seq = 0
 
     def draft_room(self, rows: int = 1) -> int:

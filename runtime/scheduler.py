@@ -96,7 +96,8 @@ class Job:
         self.units = Units(units)
         self.drafted = 0                   # speculative decoding: tokens drafted, and accepted
         self.accepted = 0
-        self.control: Any = None           # its K policy (speculative.SpecControl), where it drafts
+        #: its K policy (speculative.SpecControl) where it drafts, else None (drafting.even reads it)
+        self.control: Any = None
 
     def position(self, index: int) -> int:
         """The position of `seq[index]` (units.py)."""
