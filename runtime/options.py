@@ -300,10 +300,10 @@ DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and ste
 #: Sampling inside llama.cpp's graph (on the GPU where the model runs there): auto, on or off.
 BACKEND_SAMPLING_MODES = ("auto", "on", "off")
 BACKEND_SAMPLING = Option("backend_sampling", str, "auto",
-                          "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there): greedy "
-                          "requests and those with confidence spans, their entropy measured there (auto); also "
-                          "temperature chains, which the CPU sampler drew faster (on); never (off). A repeat "
-                          "penalty, a grammar or logprobs keep the CPU sampler.", choices=BACKEND_SAMPLING_MODES)
+                          "Draw tokens inside llama.cpp's compute graph (on the GPU when the model is there): requests "
+                          "with confidence spans, their entropy measured there (auto); also greedy requests and "
+                          "temperature chains, which the CPU drew faster (on); never (off). A repeat penalty, a "
+                          "grammar or logprobs keep the CPU sampler.", choices=BACKEND_SAMPLING_MODES)
 
 # -- sampling (SamplingParams) ------------------------------------------------------------------------------
 TEMPERATURE = Option("temperature", float, 0.4, "Sampling temperature; 0 = always the likeliest token.",

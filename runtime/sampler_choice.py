@@ -21,9 +21,9 @@ sorts a whole vocabulary row for it. What the backend chain cannot give decides 
   with more than one output row per sequence), so seeded output stays reproducible and draft rows
   stay on the backend.
 
-Which of the rest the graph draws is the mode: `auto` (the default) greedy requests and those with
-confidence spans, where the graph saves the CPU's pass over every row; `on` also the temperature
-chains, which the CPU sampler drew faster in every measurement (choose says where); `off` none.
+Which of the rest the graph draws is the mode: `auto` (the default) the requests with confidence
+spans, where the graph saves the CPU's pass over every row; `on` also greedy requests and temperature
+chains, which the CPU drew faster in every measurement (choose says where); `off` none.
 
 `choose` is pure: the worker asks it once per request and records the answer in the result
 (`GenerationResult.sampler`) and the model's status counters.
@@ -75,13 +75,21 @@ def choose(mode: str, available: bool, request, draft_max: int | None = None,
         why.append(f"draft_max above the model's {draft_max}")
     if why:
         return CPU, "needs " + ", ".join(why)
-    if request.sampling.temperature <= 0:
-        return BACKEND, "greedy"
     if mode == "auto" and not request.confidence.enabled:
-        # a temperature chain in the graph (a top-k over the whole row, a softmax and a cumulative sum
+        # A temperature chain in the graph (a top-k over the whole row, a softmax and a cumulative sum
         # per row, each row its own kernels) was slower than the CPU chains drawn side by side in the
         # sampling threads: 16 streaming clients on an H200, Qwen3-8B shape, 1293 and 1274 tokens/s
-        # against 1440 and 1410; on 2 CPU cores, 1 and 4 clients, 115 / 174 against 141 / 203. With
-        # confidence spans the graph measures the entropy too, which costs the CPU far more.
-        return CPU, "a temperature chain draws faster on the CPU (backend_sampling=on draws it in the graph)"
+        # against 1440 and 1410; on 2 CPU cores, 1 and 4 clients, 115 / 174 against 141 / 203.
+        # A greedy row is an argmax over the logits on the CPU, and the graph's greedy sampler lost
+        # too (424 / 844 / 1468 tokens/s at 1 / 4 / 16 clients against 494 / 883 / 1640): a chain
+        # attached to a sequence, or taken off it, makes llama.cpp build its scheduler and reserve
+        # its graphs again before the next decode (llama_set_sampler), so every request that came
+        # and went paid that in the time to its first token (16 greedy clients: p50 142 ms against
+        # 96 sampled on the CPU). With confidence spans the graph measures the entropy too, which
+        # costs the CPU far more than that.
+        return CPU, ("a greedy row draws faster on the CPU (backend_sampling=on draws it in the graph)"
+                     if request.sampling.temperature <= 0 else
+                     "a temperature chain draws faster on the CPU (backend_sampling=on draws it in the graph)")
+    if request.sampling.temperature <= 0:
+        return BACKEND, "greedy"
     return BACKEND, "temperature/top-k/top-p/min-p chain"

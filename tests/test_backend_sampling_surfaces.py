@@ -58,8 +58,10 @@ def test_generate_summary_names_the_sampler_and_refuses_a_bad_mode(fake_engine, 
     assert main(["generate", "--model", BACKEND, "--raw", "--max-tokens", "8", "--temperature", "0",
                  "--backend-sampling", "off", "Hi"]) == 0
     assert "cpu sampler" in capsys.readouterr().err
-    # generate asks for confidence spans, which the CPU chain gives; a request without them draws in the graph
-    res = get_runtime().generate("Hi", model=BACKEND, chat=False, max_tokens=8, sampling=preset("greedy"),
+    # generate asks for confidence spans, which the CPU chain gives; with backend_sampling on, a request
+    # without them draws in the graph
+    on = get_runtime().spec(BACKEND, backend_sampling="on")
+    res = get_runtime().generate("Hi", model=on, chat=False, max_tokens=8, sampling=preset("greedy"),
                                  confidence=ConfidenceConfig(enabled=False))
     assert res.sampler == "backend" and "backend sampler" in cliwords.summary(res, 0.1)
     with pytest.raises(SystemExit) as bad:

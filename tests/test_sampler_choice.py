@@ -19,13 +19,17 @@ def _req(**kw) -> GenerationRequest:
     return GenerationRequest("x", **kw)
 
 
-def test_greedy_goes_to_the_backend_and_a_temperature_chain_where_asked():
-    assert choose("auto", True, _req(sampling=preset("greedy"))) == (BACKEND, "greedy")
+def test_auto_leaves_greedy_and_temperature_chains_to_the_cpu_and_on_draws_them_in_the_graph():
+    # both measured faster on the CPU, and a chain attached per request rebuilds llama.cpp's scheduler
+    for sampling in (preset("greedy"), PLAIN):
+        kind, why = choose("auto", True, _req(sampling=sampling))
+        assert kind == CPU and "backend_sampling=on" in why
     assert choose("on", True, _req(sampling=preset("greedy"))) == (BACKEND, "greedy")
-    # auto leaves a temperature chain to the CPU sampler (measured faster), on draws it in the graph
-    kind, why = choose("auto", True, _req())
-    assert kind == CPU and "backend_sampling=on" in why
     assert choose("on", True, _req())[0] == BACKEND
+    # spans are what auto draws in the graph, greedy or not, where the graph measures entropies
+    spans = ConfidenceConfig(enabled=True)
+    assert choose("auto", True, _req(sampling=preset("greedy"), confidence=spans), entropy=True)[0] == BACKEND
+    assert choose("auto", True, _req(confidence=spans), entropy=True)[0] == BACKEND
 
 
 @pytest.mark.parametrize("kw, why", [
