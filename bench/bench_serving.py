@@ -241,26 +241,31 @@ def passes(args) -> dict:
     return d
 
 
+def server_arguments(ap: argparse.ArgumentParser, gen: int) -> None:
+    """The options that say what a3b serve runs (bench_chains takes them too)."""
+    ap.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
+    ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (in both servers)")
+    ap.add_argument("--token-prompts", action="store_true", help="prompts as token ids (a random-weight model)")
+    ap.add_argument("--parallel", type=int, default=4, help="slots (of both servers)")
+    ap.add_argument("--n-ctx", type=int, default=512, help="context per slot")
+    ap.add_argument("--gen", type=int, default=gen, help="tokens per request")
+    ap.add_argument("--a3b-args", default="", help="more options of a3b serve, e.g. '--speculative off'")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
+    server_arguments(ap, gen=128)
     ap.add_argument("--llama-server", default=None, help="llama-server binary (default: built from the vendored "
                                                          "llama.cpp of the installed llama-cpp-python, once)")
     ap.add_argument("--clients", default="1,4", help="client counts (comma list)")
     ap.add_argument("--modes", default="greedy,t0.7", help="sampling modes: greedy, t0.7")
-    ap.add_argument("--parallel", type=int, default=4, help="slots of both servers")
-    ap.add_argument("--n-ctx", type=int, default=512, help="context per slot")
-    ap.add_argument("--gen", type=int, default=128, help="tokens per request")
     ap.add_argument("--rounds", type=int, default=2, help="requests per client and cell")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of both servers (0: each one's default)")
     ap.add_argument("--llama-server-threads", type=int, default=0,
                     help="llama-server's threads alone (-t; 0: --threads), e.g. the pinned cores' count")
-    ap.add_argument("--gpu", action="store_true", help="every layer on the GPU, in both servers")
     ap.add_argument("--cpus", default=None, help="run both servers on these cores only (taskset -c LIST): a small "
                                                  "machine's cores on a large one")
-    ap.add_argument("--token-prompts", action="store_true", help="prompts as token ids (a random-weight model)")
     ap.add_argument("--no-passes", dest="passes", action="store_false", help="skip the pass count run")
-    ap.add_argument("--a3b-args", default="", help="more options of a3b serve, e.g. '--speculative off'")
     ap.add_argument("--only", default="a3b serve,llama-server", help="which servers to run (comma list)")
     ap.add_argument("--name", default="serving", help="results name under bench/results")
     ap.add_argument("--out", default=None, help="also copy the results into this folder")

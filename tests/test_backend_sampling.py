@@ -142,3 +142,51 @@ def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt):
     # how many drafts run follows the step costs this model measured so far (speculative.StepCost):
     # on two busy cores a drafted token can cost most of a step, and the drafter then drafts less
     assert more.sampler == "cpu" and more.tokens == plain.tokens and more.n_drafted_tokens > 0
+
+
+def test_a_finished_requests_chain_serves_the_next_request_like_it_and_leaves_for_a_cpu_row(rt):
+    """The chain of the request that finished last stays on its sequence (attached.py: attaching one
+    rebuilds llama.cpp's scheduler): the next request there with the same settings and seed takes it
+    over and draws what a fresh chain of that seed draws; a CPU-sampled request placed there gets its
+    row's logits, not a token drawn by the parked chain."""
+    spans = ConfidenceConfig(threshold=1.5, min_run=1)
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=7)
+    spec = rt.spec(None, backend_sampling="auto", n_parallel=1, speculative="off", n_threads=2)
+    chains = rt.load(spec).backend.chains
+
+    def run(**kw):
+        kw.setdefault("sampling", sp)
+        kw.setdefault("confidence", spans)
+        return rt.submit(PROMPT, model=spec, max_tokens=32, **kw).result()
+
+    greedy_first = run(sampling=preset("greedy"), confidence=OFF, logprobs=1)   # nothing attached yet
+    run()
+    parked = chains.parked
+    assert parked is not None and parked.chain and chains.by_seq[0] is parked
+    taken = run()
+    assert chains.parked is parked and chains.by_seq[0] is parked   # taken over, parked again
+    greedy = run(sampling=preset("greedy"), confidence=OFF, logprobs=1)
+    assert greedy.sampler == "cpu" and greedy.tokens == greedy_first.tokens
+    assert chains.parked is None and 0 not in chains.by_seq and parked.chain is None
+    fresh = run()
+    assert chains.parked is not parked
+    assert (taken.sampler, fresh.sampler) == ("backend", "backend")
+    assert taken.tokens == fresh.tokens and taken.entropies == pytest.approx(fresh.entropies, abs=1e-4)
+
+
+def test_one_chain_at_most_stays_parked(rt):
+    """Requests that land on other sequences (prompts that share little take the least recently used
+    slot) leave one parked chain, not one per sequence."""
+    spans = ConfidenceConfig(threshold=1.5, min_run=1)
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=3)
+    spec = rt.spec(None, backend_sampling="auto", n_parallel=4, speculative="off")
+    chains = rt.load(spec).backend.chains
+    seqs = set()
+    for i in range(6):
+        word = ("Apples", "Rivers", "Seven", "Quietly", "Mountains", "Yesterday")[i]
+        r = rt.submit(f"{word} are the subject of this short note, number {i}:", model=spec, chat=False,
+                      sampling=sp, max_tokens=6, confidence=spans).result()
+        assert r.sampler == "backend"
+        seqs.add(chains.parked.seq_id)
+        assert list(chains.by_seq.values()) == [chains.parked]
+    assert len(seqs) > 1   # the requests did land on several sequences

@@ -8,7 +8,6 @@ import ctypes
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from ..grammars import check_size, compile_bounded
 from ..options import LoadSpec, parse_speculative, state_snapshots
 from ..scheduler import DecodeStep
 from . import abort, chain as chains, graph_entropy, passes
+from .attached import AttachedChains, Sampler
 from .chain import greedy as chain_greedy
 from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
 from .fitting import kv_stream_bytes, measure_context
@@ -108,25 +108,6 @@ def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "
     return p
 
 
-@dataclass
-class Sampler:
-    """A request's llama.cpp sampler chain; `greedy` when the chain is the greedy sampler alone;
-    `grammar` when the answer is constrained (grammar.py); `seq_id` when the chain is attached to
-    that sequence of the context as a backend chain (drawn inside the decode; sampler_choice.py)."""
-    chain: Any
-    greedy: bool = False
-    grammar: Grammar | None = None
-    seq_id: int | None = None
-    #: token ids never drawn (ignore_eos: the end-of-generation tokens; the chain holds them too)
-    ban: list[int] = field(default_factory=list)
-    #: the backend chain measures its row's entropy in the graph (graph_entropy.py)
-    entropy: bool = False
-
-    @property
-    def backend(self) -> bool:
-        return self.seq_id is not None
-
-
 class LlamaBackend(Backend):
     def __init__(self, weights: Weights, spec: LoadSpec):
         if spec.lora_path:
@@ -182,7 +163,7 @@ class LlamaBackend(Backend):
         #: backend chains may be attached (sampler_choice.py), measuring entropies in the graph
         #: too (graph_entropy.py); the chain attached to each sequence
         self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
-        self._attached: dict[int, Sampler] = {}
+        self.chains = AttachedChains(self.ctx)
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
         self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
         self.ebatch = None
@@ -241,6 +222,9 @@ class LlamaBackend(Backend):
                                        fatal=rc < -1)
         if not texts:
             return
+        for e in texts:   # an output row gets logits, or a token from its own request's chain
+            if e.output is not None:
+                self.chains.clear_for(e.job.slot.seq_id, e.job.sampler)
         # logits for an entry's last token and for each token drafted after it (speculative decoding)
         fill_batch(self.batch, ((t, e.position + k, e.job.slot.seq_id, e.output is not None and k >= e.count - 1)
                                 for e in texts for k, t in enumerate(e.tokens())))
@@ -292,10 +276,14 @@ class LlamaBackend(Backend):
         greedy = chain_greedy(sp)
         ban = self.weights.eog_tokens() if sp.ignore_eos else []
         if seq_id is not None and self.backend_sampling and grammar is None and sp.repeat_penalty == 1.0:
-            taps = graph_entropy.taps(llama()) if entropy and self.backend_entropy else None
+            key = (sp, seed, bool(entropy and self.backend_entropy))
+            parked = self.chains.take(seq_id, key)   # the last request's chain there (attached.py)
+            if parked is not None:
+                return parked
+            taps = graph_entropy.taps(llama()) if key[2] else None
             chain = self._chain(sp, seed, taps)
-            sampler = Sampler(chain, greedy=greedy, ban=ban, entropy=taps is not None)
-            if self._attach(sampler, seq_id):
+            sampler = Sampler(chain, greedy=greedy, ban=ban, entropy=taps is not None, key=key)
+            if self.chains.attach(sampler, seq_id):
                 return sampler
             # a chain that went through llama.cpp's backend set-up skips its backend part on the
             # CPU: a fresh one for the CPU
@@ -304,42 +292,26 @@ class LlamaBackend(Backend):
         g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
         return Sampler(chain, greedy=greedy, grammar=g, ban=ban)
 
-    def _attach(self, sampler: Sampler, seq_id: int) -> bool:
-        L = llama()
-        other = self._attached.pop(seq_id, None)
-        if other is not None and other is not sampler:
-            other.seq_id = None   # replaced below: prepare() attaches it again where it goes next
-        if not L.llama_set_sampler(self.ctx, seq_id, sampler.chain):
-            return False
-        self._attached[seq_id] = sampler
-        sampler.seq_id = seq_id
-        return True
-
-    def _detach(self, sampler: Sampler) -> None:
-        seq = sampler.seq_id
-        if seq is not None and self._attached.get(seq) is sampler:
-            llama().llama_set_sampler(self.ctx, seq, None)   # before the chain is freed
-            del self._attached[seq]
-        sampler.seq_id = None
-
     def prepare(self, sampler: Sampler, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend chain
         moved with its request to another sequence (a preempted request placed again), or displaced
         by another request's chain, is attached again. llama.cpp sets a chain up for the backend
         once in its life, so a copy with the same state (its random stream included) is attached."""
-        if not backend or (sampler.seq_id == seq_id and self._attached.get(seq_id) is sampler):
+        if not backend or self.chains.holds(sampler, seq_id):
             return
         L = llama()
-        self._detach(sampler)
+        self.chains.detach(sampler)
         copy = L.llama_sampler_clone(sampler.chain)
         L.llama_sampler_free(sampler.chain)
         sampler.chain = copy
-        if not self._attach(sampler, seq_id):
+        if not self.chains.attach(sampler, seq_id):
             raise DecodeFailed("llama.cpp refused to attach a sampler chain it took before")
 
     def free_sampler(self, sampler: Sampler) -> None:
+        if sampler and self.chains.park(sampler):   # stays on its sequence for the next request like it
+            return
         if sampler:
-            self._detach(sampler)
+            self.chains.detach(sampler)
         if sampler and sampler.grammar is not None:
             sampler.grammar.free()
             sampler.grammar = None
@@ -473,6 +445,7 @@ class LlamaBackend(Backend):
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None
+        self.chains.close()
         if self.pools is not None:   # after the context (threadpool.Pools.free)
             self.pools.free()
             self.pools = None
