@@ -267,7 +267,9 @@ class Backend(Protocol):
         None, or the matcher whose `error` (None while it goes on) says why it gave up."""
 
     def prepare(self, sampler: Any, seq_id: int, backend: bool) -> None:
-        """Before a decode with an output row of `seq_id`: an attached sampler follows its request there."""
+        """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend sampler
+        (`backend`) follows its request there; for a CPU sampler no other chain stays attached
+        there (the row's logits come back, not a token drawn by that chain)."""
 
     def free_sampler(self, sampler: Any) -> None: ...
 

@@ -65,7 +65,8 @@ class RowVerifier:
 
     def _sampler(self, job: GenJob) -> None:
         """The request's sampler, made at its first output row (sampler_choice.py decides where it
-        draws); a backend chain follows its request to the sequence it decodes in now."""
+        draws); a backend chain follows its request to the sequence it decodes in now, and a row
+        drawn on the CPU has no other request's chain on its sequence (the backend's prepare)."""
         if job.sampler is None:
             if job.sampler_kind is None:
                 job.sampler_kind, why = sampler_choice.choose(self.spec.backend_sampling,
@@ -79,6 +80,6 @@ class RowVerifier:
                                                    entropy=job.req.confidence.enabled)
             if seq is not None and not job.sampler.backend:
                 job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
-        elif job.sampler_kind == sampler_choice.BACKEND and job.slot is not None:
-            self.backend.prepare(job.sampler, job.slot.seq_id, True)
+        if job.slot is not None:   # its chain follows it; a CPU row gets its logits
+            self.backend.prepare(job.sampler, job.slot.seq_id, job.sampler_kind == sampler_choice.BACKEND)
 

@@ -320,6 +320,7 @@ class FakeBackend(Backend):
         #: seq_id -> the sampler attached there, as llama.cpp keeps it; every attach, in order
         self.attached: dict[int, dict] = {}
         self.attaches: list[int] = []
+        self.prepares: list[tuple[int, bool]] = []   # (sequence, backend) before each output row's decode
         self.can_move = self.settings.move
         self._interrupt = False
         self.aborted = 0
@@ -413,6 +414,11 @@ class FakeBackend(Backend):
         self.attaches.append(seq_id)
 
     def prepare(self, sampler, seq_id: int, backend: bool) -> None:
+        self.prepares.append((seq_id, backend))
+        held = self.attached.get(seq_id)
+        if not backend and held is not None and held is not sampler:   # a CPU row there: its logits
+            del self.attached[seq_id]
+            held["seq_id"] = None
         if backend and (sampler["seq_id"] != seq_id or self.attached.get(seq_id) is not sampler):
             if sampler["seq_id"] is not None and self.attached.get(sampler["seq_id"]) is sampler:
                 del self.attached[sampler["seq_id"]]

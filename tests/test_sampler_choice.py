@@ -101,6 +101,17 @@ def test_the_worker_attaches_a_chain_per_request_and_detaches_it_at_the_end(rt, 
     assert m.stats["sampler_backend"] == 3
 
 
+def test_every_output_row_is_prepared_with_where_it_draws(rt):
+    """The worker tells the backend before each decode where each output row draws: a CPU row too,
+    so that no chain left on its sequence (a parked one, attached.py) draws it instead."""
+    m, res = _run(rt, "fake://m?backend_sampling=1", "off", PLAIN, n=2)
+    assert [r.sampler for r in res] == [CPU, CPU]
+    assert len(m.backend.prepares) == sum(len(r.tokens) for r in res)
+    assert {b for _, b in m.backend.prepares} == {False}
+    m, res = _run(rt, "fake://m?backend_sampling=1", "on", PLAIN, n=2)
+    assert {b for _, b in m.backend.prepares} == {True}
+
+
 def test_a_request_the_backend_cannot_draw_gets_no_chain(rt):
     pen = SamplingParams(temperature=0.7, repeat_penalty=1.2, seed=1)
     m, res = _run(rt, "fake://m?backend_sampling=1", "on", pen)

@@ -222,9 +222,6 @@ class LlamaBackend(Backend):
                                        fatal=rc < -1)
         if not texts:
             return
-        for e in texts:   # an output row gets logits, or a token from its own request's chain
-            if e.output is not None:
-                self.chains.clear_for(e.job.slot.seq_id, e.job.sampler)
         # logits for an entry's last token and for each token drafted after it (speculative decoding)
         fill_batch(self.batch, ((t, e.position + k, e.job.slot.seq_id, e.output is not None and k >= e.count - 1)
                                 for e in texts for k, t in enumerate(e.tokens())))
@@ -297,7 +294,10 @@ class LlamaBackend(Backend):
         moved with its request to another sequence (a preempted request placed again), or displaced
         by another request's chain, is attached again. llama.cpp sets a chain up for the backend
         once in its life, so a copy with the same state (its random stream included) is attached."""
-        if not backend or self.chains.holds(sampler, seq_id):
+        if not backend:   # a CPU row: a parked chain there (or a displaced one) comes off
+            self.chains.clear_for(seq_id, sampler)
+            return
+        if self.chains.holds(sampler, seq_id):
             return
         L = llama()
         self.chains.detach(sampler)
