@@ -87,9 +87,8 @@ def choose(mode: str, available: bool, request, draft_max: int | None = None,
         # and went paid that in the time to its first token (16 greedy clients: p50 142 ms against
         # 96 sampled on the CPU). With confidence spans the graph measures the entropy too, which
         # costs the CPU far more than that.
-        return CPU, ("a greedy row draws faster on the CPU (backend_sampling=on draws it in the graph)"
-                     if request.sampling.temperature <= 0 else
-                     "a temperature chain draws faster on the CPU (backend_sampling=on draws it in the graph)")
+        what = "a greedy row" if request.sampling.temperature <= 0 else "a temperature chain"
+        return CPU, f"{what} draws faster on the CPU (backend_sampling=on draws it in the graph)"
     if request.sampling.temperature <= 0:
         return BACKEND, "greedy"
     return BACKEND, "temperature/top-k/top-p/min-p chain"

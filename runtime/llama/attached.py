@@ -21,9 +21,12 @@ costs the one rebuild that taking it off at its request's end cost before.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .binding import llama
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .grammar import Grammar
 
 
 @dataclass(eq=False)
@@ -33,7 +36,7 @@ class Sampler:
     that sequence of the context as a backend chain (drawn inside the decode; sampler_choice.py)."""
     chain: Any
     greedy: bool = False
-    grammar: Any = None
+    grammar: Grammar | None = None
     seq_id: int | None = None
     #: token ids never drawn (ignore_eos: the end-of-generation tokens; the chain holds them too)
     ban: list[int] = field(default_factory=list)

@@ -161,7 +161,7 @@ class LlamaBackend(Backend):
         self.can_move = (spec.n_parallel > 1 and self.mtp is None and not recurrent
                          and kv_stream_bytes(weights, spec) <= weights.size_bytes)
         #: backend chains may be attached (sampler_choice.py), measuring entropies in the graph
-        #: too (graph_entropy.py); the chain attached to each sequence
+        #: too (graph_entropy.py); the chains attached to its sequences (attached.py)
         self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
         self.chains = AttachedChains(self.ctx)
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
@@ -308,14 +308,13 @@ class LlamaBackend(Backend):
             raise DecodeFailed("llama.cpp refused to attach a sampler chain it took before")
 
     def free_sampler(self, sampler: Sampler) -> None:
-        if sampler and self.chains.park(sampler):   # stays on its sequence for the next request like it
+        if not sampler or self.chains.park(sampler):   # parked: stays for the next request like it
             return
-        if sampler:
-            self.chains.detach(sampler)
-        if sampler and sampler.grammar is not None:
+        self.chains.detach(sampler)
+        if sampler.grammar is not None:
             sampler.grammar.free()
             sampler.grammar = None
-        if sampler and sampler.chain:
+        if sampler.chain:
             llama().llama_sampler_free(sampler.chain)
             sampler.chain = None
 
