@@ -19,8 +19,21 @@ def plain_entropy(logits: np.ndarray) -> float:
     return float(np.log(s) - (e @ z) / s)
 
 
-def test_rows_side_by_side_give_the_plain_formulas_entropies(rt):
+def decode_four_prompts(m) -> list[int]:
+    """Four prompts decoded in one batch on sequences 0-3 of `m`'s context (the caller holds the
+    model's lock); the batch index of each prompt's last token, whose logits row is there."""
     from comfyui_a3b.runtime.llama.binding import fill_batch, llama
+
+    b = m.backend
+    prompts = [m.tokenize(t, add_bos=True) for t in ("The sea is", "In 1492", "def add(a, b):", "Dear Sir,")]
+    fill_batch(b.batch, ((t, p, s, p == len(toks) - 1) for s, toks in enumerate(prompts)
+                         for p, t in enumerate(toks)))
+    assert llama().llama_decode(b.ctx, b.batch) == 0
+    return [int(e) for e in np.cumsum([len(t) for t in prompts]) - 1]
+
+
+def test_rows_side_by_side_give_the_plain_formulas_entropies(rt):
+    from comfyui_a3b.runtime.llama.binding import llama
     from comfyui_a3b.runtime.llama.rows import entropy
 
     spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
@@ -29,13 +42,9 @@ def test_rows_side_by_side_give_the_plain_formulas_entropies(rt):
     assert b._pool is not None   # 4 slots and a 49k vocabulary: rows are sampled in threads
     L = llama()
     with m._lock:                # the worker waits while the test drives its backend
-        prompts = [m.tokenize(t, add_bos=True) for t in ("The sea is", "In 1492", "def add(a, b):", "Dear Sir,")]
-        fill_batch(b.batch, ((t, p, s, p == len(toks) - 1) for s, toks in enumerate(prompts)
-                             for p, t in enumerate(toks)))
-        assert L.llama_decode(b.ctx, b.batch) == 0
+        ends = decode_four_prompts(m)
         samplers = [b.new_sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0) for _ in range(4)]
         samplers += [b.new_sampler(SamplingParams(temperature=0.9, seed=7, repeat_penalty=1.0), 7) for _ in range(4)]
-        ends = list(np.cumsum([len(t) for t in prompts]) - 1)   # the batch index of each prompt's last token
         rows = [(s, int(ends[i % 4]), True) for i, s in enumerate(samplers)]
         threaded = b.sample_rows(rows)
         pool, b._pool = b._pool, None

@@ -44,6 +44,8 @@ class Sampler:
     entropy: bool = False
     #: what made a backend chain (settings, seed, entropy taps): a parked chain goes to an equal key
     key: Any = None
+    #: k where a CPU chain starts with top-k over the row (rows.draw gives it the row's candidates)
+    top_k: int = 0
 
     @property
     def backend(self) -> bool:

@@ -27,7 +27,7 @@ from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequenc
 from .fitting import kv_stream_bytes, measure_context
 from .grammar import Grammar, compile_matcher
 from .mtp import MtpContext
-from .rows import THREADS_FROM, entropy, heavy
+from .rows import THREADS_FROM, draw, entropy, heavy, top_candidates
 from .sampling_power import backend_powers
 from .threadpool import attach
 from .threadtune import ThreadTuner
@@ -287,7 +287,7 @@ class LlamaBackend(Backend):
             llama().llama_sampler_free(chain)
         chain = self._chain(sp, seed)
         g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
-        return Sampler(chain, greedy=greedy, grammar=g, ban=ban)
+        return Sampler(chain, greedy=greedy, grammar=g, ban=ban, top_k=chains.leading_top_k(sp))
 
     def prepare(self, sampler: Sampler, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend chain
@@ -331,9 +331,7 @@ class LlamaBackend(Backend):
             if want_entropy and ent is None:   # sampler_choice gives such a request a chain with the taps
                 raise DecodeFailed(f"llama.cpp measured no entropy for output row {row} of sequence {sampler.seq_id}")
             return tok, ent
-        logits = None
-        if want_entropy or sampler.greedy or sampler.grammar is not None:
-            logits = np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,))
+        logits = np.ctypeslib.as_array(ptr, shape=(self.weights.n_vocab,))
         ent = entropy(logits) if want_entropy else None
         if sampler.grammar is not None:
             return sampler.grammar.pick(sampler.chain, logits, sampler.greedy), ent
@@ -344,6 +342,11 @@ class LlamaBackend(Backend):
             if sampler.ban:   # ignore_eos: the chain's -inf bias, on the row itself (read after the entropy)
                 logits[sampler.ban] = -np.inf
             return int(logits.argmax()), ent
+        # the chain over the few tokens that hold the row's top k (rows.py); the banned tokens among
+        # them get the chain's -inf bias, so the set holds the top k + len(ban)
+        ids = top_candidates(logits, sampler.top_k + len(sampler.ban)) if sampler.top_k else None
+        if ids is not None:
+            return draw(L, sampler.chain, logits, ids), ent
         return L.llama_sampler_sample(sampler.chain, self.ctx, row), ent
 
     def logprobs(self, row: int, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
@@ -369,7 +372,7 @@ class LlamaBackend(Backend):
         L = llama()
         items = [(s, row, want, None if s.backend else L.llama_get_logits_ith(self.ctx, row))
                  for s, row, want in rows]
-        work = [heavy(want, s.greedy, s.backend) for s, _, want, _ in items]
+        work = [heavy(want, s.greedy, s.backend, s.top_k) for s, _, want, _ in items]
         if self._pool is None or sum(work) < THREADS_FROM:
             return [self._sample_one(it) for it in items]
         out: list = [None] * len(items)

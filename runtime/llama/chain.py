@@ -23,6 +23,33 @@ def greedy(sp) -> bool:
     return sp.temperature <= 0 and sp.repeat_penalty == 1.0 and sp.samplers is None
 
 
+def _order(sp) -> tuple[str, ...]:
+    return DEFAULT_ORDER if sp.samplers is None else tuple(sp.samplers)
+
+
+def cold(sp) -> bool:
+    """Whether the chain ends with the likeliest token rather than a seeded draw."""
+    return sp.temperature <= 0 and "temperature" in _order(sp)
+
+
+def applied(sp) -> list[str]:
+    """The names of the samplers the chain applies to a row, in order (before its draw)."""
+    # the default chain at temperature 0 keeps the penalty alone before the likeliest token
+    shaping = sp.samplers is not None or not cold(sp)
+    applies = {"top_k": sp.top_k > 0 and shaping, "penalties": sp.repeat_penalty != 1.0,
+               "top_p": sp.top_p < 1.0 and shaping, "min_p": sp.min_p > 0 and shaping,
+               "temperature": not cold(sp), "infill": True}
+    return [name for name in _order(sp) if applies[name]]
+
+
+def leading_top_k(sp) -> int:
+    """k when the chain's first sampler over a row is top-k (the ignore_eos bias aside, which the
+    worker puts on the row itself), else 0: then a set of candidates holding the row's top k is all
+    the chain needs (rows.draw)."""
+    names = applied(sp)
+    return sp.top_k if names and names[0] == "top_k" else 0
+
+
 def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int], taps: tuple | None = None):
     L = llama()
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -35,24 +62,20 @@ def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int], taps: tuple | 
     if sp.ignore_eos:
         bias = (L.llama_logit_bias * len(eog))(*(L.llama_logit_bias(t, float("-inf")) for t in eog))
         add(L.llama_sampler_init_logit_bias(n_vocab, len(eog), bias))
-    order = DEFAULT_ORDER if sp.samplers is None else sp.samplers
-    # the default chain at temperature 0 keeps the penalty alone before the likeliest token
-    cold = sp.temperature <= 0 and "temperature" in order
-    shaping = sp.samplers is not None or not cold
-    for name in order:
-        if name == "top_k" and sp.top_k > 0 and shaping:
+    for name in applied(sp):
+        if name == "top_k":
             add(L.llama_sampler_init_top_k(sp.top_k))
-        elif name == "penalties" and sp.repeat_penalty != 1.0:
+        elif name == "penalties":
             add(L.llama_sampler_init_penalties(n_vocab, sp.repeat_last_n, sp.repeat_penalty, 0.0, 0.0))
-        elif name == "top_p" and sp.top_p < 1.0 and shaping:
+        elif name == "top_p":
             add(L.llama_sampler_init_top_p(sp.top_p, 1))
-        elif name == "min_p" and sp.min_p > 0 and shaping:
+        elif name == "min_p":
             add(L.llama_sampler_init_min_p(sp.min_p, 1))
-        elif name == "temperature" and not cold:
+        elif name == "temperature":
             add(L.llama_sampler_init_temp(sp.temperature))
         elif name == "infill":
             add(L.llama_sampler_init_infill(vocab_ptr))
-    add(L.llama_sampler_init_greedy() if cold else L.llama_sampler_init_dist(seed))
+    add(L.llama_sampler_init_greedy() if cold(sp) else L.llama_sampler_init_dist(seed))
     if taps:
         add(taps[1])
     return chain

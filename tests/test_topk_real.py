@@ -1,0 +1,58 @@
+"""The CPU chain over a row's top-k candidates (runtime/llama/rows.py) on the real embedded model:
+the same tokens as llama.cpp's llama_sampler_sample over the whole row, draw after draw, and the same
+text end to end."""
+from __future__ import annotations
+
+import pytest
+
+from comfyui_a3b.runtime import SamplingParams
+from comfyui_a3b.runtime.generation import ConfidenceConfig
+from comfyui_a3b.runtime.llama import backend
+
+from test_entropy_real import decode_four_prompts
+
+pytestmark = pytest.mark.slow
+CHAINS = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0),
+          SamplingParams(temperature=1.5, top_k=100, top_p=1.0, min_p=0.0, repeat_penalty=1.1),
+          SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.0, ignore_eos=True),
+          SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.0, samplers=["top_k", "top_p", "infill"])]
+
+
+def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt):
+    spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
+    m = rt.load(spec)
+    b = m.backend
+    with m._lock:                # the worker waits while the test drives its backend
+        ends = decode_four_prompts(m)
+        drawn = {"candidates": [], "row": []}
+        for sp in CHAINS:
+            for seed in range(25):
+                fast, whole = b.new_sampler(sp, seed), b.new_sampler(sp, seed)
+                assert fast.top_k == sp.top_k
+                whole.top_k = 0      # llama_sampler_sample over the whole row
+                for end in ends * 3:     # a chain's state (penalties, the random stream) moves on
+                    drawn["candidates"].append(b.sample_rows([(fast, end, False)])[0][0])
+                    drawn["row"].append(b.sample_rows([(whole, end, False)])[0][0])
+                b.free_sampler(fast)
+                b.free_sampler(whole)
+        for s in range(4):
+            b.trim(s, 0)
+    assert drawn["candidates"] == drawn["row"]
+    assert len(set(drawn["row"])) > 50      # the draws are spread, not one likeliest token
+    rt.unload(spec)
+
+
+def test_the_same_text_with_and_without_candidates(rt, monkeypatch):
+    sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=11)
+    spec = rt.spec(n_parallel=2, n_ctx=512, speculative="off", n_threads=2, backend_sampling="off")
+
+    def run():
+        return rt.submit("Once upon a time", model=spec, sampling=sp, max_tokens=96, chat=False,
+                         confidence=ConfidenceConfig(enabled=False)).result()
+
+    run()                                             # the prompt read once: both runs find it cached
+    fast = run()
+    monkeypatch.setattr(backend, "top_candidates", lambda logits, k: None)
+    whole = run()
+    assert fast.tokens == whole.tokens and len(fast.tokens) > 40
+    rt.unload(spec)
