@@ -170,7 +170,9 @@ def measure(name: str, proc: Proc, args, llama_server: bool) -> dict:
     return res
 
 
-STEPS = (" | steps {decode_calls}: {ms_per_step:.1f} ms, {rows_per_step:.1f} rows, {tokens_per_step:.1f} tokens, "
+STEPS = (" | steps {decode_calls}: {step_ms:.2f} ms (launch {ms_per_step:.2f}, engine {wait_ms:.2f}, "
+         "sample {sample_ms:.2f}, stream {stream_ms:.2f}, plan {plan_ms:.2f}), {rows_per_step:.1f} rows, "
+         "{tokens_per_step:.1f} tokens, "
          "drafted {drafted_tokens} accepted {accepted_tokens}, engine TTFT {engine_ttft_ms:.0f} ms")
 
 
@@ -186,9 +188,18 @@ def delta(before: dict, after: dict, keys) -> dict:
 def steps(before: dict, after: dict) -> dict:
     """What the engine did in a cell: decode calls, their mean time and rows, drafted and accepted tokens."""
     d = delta(before, after, ("decode_calls", "decode_us", "decode_rows", "decoded_tokens", "generated_tokens",
-                              "drafted_tokens", "accepted_tokens", "first_token_us", "first_tokens"))
+                              "drafted_tokens", "accepted_tokens", "first_token_us", "first_tokens",
+                              "step_us", "wait_us", "sample_us", "verify_us"))
     calls = max(d["decode_calls"], 1)
+    # where a step's time goes, on the worker thread: llama_decode's launch (ms_per_step), waiting for
+    # the engine to finish it (the GPU; on a CPU the launch is the work), sampling the rows, turning
+    # tokens into text and streams, and the rest (admission, planning, the KV trims)
     d["ms_per_step"] = d["decode_us"] / calls / 1000
+    d["step_ms"] = d["step_us"] / calls / 1000
+    d["wait_ms"] = d["wait_us"] / calls / 1000
+    d["sample_ms"] = d["sample_us"] / calls / 1000
+    d["stream_ms"] = (d["verify_us"] - d["sample_us"]) / calls / 1000
+    d["plan_ms"] = (d["step_us"] - d["decode_us"] - d["wait_us"] - d["verify_us"]) / calls / 1000
     d["rows_per_step"] = d["decode_rows"] / calls
     d["tokens_per_step"] = d["decoded_tokens"] / calls
     d["engine_ttft_ms"] = d["first_token_us"] / max(d["first_tokens"], 1) / 1000   # submitted to first token, mean

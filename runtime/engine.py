@@ -253,6 +253,10 @@ class Backend(Protocol):
     def decode(self, step: DecodeStep) -> None:
         """Run one batch; raise DecodeFailed when the engine refuses it."""
 
+    def synchronize(self) -> None:
+        """Wait until the last decode is computed (a GPU's queue drained): `decode` may return once
+        the work is launched. An engine that decodes before it returns has nothing to wait for."""
+
     #: whether new_sampler may attach a chain to a sequence, drawn inside the decode (sampler_choice.py)
     backend_sampling: bool = False
     #: whether such a chain can also give each row's entropy (measured where the logits are)

@@ -3,6 +3,7 @@
 thread only."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import sampler_choice
@@ -33,8 +34,10 @@ class RowVerifier:
             for e in active:
                 if e.job.sampler is None:
                     self._sampler(e.job)
+            t0 = time.perf_counter()
             sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
                                                 for e in active])
+            self.stats["sample_us"] += int((time.perf_counter() - t0) * 1e6)
             going = []
             for e, (tok, ent) in zip(active, sampled):
                 job = e.job

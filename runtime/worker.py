@@ -252,6 +252,7 @@ class LoadedModel(RowVerifier, Model):
                         self._lock.wait()
                     if self._closing:
                         break
+                    t_step = time.perf_counter()
                     adm = self.policy.admit()
                     for job in self.policy.cancelled_running():
                         adm.dropped.append(job)
@@ -268,6 +269,7 @@ class LoadedModel(RowVerifier, Model):
                     self._embed(step)
                 elif isinstance(step, DecodeStep):
                     self._decode(step)
+                    self.stats["step_us"] += int((time.perf_counter() - t_step) * 1e6)
                 elif not (adm.dropped or adm.dropped_embeds):
                     with self._lock:   # nothing runnable yet: do not spin
                         self._lock.wait(0.05)
@@ -356,8 +358,12 @@ class LoadedModel(RowVerifier, Model):
         self.stats["decoded_tokens"] += step.n_tokens
         self.stats["decode_us"] += int(took * 1e6)   # the engine's time (benchmarks: ms per step)
         self.stats["decode_rows"] += len(step.entries)
+        t1 = time.perf_counter()
+        self.backend.synchronize()   # the GPU's share of the step (benchmarks: where a step goes)
         now = time.perf_counter()
+        self.stats["wait_us"] += int((now - t1) * 1e6)
         self._verify([e for e in step.entries if e.output is not None], now)
+        self.stats["verify_us"] += int((time.perf_counter() - now) * 1e6)
 
     def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
               lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:

@@ -403,3 +403,14 @@ def test_a_stop_string_at_the_bound_costs_time_linear_in_the_text():
     # as many tokens) too.
     assert worst < 10 * base + 1.0, (base, worst)
     assert full < 30 * base + 1.0, (base, full)
+
+
+def test_the_worker_counts_where_a_steps_time_goes(rt):
+    """The parts a benchmark reads (bench_serving's step columns) nest: the launch, the wait for the
+    engine and the sampling and streaming of the rows lie within the step; the fake's decode sleeps."""
+    spec = rt.spec("fake://m?delay_ms=2")
+    rt.generate("x", model=spec, chat=False, max_tokens=12, sampling=GREEDY)
+    s = rt.loaded(spec).stats
+    assert s["decode_calls"] >= 12 and s["decode_us"] >= 2000 * s["decode_calls"]
+    assert s["step_us"] >= s["decode_us"] + s["wait_us"] + s["verify_us"]
+    assert 0 < s["sample_us"] <= s["verify_us"]

@@ -15,30 +15,45 @@ pytestmark = pytest.mark.slow
 CHAINS = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0),
           SamplingParams(temperature=1.5, top_k=100, top_p=1.0, min_p=0.0, repeat_penalty=1.1),
           SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.0, ignore_eos=True),
-          SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.0, samplers=["top_k", "top_p", "infill"])]
+          SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.0, samplers=["top_k", "top_p", "infill"]),
+          SamplingParams(temperature=0.0, repeat_penalty=1.0, ignore_eos=True)]
 
 
 def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt):
+    """Row by row and four rows at a time, against llama_sampler_sample over the whole row with
+    the same chain."""
     spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
     m = rt.load(spec)
     b = m.backend
+    assert b._pool is not None   # 4 slots and a 49k vocabulary: rows are sampled in threads
+    submitted = []
+    submit = b._pool.submit
+    b._pool.submit = lambda fn, *a: submitted.append(fn.__name__) or submit(fn, *a)
     with m._lock:                # the worker waits while the test drives its backend
         ends = decode_four_prompts(m)
         drawn = {"candidates": [], "row": []}
         for sp in CHAINS:
-            for seed in range(25):
-                fast, whole = b.new_sampler(sp, seed), b.new_sampler(sp, seed)
-                assert fast.top_k == sp.top_k
-                whole.top_k = 0      # llama_sampler_sample over the whole row
-                for end in ends * 3:     # a chain's state (penalties, the random stream) moves on
-                    drawn["candidates"].append(b.sample_rows([(fast, end, False)])[0][0])
-                    drawn["row"].append(b.sample_rows([(whole, end, False)])[0][0])
-                b.free_sampler(fast)
-                b.free_sampler(whole)
+            for seed in range(12):
+                fast = [b.new_sampler(sp, seed) for _ in ends]
+                whole = [b.new_sampler(sp, seed) for _ in ends]
+                for w in whole:      # llama_sampler_sample over the whole row
+                    assert w.top_k == (sp.top_k if sp.temperature > 0 else 0)
+                    w.top_k, w.greedy = 0, False
+                for r in range(4):   # a chain's state (penalties, the random stream) moves on
+                    if r % 2:
+                        together = b.sample_rows([(f, e, False) for f, e in zip(fast, ends)])
+                        drawn["candidates"] += [t for t, _ in together]
+                    else:
+                        drawn["candidates"] += [b.sample_rows([(f, e, False)])[0][0] for f, e in zip(fast, ends)]
+                    drawn["row"] += [b.sample_rows([(w, e, False)])[0][0] for w, e in zip(whole, ends)]
+                for s in fast + whole:
+                    b.free_sampler(s)
         for s in range(4):
             b.trim(s, 0)
+    b._pool.submit = submit
     assert drawn["candidates"] == drawn["row"]
     assert len(set(drawn["row"])) > 50      # the draws are spread, not one likeliest token
+    assert submitted == []   # draws from candidates stay on the worker thread, four rows or one (rows.heavy)
     rt.unload(spec)
 
 
@@ -52,7 +67,7 @@ def test_the_same_text_with_and_without_candidates(rt, monkeypatch):
 
     run()                                             # the prompt read once: both runs find it cached
     fast = run()
-    monkeypatch.setattr(backend, "top_candidates", lambda logits, k: None)
+    monkeypatch.setattr(backend, "top_candidates", lambda logits, k, maxima=None: None)
     whole = run()
     assert fast.tokens == whole.tokens and len(fast.tokens) > 40
     rt.unload(spec)

@@ -254,6 +254,9 @@ class LlamaBackend(Backend):
         if self.mtp is not None:   # the MTP cache reads what the target read (mtp.py)
             self.mtp.catch_up((None if e.job.units else e.job.slot.seq_id, e.position, e.tokens()) for e in texts)
 
+    def synchronize(self) -> None:
+        llama().llama_synchronize(self.ctx)
+
     def compile_grammar(self, json_schema: Any, gbnf: str | None, abandoned=None) -> Any:
         """The request's grammar matcher (grammar.py), compiled on the compile threads within the
         bounds of runtime/grammars.py; InvalidRequest naming what is wrong or which bound was met."""
