@@ -54,6 +54,10 @@ def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt):
     assert drawn["candidates"] == drawn["row"]
     assert len(set(drawn["row"])) > 50      # the draws are spread, not one likeliest token
     assert submitted == []   # draws from candidates stay on the worker thread, four rows or one (rows.heavy)
+    grammar = b.compile_grammar({"type": "object"}, None)
+    constrained = b.new_sampler(CHAINS[0], 0, grammar=grammar)
+    assert constrained.top_k == 0   # a grammar's matcher reads the whole row (and in the threads)
+    b.free_sampler(constrained)
     rt.unload(spec)
 
 

@@ -290,7 +290,8 @@ class LlamaBackend(Backend):
             llama().llama_sampler_free(chain)
         chain = self._chain(sp, seed)
         g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
-        return Sampler(chain, greedy=greedy, grammar=g, ban=ban, top_k=chains.leading_top_k(sp))
+        # a grammar row goes through its matcher over the whole row (grammar.py), never candidates
+        return Sampler(chain, greedy=greedy, grammar=g, ban=ban, top_k=chains.leading_top_k(sp) if g is None else 0)
 
     def prepare(self, sampler: Sampler, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend chain
