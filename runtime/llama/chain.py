@@ -43,9 +43,9 @@ def applied(sp) -> list[str]:
 
 
 def leading_top_k(sp) -> int:
-    """k when the chain's first sampler over a row is top-k (the ignore_eos bias aside, which the
-    worker puts on the row itself), else 0: then a set of candidates holding the row's top k is all
-    the chain needs (rows.draw)."""
+    """k when the chain's first sampler over a row is top-k, else 0: then a set of candidates that
+    holds the row's top k is all the chain needs (rows.draw). The ignore_eos bias before it does not
+    count: the backend asks for one more candidate per banned token, and the chain's bias sinks them."""
     names = applied(sp)
     return sp.top_k if names and names[0] == "top_k" else 0
 
