@@ -64,13 +64,16 @@ def test_the_whole_row_is_used_where_candidates_do_not_pay():
     (SamplingParams(temperature=0.7, top_k=40), 40),
     (SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.1), 40),     # the penalty after top-k
     (SamplingParams(temperature=0.7, top_k=0), 0),
-    (SamplingParams(temperature=0.0, top_k=40, repeat_penalty=1.1), 0),      # penalty, then the likeliest
+    (SamplingParams(temperature=0.0, top_k=40, repeat_penalty=1.1), 65),     # penalty, then the likeliest
+    (SamplingParams(temperature=0.0, repeat_penalty=1.1, repeat_last_n=0), 0),   # (a penalty on nothing)
+    (SamplingParams(temperature=0.0, repeat_penalty=0.9), 0),                # a boost: from anywhere
     (SamplingParams(temperature=0.7, top_k=40, samplers=["top_k", "top_p", "infill"]), 40),   # llama.vim
-    (SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.1, samplers=["penalties", "top_k"]), 0),
+    (SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.1, samplers=["penalties", "top_k"]), 104),
+    (SamplingParams(temperature=0.7, top_k=40, repeat_penalty=1.1, samplers=["penalties", "top_p"]), 0),
     (SamplingParams(temperature=0.7, top_k=40, samplers=["temperature", "top_k"]), 0),
 ])
-def test_a_chain_takes_candidates_only_where_top_k_comes_first(sp, k):
-    assert chain.leading_top_k(sp) == k
+def test_a_chain_takes_candidates_where_its_answer_comes_from_the_rows_top(sp, k):
+    assert chain.candidates(sp) == k
 
 
 def test_candidate_rows_stay_on_the_worker_and_whole_rows_go_to_threads():

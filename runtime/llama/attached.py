@@ -44,8 +44,9 @@ class Sampler:
     entropy: bool = False
     #: what made a backend chain (settings, seed, entropy taps): a parked chain goes to an equal key
     key: Any = None
-    #: k where a CPU chain starts with top-k over the row (rows.draw gives it the row's candidates)
-    top_k: int = 0
+    #: k where a CPU chain's answer comes from the row's top k (chain.candidates; rows.draw gives it
+    #: only those), 0 where it reads the whole row
+    candidates: int = 0
 
     @property
     def backend(self) -> bool:

@@ -291,7 +291,7 @@ class LlamaBackend(Backend):
         chain = self._chain(sp, seed)
         g = Grammar(grammar, self.weights.n_vocab, self.weights.eos) if grammar is not None else None
         # a grammar row goes through its matcher over the whole row (grammar.py), never candidates
-        return Sampler(chain, greedy=greedy, grammar=g, ban=ban, top_k=chains.leading_top_k(sp) if g is None else 0)
+        return Sampler(chain, greedy=greedy, grammar=g, ban=ban, candidates=chains.candidates(sp) if g is None else 0)
 
     def prepare(self, sampler: Sampler, seq_id: int, backend: bool) -> None:
         """Before a decode with an output row of `seq_id` for `sampler`'s request: a backend chain
@@ -346,9 +346,9 @@ class LlamaBackend(Backend):
             if sampler.ban:   # ignore_eos: the chain's -inf bias, on the row itself (read after the entropy)
                 logits[sampler.ban] = -np.inf
             return int(logits.argmax()), ent
-        # the chain over the few tokens that hold the row's top k (rows.py); the banned tokens among
-        # them get the chain's -inf bias, so the set holds the top k + len(ban)
-        ids = top_candidates(logits, sampler.top_k + len(sampler.ban)) if sampler.top_k else None
+        # the chain over the few tokens that hold the row's top k (chain.candidates, rows.py); the
+        # banned tokens among them get the chain's -inf bias, so the set holds the top k + len(ban)
+        ids = top_candidates(logits, sampler.candidates + len(sampler.ban)) if sampler.candidates else None
         if ids is not None:
             return draw(L, sampler.chain, logits, ids), ent
         return L.llama_sampler_sample(sampler.chain, self.ctx, row), ent
@@ -376,7 +376,7 @@ class LlamaBackend(Backend):
         L = llama()
         items = [(s, row, want, None if s.backend else L.llama_get_logits_ith(self.ctx, row))
                  for s, row, want in rows]
-        work = [heavy(want, s.greedy, s.backend, s.top_k) for s, _, want, _ in items]
+        work = [heavy(want, s.greedy, s.backend, s.candidates) for s, _, want, _ in items]
         if self._pool is None or sum(work) < THREADS_FROM:
             return [self._sample_one(it) for it in items]
         out: list = [None] * len(items)

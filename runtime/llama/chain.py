@@ -42,12 +42,27 @@ def applied(sp) -> list[str]:
     return [name for name in _order(sp) if applies[name]]
 
 
-def leading_top_k(sp) -> int:
-    """k when the chain's first sampler over a row is top-k, else 0: then a set of candidates that
-    holds the row's top k is all the chain needs (rows.draw). The ignore_eos bias before it does not
+def candidates(sp) -> int:
+    """How many of a row's likeliest tokens the chain's answer can come from, or 0 where it may come
+    from anywhere in the row: then a set of candidates that holds the row's top that many is all the
+    chain needs (rows.draw).
+
+    A chain that starts with top-k needs the top k. A repeat penalty above 1 before it (a sampler
+    order that puts `penalties` first), or before the likeliest token at temperature 0 (the default
+    chain there), only lowers the logits of the at most repeat_last_n distinct tokens it saw, so the
+    top k after it (the likeliest one: k = 1) lie among the row's top k + repeat_last_n: each of them
+    has above it in the row only tokens still above it after the penalty (fewer than k) and lowered
+    tokens. A penalty below 1 raises tokens from anywhere in the row. The ignore_eos bias does not
     count: the backend asks for one more candidate per banned token, and the chain's bias sinks them."""
     names = applied(sp)
-    return sp.top_k if names and names[0] == "top_k" else 0
+    lowered = 0
+    if names[:1] == ["penalties"]:
+        if sp.repeat_penalty < 1.0 or sp.repeat_last_n <= 0:
+            return 0
+        lowered, names = sp.repeat_last_n, names[1:]
+    if names[:1] == ["top_k"]:
+        return sp.top_k + lowered
+    return 1 + lowered if lowered and not names and cold(sp) else 0
 
 
 def build(sp, seed: int, n_vocab: int, vocab_ptr, eog: list[int], taps: tuple | None = None):

@@ -9,8 +9,9 @@ as soon as several rows have such work, and every thread computes in two buffers
 fresh 600 KB array per row costs page faults on every use). The numbers are the same as one row
 after another: the same float32 operations in the same order.
 
-A sampler chain that starts with top-k (the default chain at temperature > 0, llama.vim's) draws
-from the row's few likeliest tokens, but llama.cpp's `llama_sampler_sample` first copies the whole
+A sampler chain that starts with top-k (the default chain at temperature > 0, llama.vim's), or with
+a repeat penalty before the likeliest token (temperature 0), draws from the row's few likeliest
+tokens (chain.candidates says how many), but llama.cpp's `llama_sampler_sample` first copies the whole
 row into n_vocab (id, logit, p) records and partially sorts them: 0.25-0.4 ms per row of 152k.
 `top_candidates` finds a small set that holds the top k in two vectorised passes, and `draw` hands
 only those to the same chain (`llama_sampler_apply`, then `llama_sampler_accept`, as
@@ -67,7 +68,7 @@ def entropy(logits: np.ndarray) -> float:
     return float(np.log(s) - np.dot(e, z) / s)
 
 
-def heavy(want_entropy: bool, greedy: bool, backend: bool, top_k: int) -> bool:
+def heavy(want_entropy: bool, greedy: bool, backend: bool, candidates: int) -> bool:
     """Whether a row's work is worth a thread: an entropy, or a sampler chain over the whole row (a
     greedy row alone is an argmax, a backend row one integer to read, a draw from the row's top-k
     candidates a few numpy calls: each of them takes the GIL again, and such rows in threads of
@@ -75,7 +76,7 @@ def heavy(want_entropy: bool, greedy: bool, backend: bool, top_k: int) -> bool:
     Only their one read of the whole row (the groups' maxima, or a greedy row's argmax) in the
     threads lost too: 2.8-3.2 ms of sampling a 16-row step against 2.0 on the worker, and 1204-1326
     against 1360-1368 tokens/s; greedy 1782-1892 against 1962-2105)."""
-    return not backend and (want_entropy or not (greedy or top_k))
+    return not backend and (want_entropy or not (greedy or candidates))
 
 
 def top_candidates(logits: np.ndarray, k: int) -> np.ndarray | None:
@@ -110,8 +111,9 @@ def top_candidates(logits: np.ndarray, k: int) -> np.ndarray | None:
 
 
 def draw(L, chain, logits: np.ndarray, ids: np.ndarray) -> int:
-    """The token that `chain` (a llama.cpp sampler chain starting with a top-k that `ids` holds)
-    draws from `logits`, accepted into the chain as llama_sampler_sample accepts it."""
+    """The token that `chain` (a llama.cpp sampler chain whose answer comes from the row's tokens
+    that `ids` holds: chain.candidates) draws from `logits`, accepted into the chain as
+    llama_sampler_sample accepts it."""
     cand = _scratch.candidates(ids.shape[0])
     cand["id"] = ids
     cand["logit"] = logits[ids]
