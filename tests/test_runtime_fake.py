@@ -414,3 +414,18 @@ def test_the_worker_counts_where_a_steps_time_goes(rt):
     assert s["decode_calls"] >= 12 and s["decode_us"] >= 2000 * s["decode_calls"]
     assert s["step_us"] >= s["decode_us"] + s["wait_us"] + s["verify_us"]
     assert 0 < s["sample_us"] <= s["verify_us"]
+
+
+def test_a_prompt_chunk_alone_is_not_waited_for(rt, monkeypatch):
+    """A step that only reads a prompt chunk has no row to sample: the worker does not wait for the
+    engine to finish it (a GPU computes it while the next chunk is launched); it waits once per step
+    with output rows."""
+    from fakeengine import FakeBackend
+
+    waits = []
+    monkeypatch.setattr(FakeBackend, "synchronize", lambda self: waits.append(1), raising=False)
+    spec = rt.spec("fake://m?speculative=off", n_batch=32)
+    res = rt.generate("x" * 200, model=spec, chat=False, max_tokens=3, sampling=GREEDY)
+    s = rt.loaded(spec).stats
+    assert res.n_tokens == 3 and s["decode_calls"] >= 9    # 201 prompt tokens in chunks of 32, then 2
+    assert len(waits) == 3
