@@ -34,11 +34,12 @@ def cold(sp) -> bool:
 
 def applied(sp) -> list[str]:
     """The names of the samplers the chain applies to a row, in order (before its draw)."""
+    hot = not cold(sp)
     # the default chain at temperature 0 keeps the penalty alone before the likeliest token
-    shaping = sp.samplers is not None or not cold(sp)
+    shaping = sp.samplers is not None or hot
     applies = {"top_k": sp.top_k > 0 and shaping, "penalties": sp.repeat_penalty != 1.0,
                "top_p": sp.top_p < 1.0 and shaping, "min_p": sp.min_p > 0 and shaping,
-               "temperature": not cold(sp), "infill": True}
+               "temperature": hot, "infill": True}
     return [name for name in _order(sp) if applies[name]]
 
 
