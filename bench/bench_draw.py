@@ -17,6 +17,7 @@ import ctypes
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -37,9 +38,10 @@ def rows_of(n_vocab: int, count: int, seed: int = 0) -> np.ndarray:
     return rows
 
 
-def whole_row(L, chain, row: np.ndarray, records: np.ndarray) -> int:
-    """llama_sampler_sample's work: the row into n_vocab records, the chain over them, the accept."""
-    records["id"] = np.arange(row.shape[0], dtype=np.int32)
+def whole_row(L, chain, row: np.ndarray, records: np.ndarray, ids: np.ndarray) -> int:
+    """llama_sampler_sample's work: the row into n_vocab records (`ids`: every token id, made once),
+    the chain over them, the accept."""
+    records["id"] = ids
     records["logit"] = row
     records["p"] = 0.0
     arr = L.llama_token_data_array(records.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), row.shape[0], -1, False)
@@ -58,6 +60,7 @@ def measure(n_vocab: int, draws: int) -> list[dict]:
     L = llama()
     rows = rows_of(n_vocab, max(8, (64 << 20) // (n_vocab * 4)))   # 64 MB of rows: past the caches
     records = np.empty(n_vocab, TOKEN_DATA)
+    every = np.arange(n_vocab, dtype=np.int32)
     out = []
     for name, fields in CHAINS:
         sp = SamplingParams(**fields)
@@ -68,7 +71,7 @@ def measure(n_vocab: int, draws: int) -> list[dict]:
                 L.llama_sampler_accept(c, t % n_vocab)
         # one path over all the draws, then the other: a row is out of the caches when each reads it
         t_whole = time.perf_counter()
-        whole = [whole_row(L, a, rows[i % len(rows)], records) for i in range(draws)]
+        whole = [whole_row(L, a, rows[i % len(rows)], records, every) for i in range(draws)]
         t_whole = time.perf_counter() - t_whole
         t_cand = time.perf_counter()
         cand = [draw(L, b, rows[i % len(rows)], top_candidates(rows[i % len(rows)], k)) for i in range(draws)]
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
     args = ap.parse_args(argv)
     if args.report:
-        res = json.loads(open(args.report).read())
+        res = json.loads(Path(args.report).read_text())
         res["name"] = res.get("name", args.name)
         report(res)
         return 0

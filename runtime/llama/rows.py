@@ -12,8 +12,8 @@ after another: the same float32 operations in the same order.
 A sampler chain that starts with top-k (the default chain at temperature > 0, llama.vim's), or with
 a repeat penalty before the likeliest token (temperature 0), draws from the row's few likeliest
 tokens (chain.candidates says how many), but llama.cpp's `llama_sampler_sample` first copies the
-whole row into n_vocab (id, logit, p) records and runs the chain over all of them: 0.25-0.3 ms per
-row of 152k, 0.8 ms with the penalty first (bench_draw). `top_candidates` finds a small set that
+whole row into n_vocab (id, logit, p) records and runs the chain over all of them: 0.2-0.3 ms per
+row of 152k, 0.7-0.8 ms with the penalty first (bench_draw). `top_candidates` finds a small set that
 holds the top k in two vectorised passes, and `draw` hands only those to the same chain
 (`llama_sampler_apply`, then `llama_sampler_accept`, as llama_sampler_sample does): the chain's
 top-k keeps the same k tokens in the same order, and the penalty's likeliest token is the same one,
