@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .common import plot, print_table, write_results
+from .common import plot, print_table, reported, results_options, write_results
 
 #: (name, SamplingParams fields): the default chain at temperature 0.7 (penalty after top-k), the
 #: chain at temperature 0 with the default penalty (penalty before the likeliest token), llama.vim's
@@ -107,13 +105,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vocab", default="151936,49152", help="vocabulary sizes (comma list)")
     ap.add_argument("--draws", type=int, default=400, help="draws per chain and size")
-    ap.add_argument("--name", default="bench_draw", help="results name under bench/results")
-    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+    results_options(ap, "bench_draw")
     args = ap.parse_args(argv)
-    if args.report:
-        res = json.loads(Path(args.report).read_text())
-        res["name"] = res.get("name", args.name)
-        report(res)
+    if reported(args, report):
         return 0
     given = sys.argv[1:] if argv is None else argv
     res = {"name": args.name, "command": " ".join(["python -m comfyui_a3b.bench.bench_draw", *given]),

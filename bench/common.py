@@ -88,6 +88,22 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+def results_options(ap, name: str) -> None:
+    """A benchmark's --name (its results under bench/results) and --report (an earlier run again)."""
+    ap.add_argument("--name", default=name, help="results name under bench/results")
+    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+
+
+def reported(args, report: Callable[[dict], None]) -> bool:
+    """With --report: the earlier run's table and plot (`report`), and True."""
+    if not args.report:
+        return False
+    res = json.loads(Path(args.report).read_text())
+    res["name"] = res.get("name", args.name)
+    report(res)
+    return True
+
+
 def plot(name: str, draw: Callable[[Any], None], size=(7, 4)) -> Path:
     """Call `draw(ax)` on a fresh matplotlib axis and save bench/results/<name>.png."""
     import matplotlib
