@@ -93,3 +93,13 @@ def test_the_draw_benchmark_draws_the_same_tokens_both_ways():
     rows = measure(49152, 30)   # raises where the two paths draw different tokens
     assert [r["chain"] for r in rows] == [name for name, _ in CHAINS]
     assert all(r["candidates"] > 0 and r["whole_row_ms"] > 0 and r["candidates_ms"] > 0 for r in rows)
+
+
+def test_candidates_found_in_the_graph_draw_the_rows_tokens():
+    """bench_graph_topk's alternative (a top-k chain of llama.cpp's in the graph, the CPU chain over
+    its candidates) draws what the shipped pass over every row draws, step after step."""
+    from comfyui_a3b.bench.bench_graph_topk import VARIANTS, measure
+
+    rows = measure("default", 0, 3, 1, 48, counts=(1, 4))   # raises where the two differ
+    assert [(r["sequences"], r["variant"]) for r in rows] == [(n, v) for n in (1, 4) for v in VARIANTS]
+    assert all(r["step_ms"] > 0 and "tokens" not in r for r in rows)

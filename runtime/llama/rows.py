@@ -20,6 +20,11 @@ top-k keeps the same k tokens in the same order, and the penalty's likeliest tok
 so the same token is drawn for the same seed, in about 0.08 ms a row (0.13 ms on an H200's host,
 where the row comes fresh from the device's copy). Where logits tie at the k-th place, either draw
 keeps one of the tied tokens.
+
+Finding the candidates in the graph instead (a top-k chain of llama.cpp's on every sequence, so no
+row is copied back) was measured and not kept: the graph's sort of each row cost the GPU about what
+the pass here costs, and through `a3b serve` it lost at 1, 4 and 16 clients (bench_graph_topk.py,
+docs/figures.md).
 """
 from __future__ import annotations
 
