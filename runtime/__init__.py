@@ -30,8 +30,9 @@ else:
     # (see llama/cxxruntime.py)
     from . import llama  # noqa: F401
 
-    from . import (chat, engine, errors, fim, generation, gguf_info, locate, options,  # noqa: F401  (eager: see above)
-                   remote, requests, scheduler, store, vet, worker)
+    from . import (chat, engine, errors, fim, generation, gguf_info, local, locate, options,  # noqa: F401
+                   remote, requests, store, vet)   # (eager: see above)
+    from .local import scheduler, worker  # noqa: F401
 
     from .llama import local_engine
 
@@ -50,8 +51,8 @@ else:
     from .options import LoadSpec
     from .requests import (ChatPrompt, ContextChunk, GenerationRequest, ImagePart, InfillPrompt, Prompt, TextPrompt,
                            TokenPrompt)
-    from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-    from .worker import LoadedModel
+    from .generation import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+    from .local.worker import LoadedModel
 
     __all__ = [
         "A3BError", "Cancelled", "ChatPrompt", "ChecksumMismatch", "ConfidenceConfig", "ContextChunk",

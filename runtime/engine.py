@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .generation import GenerationStream, SamplingParams, TokenEvent
     from .options import LoadSpec
     from .requests import GenerationRequest, Prompt
-    from .scheduler import DecodeStep
+    from .local.scheduler import DecodeStep
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded
 from .options import CONFIDENCE_OPTIONS, SAMPLING_OPTIONS, check_fields
-from .scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE  # re-exported: priorities travel with requests
 from .pieces import PieceText
 from .stops import IndentStop, StopMatcher
+
+#: a request's priority: batch work (nodes, embeddings, pruning) and what a person waits for (editors,
+#: chat); the scheduler (local/scheduler.py) serves the interactive class first
+PRIORITY_BATCH = 0
+PRIORITY_INTERACTIVE = 10
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import GenerationRequest

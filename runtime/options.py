@@ -489,7 +489,7 @@ class LoadSpec:
     cpu_moe: bool = CPU_MOE.default
     n_cpu_moe: int = N_CPU_MOE.default
     override_tensor: str | None = OVERRIDE_TENSOR.default
-    #: see runtime/sampler_choice.py
+    #: see runtime/local/sampler_choice.py
     backend_sampling: str = BACKEND_SAMPLING.default
 
     def validate(self) -> None:

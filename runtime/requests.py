@@ -24,12 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidRequest
-from .generation import ConfidenceConfig, SamplingParams, check_stops
+from .generation import PRIORITY_BATCH, ConfidenceConfig, SamplingParams, check_stops
 from .grammars import check_size
 from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
-                      THINKING, check)
-from .scheduler import PRIORITY_BATCH
-from .speculative import parse_mode
+                      THINKING, check, parse_speculative)
 
 Message = dict[str, Any]
 
@@ -303,7 +301,7 @@ class GenerationRequest:
             raise InvalidRequest("ignore_eos with a json_schema or grammar cannot work: a finished answer ends with "
                                  "the end-of-generation token the grammar allows. Leave one of them out.")
         if self.speculative is not None:
-            parse_mode(self.speculative)
+            parse_speculative(self.speculative)
         check(DRAFT_MAX.or_none(), self.draft_max)
 
 

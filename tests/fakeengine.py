@@ -56,7 +56,7 @@ from comfyui_a3b.runtime.engine import Backend, DecodeAborted, DecodeFailed, Eng
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
 from comfyui_a3b.runtime.grammars import check_size, compile_bounded
 from comfyui_a3b.runtime.llama.grammar import check_text, grammar_text
-from comfyui_a3b.runtime.worker import LoadedModel
+from comfyui_a3b.runtime.local.worker import LoadedModel
 
 import templates
 

@@ -1,6 +1,6 @@
 """On the real embedded model: after every slot was used and released out of order, a step that
 decodes one token in each of several requests is still one pass through the model, counted by
-llama.cpp's graph computes (runtime/slots.py, runtime/llama/passes.py)."""
+llama.cpp's graph computes (runtime/local/slots.py, runtime/llama/passes.py)."""
 from __future__ import annotations
 
 import pytest
@@ -49,9 +49,9 @@ def test_decode_steps_stay_one_pass_after_slots_were_used_out_of_order(rt, monke
 def test_the_equal_split_the_drafting_rule_counts_is_llamas(rt, monkeypatch):
     """slots.passes (what drafting.even weighs drafts with) against llama.cpp's own count: batches
     whose sequences put in different numbers of tokens, decoded by the real backend."""
-    from comfyui_a3b.runtime.scheduler import Job, Slot
-    from comfyui_a3b.runtime.slots import passes
-    from comfyui_a3b.runtime.steps import DecodeStep, Entry
+    from comfyui_a3b.runtime.local.scheduler import Job, Slot
+    from comfyui_a3b.runtime.local.slots import passes
+    from comfyui_a3b.runtime.local.steps import DecodeStep, Entry
 
     monkeypatch.setenv("A3B_COUNT_PASSES", "on")
     spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")

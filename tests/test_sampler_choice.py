@@ -1,4 +1,4 @@
-"""Where a request's tokens are drawn (runtime/sampler_choice.py): the policy, and the worker over the
+"""Where a request's tokens are drawn (runtime/local/sampler_choice.py): the policy, and the worker over the
 fake engine attaching, moving and detaching backend chains (fast tier)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig, SamplingParams
 from comfyui_a3b.runtime.requests import GenerationRequest
-from comfyui_a3b.runtime.sampler_choice import BACKEND, CPU, choose
+from comfyui_a3b.runtime.local.sampler_choice import BACKEND, CPU, choose
 
 NO_CONF = ConfidenceConfig(enabled=False)
 PLAIN = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0, seed=3)

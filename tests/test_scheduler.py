@@ -1,9 +1,9 @@
-"""The scheduling policy alone: plain Python, deterministic, milliseconds (runtime/scheduler.py)."""
+"""The scheduling policy alone: plain Python, deterministic, milliseconds (runtime/local/scheduler.py)."""
 from __future__ import annotations
 
 import pytest
 
-from comfyui_a3b.runtime.scheduler import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, DecodeStep, EmbedJob, EmbedStep,
+from comfyui_a3b.runtime.local.scheduler import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, DecodeStep, EmbedJob, EmbedStep,
                                            Job, Policy, Trim, common_prefix)
 
 

@@ -1,5 +1,5 @@
 """Steps llama.cpp decodes in one pass: rows in slot order, the running slots kept side by side
-(runtime/slots.py), checked against a port of llama.cpp's equal split (fakeengine.equal_split_passes)."""
+(runtime/local/slots.py), checked against a port of llama.cpp's equal split (fakeengine.equal_split_passes)."""
 from __future__ import annotations
 
 import random
@@ -7,8 +7,8 @@ import random
 import pytest
 from fakeengine import equal_split_passes
 
-from comfyui_a3b.runtime.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy
-from comfyui_a3b.runtime.slots import Slot, gather, placement_key, runs
+from comfyui_a3b.runtime.local.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy
+from comfyui_a3b.runtime.local.slots import Slot, gather, placement_key, runs
 
 
 def test_the_port_of_llamas_equal_split():

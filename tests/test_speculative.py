@@ -10,8 +10,8 @@ import pytest
 from comfyui_a3b.runtime import InvalidRequest, Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig
 from comfyui_a3b.runtime.options import LoadSpec
-from comfyui_a3b.runtime.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy, Trim
-from comfyui_a3b.runtime.speculative import (NgramDrafter, SpecControl, StepCost, accept_drafts, best_k, check_k,
+from comfyui_a3b.runtime.local.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy, Trim
+from comfyui_a3b.runtime.local.speculative import (NgramDrafter, SpecControl, StepCost, accept_drafts, best_k, check_k,
                                              parse_mode)
 
 GREEDY = preset("greedy")
@@ -411,7 +411,7 @@ def test_a_model_that_cannot_undo_drafts_speculates_only_when_loaded_for_it():
     (backend.max_rollback): none under "auto" (no drafts then), draft_max when asked by name."""
     from types import SimpleNamespace
 
-    from comfyui_a3b.runtime import drafting
+    from comfyui_a3b.runtime.local import drafting
 
     def model(rollback, speculative="auto"):
         return SimpleNamespace(spec=LoadSpec(path="m.gguf", speculative=speculative, draft_max=8), name="q35.gguf",
@@ -430,7 +430,7 @@ def test_a_model_that_cannot_undo_drafts_speculates_only_when_loaded_for_it():
 
 # -- drafts even across a step's rows (drafting.even, slots.passes) --------------------------------
 def test_passes_follow_llamas_equal_split():
-    from comfyui_a3b.runtime.slots import passes
+    from comfyui_a3b.runtime.local.slots import passes
 
     assert passes([(0, 1), (1, 1), (2, 1)]) == 1
     assert passes([(0, 1), (1, 5), (2, 1)]) == 2            # the drafting row's four more
@@ -442,7 +442,7 @@ def test_passes_follow_llamas_equal_split():
 def _rows(drafts: list[int], rate: float, priorities: list[int] | None = None):
     from types import SimpleNamespace
 
-    from comfyui_a3b.runtime.steps import DecodeStep, Entry
+    from comfyui_a3b.runtime.local.steps import DecodeStep, Entry
 
     entries = []
     for i, k in enumerate(drafts):
@@ -453,7 +453,7 @@ def _rows(drafts: list[int], rate: float, priorities: list[int] | None = None):
 
 
 def test_a_lone_drafting_row_beside_many_drafts_nothing():
-    from comfyui_a3b.runtime.drafting import even
+    from comfyui_a3b.runtime.local.drafting import even
 
     step = _rows([0] * 5 + [4] + [0] * 10, 0.8)   # 16 rows, one drafts: a second pass for 2.4 tokens
     even(step)
@@ -461,7 +461,7 @@ def test_a_lone_drafting_row_beside_many_drafts_nothing():
 
 
 def test_rows_that_all_draft_are_cut_to_the_shortest_draft():
-    from comfyui_a3b.runtime.drafting import even
+    from comfyui_a3b.runtime.local.drafting import even
 
     step = _rows([4, 4, 3, 4], 1.0)
     even(step)
@@ -469,7 +469,7 @@ def test_rows_that_all_draft_are_cut_to_the_shortest_draft():
 
 
 def test_drafts_that_pay_for_their_pass_stay_as_proposed():
-    from comfyui_a3b.runtime.drafting import even
+    from comfyui_a3b.runtime.local.drafting import even
 
     step = _rows([4] * 12 + [0] * 4, 0.9)   # 12 rows x 3.1 expected tokens for one more pass
     even(step)
@@ -480,7 +480,7 @@ def test_drafts_that_pay_for_their_pass_stay_as_proposed():
 
 
 def test_a_batch_rider_does_not_cut_an_editors_drafts():
-    from comfyui_a3b.runtime.drafting import even
+    from comfyui_a3b.runtime.local.drafting import even
 
     # the editor's 1.3 expected tokens for a second pass: worth it to the editor, not to the two rows
     mixed = _rows([4, 0], 0.6, [PRIORITY_INTERACTIVE, PRIORITY_BATCH])

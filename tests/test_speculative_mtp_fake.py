@@ -2,9 +2,9 @@
 context in place of llama.cpp's."""
 from __future__ import annotations
 
-from comfyui_a3b.runtime.draftmodel import MtpDrafter, MtpSource
-from comfyui_a3b.runtime.drafting import fill
-from comfyui_a3b.runtime.scheduler import DecodeStep, Entry
+from comfyui_a3b.runtime.local.draftmodel import MtpDrafter, MtpSource
+from comfyui_a3b.runtime.local.drafting import fill
+from comfyui_a3b.runtime.local.scheduler import DecodeStep, Entry
 
 
 class FakeMtp:

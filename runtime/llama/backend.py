@@ -19,7 +19,7 @@ from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..grammars import check_size, compile_bounded
 from ..options import LoadSpec, parse_speculative, state_snapshots
-from ..scheduler import DecodeStep
+from ..local.scheduler import DecodeStep
 from . import abort, chain as chains, graph_entropy, passes
 from .attached import AttachedChains, Sampler
 from .chain import greedy as chain_greedy

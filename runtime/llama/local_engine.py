@@ -17,7 +17,7 @@ from ..engine import Engine
 from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
 from ..gguf_info import check_header
 from ..options import LoadSpec, parse_speculative
-from ..worker import LoadedModel
+from ..local.worker import LoadedModel
 from . import fitting, offload, placement, planner
 from .backend import LlamaBackend, thread_counts
 from .devices import gpus

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import chat as chatmod
-from . import fim, imageprompt
-from .errors import InvalidRequest, VisionUnavailable
-from .requests import ChatPrompt, InfillPrompt, Prompt, TextPrompt, TokenPrompt, prompt_images
+from .. import chat as chatmod
+from . import imageprompt
+from .. import fim
+from ..errors import InvalidRequest, VisionUnavailable
+from ..requests import ChatPrompt, InfillPrompt, Prompt, TextPrompt, TokenPrompt, prompt_images
 
 
 def render_chat(model: Any, prompt: ChatPrompt, messages: list | None = None) -> str:

@@ -30,7 +30,7 @@ chains, which the CPU drew faster in every measurement (choose says where); `off
 """
 from __future__ import annotations
 
-from .options import BACKEND_SAMPLING_MODES
+from ..options import BACKEND_SAMPLING_MODES
 
 BACKEND = "backend"
 CPU = "cpu"

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import slots
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .scheduler import DecodeStep
 from .steps import Entry
 from .speculative import NgramDrafter, SpecControl, parse_mode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .requests import GenerationRequest
+    from ..requests import GenerationRequest
 
 
 def for_request(model: Any, request: GenerationRequest) -> tuple[Any, SpecControl | None]:

@@ -58,15 +58,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..generation import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from .slots import Slot, gather, placement_key
 from .steps import Admission, DecodeStep, EmbedStep, Entry, Move, Trim
 from .units import Units
 
 __all__ = ["Admission", "DecodeStep", "EmbedJob", "EmbedStep", "Entry", "Job", "Move", "Policy", "Slot", "Trim"]
-
-#: Priorities: higher runs first.
-PRIORITY_BATCH = 0
-PRIORITY_INTERACTIVE = 10
 
 _job_ids = itertools.count(1)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .generation import GenerationStream
-from .reasoning import ChannelAssembler
-from .requests import GenerationRequest
+from ..generation import GenerationStream
+from ..reasoning import ChannelAssembler
+from ..requests import GenerationRequest
 from .scheduler import EmbedJob, Job
 
 

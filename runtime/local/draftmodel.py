@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .errors import A3BError, InvalidRequest
-from .generation import ConfidenceConfig, SamplingParams
-from .options import LoadSpec, parse_speculative
-from .requests import GenerationRequest, TokenPrompt
+from ..errors import A3BError, InvalidRequest
+from ..generation import ConfidenceConfig, SamplingParams
+from ..options import LoadSpec, parse_speculative
+from ..requests import GenerationRequest, TokenPrompt
 from .speculative import Drafter
 
 log = logging.getLogger("a3b.draft")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import images as imagesmod
-from .errors import InvalidRequest, VisionUnavailable
-from .requests import ChatPrompt, ImagePart, message_text
+from .. import images as imagesmod
+from ..errors import InvalidRequest, VisionUnavailable
+from ..requests import ChatPrompt, ImagePart, message_text
 
 #: the ids a unit's placeholders are made of: -(digest prefix << UNIT_BITS + index + 1)
 UNIT_BITS = 20

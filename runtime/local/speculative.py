@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import InvalidRequest
-from .options import SPECULATIVE_MODES as MODES  # noqa: F401 - re-exported
-from .options import parse_speculative as parse_mode  # noqa: F401 - re-exported
+from ..errors import InvalidRequest
+from ..options import SPECULATIVE_MODES as MODES  # noqa: F401 - re-exported
+from ..options import parse_speculative as parse_mode  # noqa: F401 - re-exported
 
 
 def check_k(value) -> int:

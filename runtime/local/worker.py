@@ -25,13 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from . import fim, imageprompt, memory, prompting, reasoning, thinking
-from .engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
-from .errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from .generation import NOT_A_TOKEN, GenerationStream, TokenEvent
-from .reasoning import ChannelAssembler
-from .options import POOLINGS, LoadSpec, parse_speculative
-from .requests import ChatPrompt, GenerationRequest, Prompt
+from . import imageprompt, prompting
+from .. import fim, memory, reasoning, thinking
+from ..engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
+from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
+from ..generation import NOT_A_TOKEN, GenerationStream, TokenEvent
+from ..reasoning import ChannelAssembler
+from ..options import POOLINGS, LoadSpec, parse_speculative
+from ..requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
 from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
 from .speculative import StepCost
