@@ -44,8 +44,9 @@ else:
                          ModelUnloaded, NotGGUF, PathNotAllowed, PromptTooLong, RemoteAuthFailed, RemoteError,
                          RemoteProtocolError, RemoteUnreachable, TruncatedGGUF, UnsupportedArchitecture,
                          VisionUnavailable)
-    from .generation import (PRESETS, ConfidenceConfig, GenerationResult, GenerationStream, LowConfidenceSpan,
+    from .generation import (PRESETS, ConfidenceConfig, GenerationResult, LowConfidenceSpan,
                              SamplingParams, TokenEvent, preset)
+    from .stream import GenerationStream
     from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
     from .locate import add_model_dir, default_model_path, list_models, resolve_model
     from .options import LoadSpec

@@ -20,7 +20,8 @@ import numpy as np
 from . import chat as chatmod
 from .engine import Model, engine_for, scheme_of
 from .errors import InvalidRequest, ModelUnloaded
-from .generation import ConfidenceConfig, GenerationResult, GenerationStream, PRIORITY_BATCH, SamplingParams, TokenEvent
+from .generation import ConfidenceConfig, GenerationResult, PRIORITY_BATCH, SamplingParams, TokenEvent
+from .stream import GenerationStream
 from .locate import resolve_model
 from .options import NORMALIZE, POOLING, LoadSpec, parse_speculative
 from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,

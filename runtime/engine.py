@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import numpy as np
 
-    from .generation import GenerationStream, SamplingParams, TokenEvent
+    from .generation import SamplingParams, TokenEvent
+    from .stream import GenerationStream
     from .options import LoadSpec
     from .requests import GenerationRequest, Prompt
     from .local.scheduler import DecodeStep

@@ -47,7 +47,8 @@ class Server:
 
         from . import connections
         from .accesslog import AccessLog
-        from .app import ServeConfig, create_app, model_id
+        from .app import create_app
+        from .config import ServeConfig, model_id
 
         token = check_token(token or env(TOKEN_ENV), f"--token or {TOKEN_ENV}")
         if not is_loopback(host) and not token:

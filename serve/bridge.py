@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from starlette.requests import Request
 
 from ..runtime.errors import A3BError, Cancelled
-from ..runtime.generation import GenerationResult, GenerationStream
+from ..runtime.generation import GenerationResult
+from ..runtime.stream import GenerationStream
 from . import answers
 from .chatout import ChatOutput
 from .disconnect import on_disconnect

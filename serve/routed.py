@@ -4,14 +4,12 @@ whose router picks the model from the request's text. Shared by the OpenAI and O
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..runtime.errors import InvalidRequest
 from ..runtime.options import LoadSpec
 from ..runtime.routing import Decision
-
-if TYPE_CHECKING:
-    from .app import ServeConfig
+from .config import ServeConfig
 
 #: Most characters of a request handed to the router (it reads only the head anyway).
 MAX_ROUTED_CHARS = 1 << 16

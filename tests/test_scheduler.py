@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_a3b.runtime.local.scheduler import (PRIORITY_BATCH, PRIORITY_INTERACTIVE, DecodeStep, EmbedJob, EmbedStep,
-                                           Job, Policy, Trim, common_prefix)
+from comfyui_a3b.runtime.generation import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from comfyui_a3b.runtime.local.scheduler import (DecodeStep, EmbedJob, EmbedStep, Job, Policy, Trim,
+                                                 common_prefix)
 
 
 def job(tokens, prio=PRIORITY_BATCH, cancelled=False):

@@ -9,7 +9,7 @@ from serve_helpers import MODEL
 def test_serve_with_an_adapter_also_serves_the_base(fake_engine, tmp_path):
     from comfyui_a3b.runtime import get_runtime
     from comfyui_a3b.serve import Server
-    from comfyui_a3b.serve.app import model_id
+    from comfyui_a3b.serve.config import model_id
 
     rt = get_runtime()
     adapter = tmp_path / "myrepo.lora.gguf"

@@ -7,7 +7,8 @@ import random
 import pytest
 from fakeengine import equal_split_passes
 
-from comfyui_a3b.runtime.local.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy
+from comfyui_a3b.runtime.generation import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from comfyui_a3b.runtime.local.scheduler import Job, Policy
 from comfyui_a3b.runtime.local.slots import Slot, gather, placement_key, runs
 
 

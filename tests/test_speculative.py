@@ -10,7 +10,8 @@ import pytest
 from comfyui_a3b.runtime import InvalidRequest, Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig
 from comfyui_a3b.runtime.options import LoadSpec
-from comfyui_a3b.runtime.local.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE, Job, Policy, Trim
+from comfyui_a3b.runtime.generation import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from comfyui_a3b.runtime.local.scheduler import Job, Policy, Trim
 from comfyui_a3b.runtime.local.speculative import (NgramDrafter, SpecControl, StepCost, accept_drafts, best_k, check_k,
                                              parse_mode)
 

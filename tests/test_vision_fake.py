@@ -14,7 +14,8 @@ from comfyui_a3b.runtime import Cancelled, ChatPrompt, InvalidRequest, PromptToo
 from comfyui_a3b.runtime.errors import InvalidImage, VisionUnavailable
 from comfyui_a3b.runtime.images import decode, from_data_url, png_bytes
 from comfyui_a3b.runtime.requests import ImagePart, prompt_images
-from comfyui_a3b.runtime.local.scheduler import PRIORITY_INTERACTIVE, Job, Policy
+from comfyui_a3b.runtime.generation import PRIORITY_INTERACTIVE
+from comfyui_a3b.runtime.local.scheduler import Job, Policy
 
 GREEDY = preset("greedy")
 VISION = "fake://eye?vision=1"

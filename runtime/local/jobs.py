@@ -1,4 +1,4 @@
-"""A generation and an embedding as the worker holds them: the scheduling policy's view (scheduler.py's
+"""A generation and an embedding as the worker holds them: the scheduling policy's view (steps.py's
 Job, EmbedJob) plus the request's stream, sampler, text and speculative-decoding state."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ..generation import GenerationStream
+from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
 from ..requests import GenerationRequest
-from .scheduler import EmbedJob, Job
+from .steps import EmbedJob, Job
 
 
 class GenJob(Job):

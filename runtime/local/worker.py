@@ -29,7 +29,8 @@ from . import imageprompt, prompting
 from .. import fim, memory, reasoning, thinking
 from ..engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from ..generation import NOT_A_TOKEN, GenerationStream, TokenEvent
+from ..generation import NOT_A_TOKEN, TokenEvent
+from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
 from ..options import POOLINGS, LoadSpec, parse_speculative
 from ..requests import ChatPrompt, GenerationRequest, Prompt

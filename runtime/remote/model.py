@@ -30,7 +30,8 @@ import numpy as np
 from ..engine import Engine, Model
 from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong, RemoteProtocolError, \
     RemoteUnreachable, VisionUnavailable
-from ..generation import GenerationStream, TokenEvent
+from ..generation import TokenEvent
+from ..stream import GenerationStream
 from ..reasoning import NONE, THINK, ChannelAssembler
 from ..options import POOLINGS, LoadSpec
 from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_images, prompt_texts
