@@ -164,7 +164,7 @@ def model_file(ref: str) -> str:
     """A file named as --model names one ('default', a name in the model folders, a path); a
     reference that names none stays as given, for the reader's own message."""
     from .runtime.errors import ModelNotFound
-    from .runtime.locate import resolve_model
+    from .runtime.models.locate import resolve_model
 
     try:
         return str(resolve_model(ref))

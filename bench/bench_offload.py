@@ -19,7 +19,7 @@
    predicted and measured device memory (free before and after the load); the CPU threads of one
    token and of 4 requests' tokens (the runtime's tuner's pick and its milliseconds per token for
    each count; the threadpools attached).
-4. At the largest budget, a hand-over as ComfyUI asks for it (runtime/handover.py): give 4 GB back
+4. At the largest budget, a hand-over as ComfyUI asks for it (runtime/models/handover.py): give 4 GB back
    by a smaller placement, the seconds it took, decode speed after.
 5. With ComfyUI's sources (`--comfyui DIR`, or $COMFYUI_DIR), under the largest budget, in a child
    process: ComfyUI's real model management loading a diffusion-model-sized ModelPatcher beside the
@@ -174,7 +174,8 @@ def threads_used(backend) -> dict:
 
 
 def handover_run(rt, spec, args) -> dict:
-    from comfyui_a3b.runtime import handover, preset
+    from comfyui_a3b.runtime import preset
+    from comfyui_a3b.runtime.models import handover
     from comfyui_a3b.runtime.generation import ConfidenceConfig
 
     res = handover.give_back(rt, spec, int(args.handover * 1e9))

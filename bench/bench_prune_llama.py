@@ -159,7 +159,7 @@ def main(argv=None) -> int:
         draw_plot(json.loads((RESULTS / "bench_prune_llama.json").read_text()))
         return 0
     if args.agreement_only:
-        from ..runtime.locate import default_model_path
+        from ..runtime.models.locate import default_model_path
 
         ag = agreement(default_model_path())
         write_results("bench_prune_llama_agreement", {"model": default_model_path().name, **ag})
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         print(f"seconds: llama.cpp {ag['llama_s']:.1f}, torch {ag['torch_s']:.1f}")
         return 0
     from ..runtime.llama.evaluate import LlamaEval
-    from ..runtime.locate import default_model_path
+    from ..runtime.models.locate import default_model_path
     from .bench_prune import decode_ratio
     from .gemma import gemma_path
 

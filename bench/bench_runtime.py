@@ -26,7 +26,7 @@ PROMPT = "Write a detailed story about a lighthouse keeper who finds a message i
 def _raw_llama(path: str):
     from llama_cpp import Llama
 
-    from comfyui_a3b.runtime import vet
+    from comfyui_a3b.runtime.models import vet
     from comfyui_a3b.runtime.llama.backend import thread_counts
 
     if not vet.repack_allowed():  # Llama() cannot turn llama.cpp's CPU repacking off

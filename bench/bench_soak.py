@@ -19,7 +19,7 @@ warm-up, at its peak and right after each unload (the resident size saws up and 
 with each unload and reload, so growth compares the moments just after unloads: the median of the
 first three once every editor has its files open and of the last three; target: less than 5%),
 whether the process survived. Separately, the
-first-load cost of crash isolation (runtime/vet.py): a first load of the default model in a fresh
+first-load cost of crash isolation (runtime/models/vet.py): a first load of the default model in a fresh
 process with vetting on vs off, median of several runs.
 
 Before it, the editor scenario (bench/soak_editor.py, a few minutes): completion latency p50/p95 of

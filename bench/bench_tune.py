@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from ..prune.source import SourceModel
     from ..runtime import get_runtime
     from ..runtime.llama.weights import Weights
-    from ..runtime.locate import resolve_model
+    from ..runtime.models.locate import resolve_model
     from ..tune import adapter
     from ..tune.collect import collect, split
     from ..tune.lora import Adapted

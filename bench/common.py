@@ -141,7 +141,7 @@ def free_port() -> int:
 
 
 #: llama_cpp.server as is, except that models load without llama.cpp's CPU weight repacking (for a
-#: build whose repacking crashes on this processor, see runtime/vet.py; Llama() has no option for it)
+#: build whose repacking crashes on this processor, see runtime/models/vet.py; Llama() has no option for it)
 _SERVER_NO_REPACK = ("import runpy\n"
                      "import llama_cpp.llama_cpp as C\n"
                      "_defaults = C.llama_model_default_params\n"
@@ -155,7 +155,7 @@ _SERVER_NO_REPACK = ("import runpy\n"
 
 def llama_cpp_server() -> list[str]:
     """The command that starts llama-cpp-python's OpenAI server (its options follow), on any build."""
-    from ..runtime import vet
+    from ..runtime.models import vet
 
     return [sys.executable, "-m", "llama_cpp.server"] if vet.repack_allowed() else [sys.executable, "-c",
                                                                                     _SERVER_NO_REPACK]
@@ -352,8 +352,8 @@ def _extract_vendored(sdist: Path, into: Path) -> Path:
 
 def llama_server_command(binary: str | os.PathLike) -> list[str]:
     """The command that starts `binary` (llama-server; its options follow), on any processor: without
-    CPU weight repacking where it crashes (runtime/vet.py; llama-server built from the same
+    CPU weight repacking where it crashes (runtime/models/vet.py; llama-server built from the same
     llama.cpp crashes the same way)."""
-    from ..runtime import vet
+    from ..runtime.models import vet
 
     return [str(binary)] + ([] if vet.repack_allowed() else ["--no-repack"])

@@ -165,12 +165,12 @@ def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
 
 
 def lora_path(value: str | None) -> str | None:
-    """The adapter setting as a .gguf file inside the LoRA folders (runtime/locate.py: `loras/` in the
+    """The adapter setting as a .gguf file inside the LoRA folders (runtime/models/locate.py: `loras/` in the
     model folders, $A3B_LORAS, ComfyUI's loras folders, the tuned adapters' cache folder), as the
     `model` setting is confined to the model folders; InvalidRequest / PathNotAllowed otherwise."""
     if not value:
         return None
-    from ..runtime.locate import resolve_lora
+    from ..runtime.models.locate import resolve_lora
 
     return str(resolve_lora(value, "the lora setting"))
 

@@ -35,9 +35,9 @@ from typing import Any
 
 from lsprotocol import types as T
 
-from ..runtime import adapters
+from ..runtime.models import adapters
 from ..runtime.errors import A3BError, InvalidRequest
-from ..runtime.locate import adapter_cache_dir
+from ..runtime.models.locate import adapter_cache_dir
 
 #: niceness of the child: below the editor and the model's own threads
 NICE = 10
@@ -81,7 +81,7 @@ def model_for(value: Any, session) -> str:
         return str(session.spec().path)
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"a3b.tuneWorkspace: model must be a model name or path, got {value!r}.")
-    from ..runtime.locate import resolve_model
+    from ..runtime.models.locate import resolve_model
 
     return str(resolve_model(value, restrict=True))
 
@@ -94,7 +94,7 @@ def out_for(value: Any, root: Path, model: Path) -> Path:
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(f"a3b.tuneWorkspace: out must be a path, got {value!r}.")
     from ..runtime.errors import PathNotAllowed
-    from ..runtime.locate import adapter_cache_dir, inside_any, lora_dirs
+    from ..runtime.models.locate import adapter_cache_dir, inside_any, lora_dirs
 
     folders = lora_dirs()
     p = Path(value).expanduser()

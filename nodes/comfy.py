@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import add_model_dir, get_runtime
-from ..runtime.locate import add_lora_dir
+from ..runtime.models.locate import add_lora_dir
 from ..runtime.environment import env_paths
 
 log = logging.getLogger("a3b.comfy")

@@ -20,10 +20,10 @@ from ..prune.config import EXPERTS_KEEP, HEADS_KEEP, KEEP
 from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
 from ..runtime.options import MAX_TOKENS, REASONING_BUDGET, THINKING, check, wrap_seed
-from ..runtime import handover
+from ..runtime.models import handover
 from ..runtime.engine import scheme_of
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
-from ..runtime.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
+from ..runtime.models.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 from . import router as noderouter
 
 log = logging.getLogger("a3b.nodes")

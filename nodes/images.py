@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import InvalidImage
-from ..runtime.locate import list_models
-from ..runtime.mmproj import PATTERN
+from ..runtime.models.locate import list_models
+from ..runtime.models.mmproj import PATTERN
 from ..runtime.requests import ImagePart
 
 #: A3BGenerate's image_mode choices
@@ -79,7 +79,7 @@ def is_projector(name: str) -> bool:
 def resolve_mmproj(choice: str | None) -> str:
     """The loader's mmproj choice as LoadSpec.mmproj: a word as it is, a file name resolved inside the
     model folders (names arrive over ComfyUI's HTTP API: nothing outside them is opened)."""
-    from ..runtime.locate import resolve_model
+    from ..runtime.models.locate import resolve_model
 
     if choice in (None, "", *MMPROJ_WORDS):
         return choice or "auto"

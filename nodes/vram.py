@@ -14,7 +14,7 @@ like ComfyUI's own `LoadedModel` (the methods and attributes `free_memory`, `loa
 * `offload` (default): give the VRAM back. A mixture-of-experts model (or a dense one whose FFN
   tensors can move) that ComfyUI asks for fewer bytes than it holds first moves to a smaller
   placement: it is reloaded with more experts in main memory, every layer still on the GPU, and
-  keeps serving (runtime/handover.py; ComfyUI's `free_memory` passes the bytes it still lacks).
+  keeps serving (runtime/models/handover.py; ComfyUI's `free_memory` passes the bytes it still lacks).
   Otherwise the model is unloaded, and loads again on its next request, asking ComfyUI first to
   make room (`nodes.core.load_model`) and planning its placement for the memory free then. The
   file stays in the OS page cache, so either reload is quick.
@@ -32,7 +32,8 @@ import os
 import threading
 from typing import Any
 
-from ..runtime import LoadSpec, get_runtime, handover
+from ..runtime import LoadSpec, get_runtime
+from ..runtime.models import handover
 from ..runtime.environment import VARIABLES, env
 
 log = logging.getLogger("a3b.vram")

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..runtime.gguf_info import sha256_file
+from ..runtime.models.gguf_info import sha256_file
 from .config import PruneConfig, default_cache_dir, with_device_defaults
 from .errors import InvalidRequest
 from .pipeline import prune

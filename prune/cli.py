@@ -15,8 +15,8 @@ import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
-from ..runtime.gguf_info import inspect_gguf
-from ..runtime.locate import resolve_model
+from ..runtime.models.gguf_info import inspect_gguf
+from ..runtime.models.locate import resolve_model
 from .config import EXPERT_METHODS, GPU_RECOVERY, METHODS, PruneConfig, default_cache_dir, with_device_defaults
 from .errors import InvalidRequest
 

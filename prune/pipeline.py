@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..runtime.gguf_info import inspect_gguf
+from ..runtime.models.gguf_info import inspect_gguf
 from .config import PruneConfig
 from .dense.llama_path import prune_streamed
 from .errors import InvalidRequest, OutputExists, UnsupportedArchitecture

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.gguf_info import inspect_gguf, sha256_file
+from ..runtime.models.gguf_info import inspect_gguf, sha256_file
 from .errors import UnsupportedArchitecture
 from .ggufindex import MetaField, little_endian, read_index
 from .layout import TORCH_ARCHITECTURES

@@ -30,8 +30,9 @@ else:
     # (see llama/cxxruntime.py)
     from . import llama  # noqa: F401
 
-    from . import (chat, engine, errors, fim, generation, gguf_info, local, locate, options,  # noqa: F401
-                   remote, requests, store, vet)   # (eager: see above)
+    from . import (chat, engine, errors, fim, generation, local, models, options, remote,  # noqa: F401
+                   requests)   # (eager: see above)
+    from .models import gguf_info, locate, store, vet  # noqa: F401
     from .local import scheduler, worker  # noqa: F401
 
     from .llama import local_engine
@@ -47,8 +48,8 @@ else:
     from .generation import (PRESETS, ConfidenceConfig, GenerationResult, LowConfidenceSpan,
                              SamplingParams, TokenEvent, preset)
     from .stream import GenerationStream
-    from .gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
-    from .locate import add_model_dir, default_model_path, list_models, resolve_model
+    from .models.gguf_info import GGUFInfo, inspect_gguf, sha256_file, verify_sha256
+    from .models.locate import add_model_dir, default_model_path, list_models, resolve_model
     from .options import LoadSpec
     from .requests import (ChatPrompt, ContextChunk, GenerationRequest, ImagePart, InfillPrompt, Prompt, TextPrompt,
                            TokenPrompt)

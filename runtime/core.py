@@ -22,11 +22,11 @@ from .engine import Model, engine_for, scheme_of
 from .errors import InvalidRequest, ModelUnloaded
 from .generation import ConfidenceConfig, GenerationResult, PRIORITY_BATCH, SamplingParams, TokenEvent
 from .stream import GenerationStream
-from .locate import resolve_model
+from .models.locate import resolve_model
 from .options import NORMALIZE, POOLING, LoadSpec, parse_speculative
 from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,
                        TokenPrompt, check_text)
-from .store import ModelStore
+from .models.store import ModelStore
 
 log = logging.getLogger("a3b")
 

@@ -168,7 +168,7 @@ class Router:
             return self
         try:
             if self.embedding == "tokens":
-                from .tokvec import TokenVectors
+                from .models.tokvec import TokenVectors
 
                 if "://" in self.embed_spec.path:
                     raise InvalidRequest("token vectors need a local GGUF")

@@ -76,7 +76,7 @@ def tiny_models(tiny_dir):
 @pytest.fixture(autouse=True)
 def _model_folders_restored():
     """Folders a test registers with add_model_dir are forgotten after it (no order dependence)."""
-    from comfyui_a3b.runtime import locate
+    from comfyui_a3b.runtime.models import locate
 
     before = list(locate._extra_dirs)
     yield

@@ -24,7 +24,7 @@ from lsprotocol import types as T
 from pytest_lsp import ClientServerConfig, client_capabilities
 
 from comfyui_a3b.bench.mmproj import SHAPES, write_mmproj
-from comfyui_a3b.runtime import adapters
+from comfyui_a3b.runtime.models import adapters
 from comfyui_a3b.runtime.errors import CorruptGGUF, TruncatedGGUF
 
 from lsp_helpers import SERVER, configure, inline, open_doc, status
@@ -150,7 +150,7 @@ def test_a3b_generate_with_a_bad_adapter_exits_2_with_one_line(files, tmp_path, 
 
 CHILD_ONLY = textwrap.dedent("""
     import sys
-    from comfyui_a3b.runtime import vet
+    from comfyui_a3b.runtime.models import vet
     try:
         vet.check_adapter(sys.argv[1], sys.argv[2])
     except vet.CorruptGGUF as e:

@@ -5,7 +5,7 @@ methods of its base class in runtime/engine.py (`Backend.mtp`, `Model.start_draf
 `Weights.n_layer_nextn`, ...). A `getattr(x, "name", default)` or `hasattr(x, "name")` in the
 runtime's policy modules would let a part that forgot a power pass silently as one without it
 (the fake engine and llama.cpp drifting apart unseen). Probing a foreign library stays allowed
-where it lives: the C libraries under runtime/llama/ and libc in runtime/memory.py.
+where it lives: the C libraries under runtime/llama/ and libc in runtime/models/memory.py.
 """
 from __future__ import annotations
 

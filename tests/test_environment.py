@@ -133,7 +133,7 @@ def test_reading(monkeypatch, caplog):
 def test_values_are_read_when_used_not_at_import(monkeypatch):
     """A value set after the modules were imported still counts (the vetting decode limit and the
     sampling threads were read once, at import)."""
-    from comfyui_a3b.runtime import vet
+    from comfyui_a3b.runtime.models import vet
     from comfyui_a3b.runtime.llama import backend
 
     monkeypatch.setenv("A3B_VET_DECODE_MAX_GB", "1.5")

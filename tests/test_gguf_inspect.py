@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_a3b.runtime import gguf_info
-from comfyui_a3b.runtime.gguf_info import inspect_gguf
+from comfyui_a3b.runtime.models import gguf_info
+from comfyui_a3b.runtime.models.gguf_info import inspect_gguf
 
 from tinygguf import rewritten_copy, write_tiny_gguf
 
@@ -38,7 +38,7 @@ def _with_arrays(path: Path, a3b_strings: int, per_layer: int = 2) -> Path:
 
 
 def test_the_embedded_model_is_described_as_the_full_reader_describes_it():
-    from comfyui_a3b.runtime.locate import default_model_path
+    from comfyui_a3b.runtime.models.locate import default_model_path
 
     p = default_model_path()
     fast = inspect_gguf(p)

@@ -56,7 +56,7 @@ def _crafted(tiny, tmp_path):
 
 
 def test_the_bounded_values_of_a_sound_file(tiny):
-    from comfyui_a3b.runtime.gguf_info import Dims, scan_header
+    from comfyui_a3b.runtime.models.gguf_info import Dims, scan_header
 
     d = Dims.of(scan_header(tiny), tiny)
     assert (d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.key_length, d.n_vocab) == (2, 64, 4, 2, 16, 271)
@@ -137,7 +137,7 @@ def test_fuzzed_integer_header_fields_end_in_time_with_success_or_one_error_line
         import contextlib, io, json, resource, sys, time
         resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))
         from comfyui_a3b import cli
-        from comfyui_a3b.runtime import vet
+        from comfyui_a3b.runtime.models import vet
         with contextlib.redirect_stderr(io.StringIO()):
             vet.repack_allowed()   # learnt once per build from the embedded model: its warning is not a mutant's
         for name, path in {json.dumps(files)}.items():

@@ -6,7 +6,7 @@ the non-Python folders): relative imports are resolved, and imports inside funct
 edges like the others, since a cycle hidden in a function is still a cycle (it only fails later,
 and elsewhere). `from . import x` is an edge to the module `x` where `x` is one, else to the
 package. A module outside a package that imports one of its submodules also depends on that
-package's `__init__`, which Python runs first (runtime/vet.py importing runtime/llama/binding.py
+package's `__init__`, which Python runs first (runtime/models/vet.py importing runtime/llama/binding.py
 runs runtime/llama/__init__.py); a module inside the package does not, its package being under way
 already (else each package's `__init__` would close a cycle with each of its modules). Imports
 under `if TYPE_CHECKING:` count too: they never run, but two modules that name each other's types
@@ -273,7 +273,7 @@ def test_cycle_finder_finds_a_hidden_cycle():
 
 
 def test_importing_a_submodule_runs_the_packages_above_it_first():
-    assert initialised_by("runtime.vet", "runtime.llama.binding") == ["runtime.llama", "runtime.llama.binding"]
+    assert initialised_by("runtime.models.vet", "runtime.llama.binding") == ["runtime.llama", "runtime.llama.binding"]
     assert initialised_by("prune.pipeline", "runtime.llama.graph") == ["runtime", "runtime.llama",
                                                                        "runtime.llama.graph"]
     assert initialised_by("runtime.llama.weights", "runtime.llama.binding") == ["runtime.llama.binding"]
@@ -338,3 +338,11 @@ def test_imports_inside_the_package_are_relative(graph):
     absolute = [f"{m.path.relative_to(ROOT)}:{ln}" for m in graph.values() for ln in m.absolute
                 if not _harness(m.name)]
     assert not absolute, f"absolute imports of the package itself: {absolute}"
+
+
+def test_the_runtime_top_level_holds_the_api_only(graph):
+    # the runtime's own modules (its API, the request and result types, text rules) sit at its top;
+    # model management, each engine and llama.cpp have folders of their own (docs/architecture.md)
+    top = [n for n in graph if n.startswith("runtime.") and n.count(".") == 1 and not graph[n].is_package]
+    assert len(top) <= 19, f"{len(top)} modules at runtime/'s top level: {sorted(top)}"
+    assert {"runtime.local", "runtime.models", "runtime.llama", "runtime.remote"} <= set(graph)

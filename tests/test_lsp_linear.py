@@ -40,7 +40,7 @@ CASES = {
         "from comfyui_a3b.lsp_server.fixes import extract_code\nanswer = '```' + ' ```x' * 100_000",
         "extract_code(answer, 'x')"),
     "a llama.cpp log line without blanks": (
-        "from pathlib import Path\nfrom comfyui_a3b.runtime.vet import _message\n"
+        "from pathlib import Path\nfrom comfyui_a3b.runtime.models.vet import _message\n"
         "v = {'status': 'crash', 'signal': 'SIGSEGV', 'log': 'error: ' + '/a' * 200_000}",
         "assert 'SIGSEGV' in _message(Path('m.gguf'), v)"),
     "line ends of a document": (

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_a3b.runtime import InvalidRequest, LoadSpec, get_runtime, handover
+from comfyui_a3b.runtime import InvalidRequest, LoadSpec, get_runtime
+from comfyui_a3b.runtime.models import handover
 from comfyui_a3b.runtime.llama import placement, planner
 from comfyui_a3b.runtime.llama.devices import Device
 
@@ -352,7 +353,7 @@ def test_the_loader_node_passes_the_placement(fake_engine):
 
 
 def test_a_concrete_placement_attaches_only_to_a_copy_placed_the_same_way():
-    from comfyui_a3b.runtime.store import _Entry, placed
+    from comfyui_a3b.runtime.models.store import _Entry, placed
 
     info = types.SimpleNamespace(n_gpu_layers=5, n_layer=4, n_cpu_moe=2)
     auto = LoadSpec("m.gguf")
@@ -442,7 +443,7 @@ def test_comfyuis_own_free_memory_gets_a_smaller_placement_first(tmp_path):
 
 
 def test_giving_memory_back_reloads_the_real_model_with_more_experts_in_ram(moe, monkeypatch):
-    """runtime/handover.py over the llama.cpp engine, with a pretended GPU (the CPU build runs it all)."""
+    """runtime/models/handover.py over the llama.cpp engine, with a pretended GPU (the CPU build runs it all)."""
     from comfyui_a3b.runtime import Runtime
     from comfyui_a3b.runtime.llama import fitting
 

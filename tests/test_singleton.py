@@ -48,7 +48,7 @@ def test_two_module_names_share_one_runtime_and_one_model(installed_first):
         assert rt_pack is get_runtime()                      # ... one runtime
         from comfyui_a3b.runtime.errors import ModelNotFound
         assert sys.modules[name + ".runtime.errors"].ModelNotFound is ModelNotFound
-        assert sys.modules[name + ".runtime.store"] is sys.modules["comfyui_a3b.runtime.store"]
+        assert sys.modules[name + ".runtime.models.store"] is sys.modules["comfyui_a3b.runtime.models.store"]
         rt_pack.load()
         get_runtime().load()
         print("loads", get_runtime().store.weight_loads)

@@ -50,7 +50,7 @@ def test_ngram_speculation_gives_the_tokens_decoding_alone_gives(rt, sampling):
 
 
 def test_the_embedded_model_as_its_own_draft_has_every_draft_accepted(rt):
-    from comfyui_a3b.runtime.locate import default_model_path
+    from comfyui_a3b.runtime.models.locate import default_model_path
 
     path = str(default_model_path())
     prompt = "Write a short story about a lighthouse keeper."

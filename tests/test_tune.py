@@ -206,7 +206,7 @@ def test_memory_check_says_how_much_is_needed(tmp_path, monkeypatch):
 def _adapter_for(base, out, rank=4, sha=None):
     """An adapter for the tiny model `base` in the tuner's layout (random A and B)."""
     from comfyui_a3b.prune.source import SourceModel
-    from comfyui_a3b.runtime import adapters as keys
+    from comfyui_a3b.runtime.models import adapters as keys
     from comfyui_a3b.tune import adapter
 
     src = SourceModel(base)
@@ -245,7 +245,7 @@ def test_adapter_layout_is_what_llama_cpp_reads(tmp_path):
 
 
 def test_an_adapter_for_another_base_is_refused(tmp_path):
-    from comfyui_a3b.runtime import adapters
+    from comfyui_a3b.runtime.models import adapters
 
     a = write_tiny_gguf(tmp_path / "a.gguf", seed=1)
     b = write_tiny_gguf(tmp_path / "b.gguf", seed=2)        # the same shapes, other weights

@@ -71,8 +71,8 @@ def _llama_logits(base, adapter_path, tokens):
 
 
 def test_held_out_loss_goes_down_and_the_adapter_records_its_making(tuned, default_path):
-    from comfyui_a3b.runtime import adapters as keys
-    from comfyui_a3b.runtime.gguf_info import sha256_file
+    from comfyui_a3b.runtime.models import adapters as keys
+    from comfyui_a3b.runtime.models.gguf_info import sha256_file
     from comfyui_a3b.tune import adapter
 
     assert tuned.heldout_files == 3 and tuned.train_files == 9
@@ -136,7 +136,7 @@ def test_one_base_serves_requests_with_and_without_the_adapter(tuned, default_pa
 
 
 def test_an_adapter_is_refused_over_another_base(tuned, tmp_path, rt):
-    from comfyui_a3b.runtime.adapters import AdapterMismatch
+    from comfyui_a3b.runtime.models.adapters import AdapterMismatch
     from tinygguf import write_tiny_gguf
 
     other = write_tiny_gguf(tmp_path / "other.gguf", "llama")    # the same architecture, another file

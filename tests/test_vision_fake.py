@@ -282,7 +282,7 @@ def test_a_unit_takes_no_row_of_the_token_batch():
 
 # -- finding the projector ---------------------------------------------------------------------------
 def test_the_projector_beside_the_model(tmp_path, caplog):
-    from comfyui_a3b.runtime import mmproj
+    from comfyui_a3b.runtime.models import mmproj
     from comfyui_a3b.runtime.errors import ModelNotFound
 
     model = tmp_path / "Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf"

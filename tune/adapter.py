@@ -6,7 +6,7 @@ adapter.lora.alpha, general.architecture the base's, and for each adapted base t
 (rank, n_in)) and `.lora_b` with ggml shape [rank, n_out] (torch (n_out, rank)); llama.cpp checks
 exactly these shapes against the base tensor and reads the rank from lora_b. Tensors are float32.
 
-Beside them, a3b keys (runtime/adapters.py names them): the base file's SHA-256 and name (the
+Beside them, a3b keys (runtime/models/adapters.py names them): the base file's SHA-256 and name (the
 runtime refuses the adapter over any other file), the repository's path and commit, the split
 (seed, files held out), the held-out loss of the base and of the adapter, and the training options.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import adapters as keys
+from ..runtime.models import adapters as keys
 from .errors import InvalidRequest
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from ..runtime import adapters as keys
+from ..runtime.models import adapters as keys
 from .collect import collect, split
 from .errors import NoSources, NotEnoughMemory, UnsupportedArchitecture
 from .options import TuneConfig
@@ -54,7 +54,7 @@ def default_out(model_path: Path, repo: Path) -> Path:
 
 
 def _check_arch(path: Path) -> None:
-    from ..runtime.gguf_info import inspect_gguf
+    from ..runtime.models.gguf_info import inspect_gguf
 
     arch = inspect_gguf(path).architecture
     if arch not in KNOWN:
@@ -106,7 +106,7 @@ def tune(repo: str | os.PathLike, model: str | os.PathLike, out: str | os.PathLi
          cfg: TuneConfig | None = None, *, resume: bool = True, bar: bool = True,
          progress: Callable[[dict], None] | None = None, max_eval_samples: int = MAX_EVAL_SAMPLES) -> TuneResult:
     from ..prune.device import resolve_device
-    from ..runtime.locate import resolve_model
+    from ..runtime.models.locate import resolve_model
     from .adapter import check_writable
 
     cfg = cfg or TuneConfig()

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory import tune_allocator
+from ...runtime.models.memory import tune_allocator
 from ..calibration.llama_stats import FFNInputProbe, gram_bytes, gram_groups, observe, require_llama_runs
 from ..calibration.stats import LayerStats
 from ..calibration.windows import check_tokens, source_windows
@@ -105,7 +105,7 @@ def prune_streamed(source, out, cfg: PruneConfig, *, progress: bool = True, cach
     from tqdm import tqdm
 
     refuse_torch_parts(cfg, "one-shot pruning calibrated through llama.cpp does not run", recovery=False)
-    tune_allocator()  # see runtime/memory.py: large arrays made and freed all run long go back whole
+    tune_allocator()  # see runtime/models/memory.py: large arrays made and freed all run long go back whole
     timings: dict[str, float] = {}
     t = time.perf_counter()
     src, layout = src_layout or open_source(source)

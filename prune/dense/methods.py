@@ -80,7 +80,7 @@ def obs_prune(W, Hinv, n: int, k: int, fit_bias: bool, chunk: int = 8) -> LayerP
     left = n - k
     # One scratch matrix the size of W for the squares and the update: a fresh (n_out, m) temporary
     # per step was mapped and faulted in anew each time (large blocks go back to the system at once,
-    # runtime/memory.py), which was most of the method's time; the same operations in the same order.
+    # runtime/models/memory.py), which was most of the method's time; the same operations in the same order.
     scratch = torch.empty_like(W)
     while left > 0:
         c = min(chunk, left)

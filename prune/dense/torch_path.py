@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory import tune_allocator
+from ...runtime.models.memory import tune_allocator
 from ..calibration import reference_stats
 from ..calibration.windows import check_tokens, source_windows
 from ..config import PruneConfig, default_cache_dir
@@ -34,7 +34,7 @@ def prune_torch(source, out: Path, cfg: PruneConfig, *, progress: bool = True, c
                 should_stop=None, notify=None) -> PruneResult:
     """Prune `source` into `out` on the torch reference forward (see the module docstring)."""
     src = SourceModel(source)
-    tune_allocator()  # see runtime/memory.py: large arrays made and freed all run long go back whole
+    tune_allocator()  # see runtime/models/memory.py: large arrays made and freed all run long go back whole
     hp = src.hp
     align = width_align(src, cfg.align, "ffn_down.weight", hp.n_layer)
     k = width_for(cfg.keep, hp.n_ff, align)

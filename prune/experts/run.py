@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.memory import tune_allocator
+from ...runtime.models.memory import tune_allocator
 from ..calibration.llama_stats import require_llama_runs
 from ..calibration.windows import source_windows
 from ..config import DATA_FREE, PruneConfig, default_cache_dir, refuse_torch_parts
@@ -23,7 +23,7 @@ from .write import used_after, write_pruned
 def prune_moe(source, out, cfg: PruneConfig, *, progress: bool = True, cache_dir=None, should_stop=None):
     """Prune the experts (and expert neurons) of `source` into `out`. Returns a PruneResult."""
     t0 = time.perf_counter()
-    tune_allocator()  # see runtime/memory.py: large arrays made and freed all run long go back whole
+    tune_allocator()  # see runtime/models/memory.py: large arrays made and freed all run long go back whole
     timings: dict[str, float] = {}
     src = SourceModel(source, torch_reference=False)
     lay = check_moe_layout(src)

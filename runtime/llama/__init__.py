@@ -12,7 +12,7 @@ planner.py       where each tensor goes (pure policy); placement.py and fitting.
 threadpool.py    persistent ggml threadpools for a generation context; threadtune.py which one a batch uses
 grammar.py       structured output: schemas and grammars compiled by llguidance, matched per token
 offload.py       n_gpu_layers="auto" and the main-memory check before a load; devices.py the GPUs
-vetchild.py      the vetting server that loads unseen files in a child process (runtime/vet.py)
+vetchild.py      the vetting server that loads unseen files in a child process (runtime/models/vet.py)
 templates.py     chat prompts rendered by llama.cpp's named templates or the GGUF's Jinja template
 reencode.py      serving copies re-encoded in a faster format (LoadSpec.serve_as)
 evaluate.py      all-position logits, perplexity, prompt and decode speed of a file
@@ -22,7 +22,7 @@ quantize.py      llama.cpp's quantiser, for rows of values and for whole files
 
 The package's `__init__` loads llama.cpp's libraries and names binding.py's helpers; it imports
 no module that imports the rest of the runtime (local_engine.py, weights.py, backend.py: those
-reach runtime/vet.py and the request path, which import binding.py or templates.py and so run this
+reach runtime/models/vet.py and the request path, which import binding.py or templates.py and so run this
 `__init__` first). Import those from their modules.
 """
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import vet
-from ..adapters import check as check_adapter
+from ..models import vet
+from ..models.adapters import check as check_adapter
 from ..engine import Backend, DecodeAborted, DecodeFailed
 from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed

@@ -1,7 +1,7 @@
 """Loading weights with a placement plan, and measuring what the load really took.
 
 `load_planned` asks placement.py for the plan (the first GPU's free memory, less what a hand-over
-asks to keep free: runtime/handover.py), checks the main memory, loads the weights with the plan's
+asks to keep free: runtime/models/handover.py), checks the main memory, loads the weights with the plan's
 layers and tensor overrides, and records the device memory free before and after (the weights'
 share), llama.cpp's buffer sizes and the tensors its overrides placed. `measure_context` adds the
 same for a context (KV cache and compute buffers), so the status shows expected against measured.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .. import handover
+from ..models import handover
 from ..errors import InvalidRequest
 from ..options import LoadSpec, parse_speculative
 from . import offload, placement

@@ -11,11 +11,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from .. import mmproj as mmprojmod
-from .. import vet
+from ..models import mmproj as mmprojmod
+from ..models import vet
 from ..engine import Engine
 from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
-from ..gguf_info import check_header
+from ..models.gguf_info import check_header
 from ..options import LoadSpec, parse_speculative
 from ..local.worker import LoadedModel
 from . import fitting, offload, placement, planner
@@ -73,7 +73,7 @@ class LlamaEngine(Engine):
 
     def smaller_placement(self, spec: LoadSpec, info, nbytes: int) -> int | None:
         """The device memory cap of a placement holding `nbytes` less than `info`'s with every layer
-        still on the GPU (more experts in main memory), or None where there is none (runtime/handover.py)."""
+        still on the GPU (more experts in main memory), or None where there is none (runtime/models/handover.py)."""
         plan = info.placement
         if spec.n_gpu_layers != "auto" or spec.cpu_moe or not plan.get("gpu") or not plan.get("gpu_bytes"):
             return None

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..gguf_info import Dims, scan_header, tensor_bytes
+from ..models.gguf_info import Dims, scan_header, tensor_bytes
 from .planner import KV_BYTES, MARGIN
 
 #: CUDA context, cuBLAS workspaces and fragmentation: kept free whatever the model

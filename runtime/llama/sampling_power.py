@@ -3,7 +3,7 @@ request): backend sampler chains at all, and the entropy of a row measured in th
 (graph_entropy.py). Both are learnt once per build by the probe in the vetting child."""
 from __future__ import annotations
 
-from .. import vet
+from ..models import vet
 from ..options import LoadSpec
 from .binding import llama
 from .weights import Weights

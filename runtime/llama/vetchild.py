@@ -1,6 +1,6 @@
 """The vetting server: loads GGUF files llama.cpp has not seen yet, where a crash cannot hurt.
 
-Run by runtime/vet.py as a separate process (`python vetchild.py`), standalone on purpose: it
+Run by runtime/models/vet.py as a separate process (`python vetchild.py`), standalone on purpose: it
 imports only the standard library and llama_cpp, never the comfyui_a3b package. It reads one JSON
 request per line on stdin, forks a child per file (forking is safe here: this process has a single
 thread and never loads a model itself), and the child loads the file with llama.cpp on the CPU,

@@ -13,10 +13,10 @@ import threading
 import time
 from pathlib import Path
 
-from .. import vet
+from ..models import vet
 from ..engine import ModelInfo
 from ..errors import ModelLoadFailed, ModelUnloaded, TruncatedGGUF, UnsupportedArchitecture
-from ..gguf_info import FILE_TYPES
+from ..models.gguf_info import FILE_TYPES
 from .binding import lib_lock, llama, llama_cpp_version, log_mark, log_since
 from . import threadpool
 
@@ -80,7 +80,7 @@ class Weights:
         backend copy weights into its interleaved layouts (faster CPU matrix products, but anonymous
         memory the size of those weights instead of the memory-mapped file's pages). `load_mtp`: load
         the multi-token-prediction layers too (llama.cpp skips them otherwise; speculative=mtp)."""
-        vet.check_file(path)   # first load of a file: in a child process, see runtime/vet.py
+        vet.check_file(path)   # first load of a file: in a child process, see runtime/models/vet.py
         L = llama()
         self.path = Path(path)
         params = L.llama_model_default_params()

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from . import imageprompt, prompting
-from .. import fim, memory, reasoning, thinking
+from .. import fim, reasoning, thinking
+from ..models import memory
 from ..engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from ..generation import NOT_A_TOKEN, TokenEvent

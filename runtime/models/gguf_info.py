@@ -14,7 +14,7 @@ Two readers, for two jobs:
 * `inspect_gguf` describes a file (`a3b inspect`, pruning, tuning) from the scan; the `gguf`
   package's full reader, which takes seconds on a large vocabulary, only reads what the scan leaves
   out. The model store does not use it before loading: llama.cpp reads the same metadata in
-  milliseconds (see runtime/vet.py for how a file llama.cpp could crash on is checked first).
+  milliseconds (see runtime/models/vet.py for how a file llama.cpp could crash on is checked first).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ChecksumMismatch, CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF, TruncatedGGUF
+from ..errors import ChecksumMismatch, CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF, TruncatedGGUF
 
 GGUF_MAGIC = b"GGUF"
 
@@ -144,7 +144,7 @@ _KEEP_ARRAY_LEN = 64
 _KEEP_A3B_LEN = 4096
 _KEEP_NUMBERS_LEN = MAX_LAYERS
 #: Bounds of the hyperparameters read before llama.cpp has accepted a file (`dims`). llama.cpp
-#: checks these values itself, or aborts on them (runtime/vet.py); the bounds only keep what the
+#: checks these values itself, or aborts on them (runtime/models/vet.py); the bounds only keep what the
 #: runtime computes from them (a list per layer, KV cache and compute estimates) small, and lie far
 #: above every published model: 16384 heads, keys of 65536 values, a hidden size of 2**20, a
 #: vocabulary of 2**24 tokens. 0 heads is allowed: hybrid models store 0 for their recurrent layers.

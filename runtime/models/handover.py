@@ -16,8 +16,8 @@ import logging
 import threading
 import time
 
-from .engine import engine_for
-from .options import LoadSpec
+from ..engine import engine_for
+from ..options import LoadSpec
 
 log = logging.getLogger("a3b.handover")
 

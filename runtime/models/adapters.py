@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF
+from ..errors import CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF
 from .gguf_info import ARRAY, FLOAT32, STRING, UINT32, HeaderScan, type_name
 
 #: the keys `a3b tune` writes (tune/adapter.py), read here

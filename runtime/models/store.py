@@ -23,11 +23,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine import Engine, Model, Weights, engine_for
-from .environment import env_number
-from .errors import ContextTooLarge
+from ..engine import Engine, Model, Weights, engine_for
+from ..environment import env_number
+from ..errors import ContextTooLarge
 from . import memory
-from .options import LoadSpec
+from ..options import LoadSpec
 
 log = logging.getLogger("a3b.store")
 #: the n_gpu_layers that leaves the placement to the runtime

@@ -40,11 +40,11 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import CorruptGGUF
+from ..errors import CorruptGGUF
 from .gguf_info import scan_header
-from .environment import env_number, env_on
-from .llama.binding import library_dir
-from .options import cache_root
+from ..environment import env_number, env_on
+from ..llama.binding import library_dir
+from ..options import cache_root
 
 log = logging.getLogger("a3b.vet")
 
@@ -162,7 +162,7 @@ VERDICTS = Verdicts()
 
 
 def _start_server() -> subprocess.Popen:
-    child = Path(__file__).with_name("llama") / "vetchild.py"
+    child = Path(__file__).parent.parent / "llama" / "vetchild.py"
     # GGML_NO_BACKTRACE: on an abort, ggml would otherwise attach gdb (when installed) to print a
     # backtrace, which takes seconds and says nothing a user can act on
     # The GPUs hidden: the vetting load runs on the CPU, and a GPU runtime initialised there would

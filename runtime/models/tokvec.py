@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 TABLE = "token_embd.weight"
 
