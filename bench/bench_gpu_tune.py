@@ -117,10 +117,12 @@ def draw_png(r: dict, path: Path) -> Path | None:
 
 
 def main(argv=None) -> int:
+    from ..prune.device import DEVICES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for the results")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--device", choices=DEVICES, default="auto")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--warm", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)

@@ -34,6 +34,7 @@ def torch_device(asked: str) -> str:
 
 def main(argv=None) -> int:
     from ..prune.config import PruneConfig
+    from ..prune.device import DEVICES
 
     d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keeps", default=None, help="several keep ratios (comma list) instead of --keep")
     ap.add_argument("--name", default="bench_recovery", help="results file name under bench/results/")
     ap.add_argument("--model", help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+    ap.add_argument("--device", choices=DEVICES, default=d.device,
                     help="where distillation runs (auto: the GPU when torch sees one)")
     args = ap.parse_args(argv)
 

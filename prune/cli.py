@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..runtime.models.gguf_info import inspect_gguf
 from ..runtime.models.locate import resolve_model
+from .device import DEVICES
 from .config import EXPERT_METHODS, GPU_RECOVERY, METHODS, PruneConfig, default_cache_dir, with_device_defaults
 from .errors import InvalidRequest
 
@@ -71,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "streamed), the torch reference forward (llama/qwen2/qwen3: sequential a3b, recovery, head "
                         "pruning), or auto: torch where recovery or head pruning needs it, llama.cpp otherwise "
                         "(default: %(default)s)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
+    p.add_argument("--device", choices=DEVICES, default=d.device,
                    help="where the torch parts run (recovery, reference statistics, least-squares fits); auto takes "
                         "a CUDA GPU when torch sees one (default: %(default)s)")
     p.add_argument("--n-gpu-layers", type=int, default=d.n_gpu_layers, metavar="N",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..runtime.options import Option, cache_root, check, check_finite
 from .corpus import dir_digest
-from .device import resolve_device
+from .device import DEVICES, resolve_device
 from .errors import InvalidRequest
 
 #: FFN-neuron importance methods (dense/methods.py says what each does), and those that need no data
@@ -149,8 +149,8 @@ class PruneConfig:
             raise InvalidRequest(f"calibration is one of {', '.join(CALIBRATIONS)}, got {self.calibration!r}")
         if self.recover_corpus not in RECOVER_CORPORA:
             raise InvalidRequest(f"recovery corpus is one of {', '.join(RECOVER_CORPORA)}, got {self.recover_corpus!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise InvalidRequest(f"device is one of auto, cpu, cuda, got {self.device!r}")
+        if self.device not in DEVICES:
+            raise InvalidRequest(f"device is one of {', '.join(DEVICES)}, got {self.device!r}")
         if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
             raise InvalidRequest("n_gpu_layers must be -1 (all), 0 (CPU only) or a layer count, "
                                  f"got {self.n_gpu_layers!r}")

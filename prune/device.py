@@ -14,6 +14,7 @@ from .errors import InvalidRequest, require_torch
 
 log = logging.getLogger("comfyui_a3b.prune")
 
+#: the `device` choices of every torch part (pruning, recovery, adapter training)
 DEVICES = ("auto", "cpu", "cuda")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..prune.device import DEVICES
 from ..runtime.options import Option, check
 
 #: The matrices an adapter may train, by their GGUF names inside a block.
@@ -41,7 +42,7 @@ EVAL_EVERY = Option("eval_every", int, 50, "Steps between held-out evaluations."
 PATIENCE = Option("patience", int, 3, "Evaluations without a better held-out loss before stopping early; "
                   "0 = never stop early.", min=0, max=10**6)
 DEVICE = Option("device", str, "auto", "Where training runs: the GPU when torch sees one (auto), cpu or cuda.",
-                choices=("auto", "cpu", "cuda"))
+                choices=DEVICES)
 CHECKPOINTING = Option("grad_checkpointing", bool, False,
                        "Recompute each block's activations in the backward pass: less memory, about a third "
                        "more time.")
