@@ -52,7 +52,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from comfyui_a3b.runtime.engine import Backend, DecodeAborted, DecodeFailed, Engine, ModelInfo, register_engine
+from comfyui_a3b.runtime.engine import Engine, ModelInfo, register_engine
+from comfyui_a3b.runtime.local.seam import Backend, DecodeAborted, DecodeFailed
 from comfyui_a3b.runtime.errors import ModelNotFound, ModelUnloaded
 from comfyui_a3b.runtime.grammars import check_size, compile_bounded
 from comfyui_a3b.runtime.llama.grammar import check_text, grammar_text

@@ -1,7 +1,7 @@
 """The runtime asks its parts what they can do through what they declare, never by probing.
 
 A model, a backend, a sampler or a weight file says what it supports through the attributes and
-methods of its base class in runtime/engine.py (`Backend.mtp`, `Model.start_drafting`,
+methods of its base class in runtime/engine.py and runtime/local/seam.py (`Backend.mtp`, `Model.start_drafting`,
 `Weights.n_layer_nextn`, ...). A `getattr(x, "name", default)` or `hasattr(x, "name")` in the
 runtime's policy modules would let a part that forgot a power pass silently as one without it
 (the fake engine and llama.cpp drifting apart unseen). Probing a foreign library stays allowed
@@ -13,8 +13,10 @@ import ast
 from pathlib import Path
 
 RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
+#: the runtime's own folders (runtime/llama/ probes llama.cpp's libraries, which it wraps)
+FOLDERS = (".", "local", "models", "remote")
 #: modules that probe a C library's symbols, which no base class of ours can declare
-FOREIGN = {"memory.py"}
+FOREIGN = {"models/memory.py"}
 
 
 def _probes(path: Path) -> list[str]:
@@ -28,7 +30,9 @@ def _probes(path: Path) -> list[str]:
 
 
 def test_the_runtime_never_probes_its_own_parts_by_name():
-    found = [p for f in sorted(RUNTIME.glob("*.py")) if f.name not in FOREIGN for p in _probes(f)]
+    files = sorted(f for d in FOLDERS for f in (RUNTIME / d).glob("*.py"))
+    assert {"core.py", "worker.py", "store.py", "model.py"} <= {f.name for f in files}
+    found = [p for f in files if f.relative_to(RUNTIME).as_posix() not in FOREIGN for p in _probes(f)]
     assert found == []
 
 

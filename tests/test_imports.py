@@ -262,8 +262,8 @@ def test_the_graph_sees_the_package(graph):
     assert "runtime.errors" in {t for t, _, _ in graph["runtime.llama.binding"].imports}
     inside = sum(1 for m in graph.values() for _, _, fn in m.imports if fn)
     assert inside > 0
-    # a type-only import (engine.py names the step type its Backend decodes) is an edge too
-    assert "runtime.local.scheduler" in {t for t, _, _ in graph["runtime.engine"].imports}
+    # a type-only import (local/seam.py names the step type its Backend decodes) is an edge too
+    assert "runtime.local.scheduler" in {t for t, _, _ in graph["runtime.local.seam"].imports}
 
 
 def test_cycle_finder_finds_a_hidden_cycle():

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..models import vet
 from ..models.adapters import check as check_adapter
-from ..engine import Backend, DecodeAborted, DecodeFailed
+from ..local.seam import Backend, DecodeAborted, DecodeFailed
 from ..environment import env_number, usable_cpus
 from ..errors import EmbeddingsUnsupported, ModelLoadFailed
 from ..grammars import check_size, compile_bounded

@@ -1,5 +1,5 @@
 """The in-process engine: the model worker (worker.py) and what it runs on, over runtime/llama/ (or
-any `engine.Backend`): the scheduling policy (scheduler.py, steps.py, slots.py, units.py, jobs.py),
+any `seam.Backend`, the seam below it): the scheduling policy (scheduler.py, steps.py, slots.py, units.py, jobs.py),
 prompt rendering (prompting.py, imageprompt.py), sampling and verification (verify.py,
 sampler_choice.py) and speculative decoding (speculative.py, drafting.py, draftmodel.py).
 

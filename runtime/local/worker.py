@@ -28,7 +28,8 @@ import numpy as np
 from . import imageprompt, prompting
 from .. import fim, reasoning, thinking
 from ..models import memory
-from ..engine import Backend, DecodeAborted, DecodeFailed, LocalWeights, Model
+from ..engine import Model
+from .seam import Backend, DecodeAborted, DecodeFailed, LocalWeights
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from ..generation import NOT_A_TOKEN, TokenEvent
 from ..stream import GenerationStream
