@@ -32,30 +32,41 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
+def asks_off(request: GenerationRequest) -> bool:
+    """Whether `request` asks for thinking off (thinking 'off', or a reasoning budget of 0); both
+    engines read it. InvalidRequest where it asks both ways."""
+    if request.thinking == "on" and request.reasoning_budget == 0:
+        raise InvalidRequest("thinking='on' with a reasoning budget of 0 contradicts itself: a budget of 0 is "
+                             "thinking off. Give a budget of at least 1, or thinking 'off'.")
+    return request.thinking == "off" or request.reasoning_budget == 0
+
+
+def switch(variables: dict[str, Any], name: str, off: bool) -> None:
+    """Set the template's thinking switch `name` in `variables` (thinking on or off); InvalidRequest
+    where the prompt's own variable says the opposite. Both engines set it this way."""
+    if name in variables and bool(variables[name]) == off:
+        raise InvalidRequest(f"thinking={'off' if off else 'on'} contradicts the template variable "
+                             f"{name}={variables[name]!r}; give one of them.")
+    variables[name] = not off
+
+
 def plan(template: str | None, request: GenerationRequest) -> Plan:
     """The plan for `request` on a model whose own chat template is `template`."""
     p = request.prompt
     budget = request.reasoning_budget
     mode = request.thinking
-    if mode == "on" and budget == 0:
-        raise InvalidRequest("thinking='on' with a reasoning budget of 0 contradicts itself: a budget of 0 is "
-                             "thinking off. Give a budget of at least 1, or thinking 'off'.")
-    off = mode == "off" or budget == 0
+    off = asks_off(request)
     if not isinstance(p, ChatPrompt):
         # text, tokens and infill prompts have no template: nothing to split, nothing to switch
         warnings = [] if mode != "on" else ["thinking='on' applies to chat prompts; this one is sent as it is."]
         return Plan(NONE, p, None, warnings)
     fmt = detect_format(template)
     own = not p.template   # the model's own template renders the variables
-    switch = thinking_switch(template) if own else None
+    name = thinking_switch(template) if own else None
     warnings: list[str] = []
     variables: dict[str, Any] = dict(p.variables)
-    if switch in ("enable_thinking", "thinking") and (mode != "auto" or off):
-        want = not off
-        if switch in variables and bool(variables[switch]) != want:
-            raise InvalidRequest(f"thinking={'off' if off else 'on'} contradicts the template variable "
-                                 f"{switch}={variables[switch]!r}; give one of them.")
-        variables[switch] = want
+    if name in ("enable_thinking", "thinking") and (mode != "auto" or off):
+        switch(variables, name, off)
         if off:
             budget = None   # the template writes an empty block: nothing to close
     elif mode != "auto" or off:
@@ -68,7 +79,7 @@ def plan(template: str | None, request: GenerationRequest) -> Plan:
         elif off:
             budget = 0
             if mode == "off":   # a budget of 0 asks for exactly this: no warning then
-                why = "only lowers reasoning_effort" if switch == "reasoning_effort" and fmt == GPT_OSS \
+                why = "only lowers reasoning_effort" if name == "reasoning_effort" and fmt == GPT_OSS \
                     else "has no switch"
                 warnings.append(f"thinking=off: {where} {why}; the reasoning block is closed as soon as it opens.")
         else:

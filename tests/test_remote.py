@@ -180,3 +180,19 @@ def test_the_generate_nodes_defaults_run_over_a_remote_model(rt, monkeypatch):
         (text, _, _), _ = defs.GENERATE.call("2", **{**defs.GENERATE.defaults(), "model": handle, "prompt": "Hi"})
         assert text == "Hello"
         assert "reasoning_budget" not in srv.requests[-1][1]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(thinking="on", reasoning_budget=0), "contradicts itself"),
+    (dict(thinking="off", variables={"enable_thinking": True}), "contradicts the template variable"),
+])
+def test_a_remote_model_refuses_thinking_settings_as_the_local_one_does(rt, kw, message):
+    """The same rule in both engines (thinking.asks_off, thinking.switch), refused before the request is sent."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    with _server(chat__completions=lambda b: HELLO) as srv:
+        prompt = ChatPrompt(msgs, variables=kw.pop("variables", {}))
+        with pytest.raises(InvalidRequest, match=message):
+            rt.generate(prompt, model=srv.url, max_tokens=5, **kw)
+        assert not [path for path, _ in srv.requests if path.endswith("completions")]

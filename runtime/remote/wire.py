@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import chat as chatmod
-from .. import fim
+from .. import fim, thinking
 from ..errors import InvalidRequest, RemoteProtocolError
 from ..images import data_url
 from ..requests import ChatPrompt, GenerationRequest, ImagePart, InfillPrompt, Prompt, TokenPrompt, prompt_images
@@ -138,12 +138,9 @@ def thinking_variables(req: GenerationRequest, p: ChatPrompt) -> dict:
     if req.reasoning_budget not in (None, 0):
         raise InvalidRequest("A remote server decodes on its own, so a reasoning budget cannot close its block; "
                              "give reasoning_budget 0 (thinking off) or none, or max_total_tokens to bound both.")
-    off = req.thinking == "off" or req.reasoning_budget == 0
+    off = thinking.asks_off(req)
     if req.thinking != "auto" or off:
-        if "enable_thinking" in variables and bool(variables["enable_thinking"]) == off:
-            raise InvalidRequest(f"thinking={'off' if off else 'on'} contradicts the template variable "
-                                 f"enable_thinking={variables['enable_thinking']!r}; give one of them.")
-        variables["enable_thinking"] = not off
+        thinking.switch(variables, "enable_thinking", off)
     return variables
 
 
