@@ -151,6 +151,20 @@ def test_bad_embeddings_are_a_clear_error(rt, vectors, match):
             rt.embed(["a", "b"], model=srv.url)
 
 
+def test_an_unknown_pooling_is_refused_by_both_engines_alike(rt, fake_engine):
+    """The pooling option's own check (options.POOLING) in the remote and the local engine: the
+    same words, before anything is sent or queued."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    with _server(embeddings=lambda b: json_reply({"data": []})) as srv:
+        with pytest.raises(InvalidRequest) as remote:
+            rt.embed(["a"], model=srv.url, pooling="max")
+        assert not [path for path, _ in srv.requests if path.endswith("embeddings")]
+    with pytest.raises(InvalidRequest) as local:
+        rt.embed(["a"], model="fake://m", pooling="max")
+    assert str(remote.value) == str(local.value) == "pooling must be one of mean, cls, last; got 'max'"
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"choices": [{"index": 0, "text": 5}]}, r"'text' is int"),
     ({"choices": [{"index": 0, "delta": {"content": ["x"]}}]}, r"'content' is list"),

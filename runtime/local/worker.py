@@ -34,7 +34,7 @@ from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, 
 from ..generation import NOT_A_TOKEN, TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
-from ..options import POOLINGS, LoadSpec, parse_speculative
+from ..options import POOLING, LoadSpec, check, parse_speculative
 from ..requests import ChatPrompt, GenerationRequest, Prompt
 from .jobs import EmbedRequest, GenJob
 from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
@@ -194,8 +194,7 @@ class LoadedModel(RowVerifier, Model):
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
-        if pooling not in POOLINGS:
-            raise InvalidRequest(f"Unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        check(POOLING, pooling)   # the option's own check, as every surface reads it
         for i, toks in enumerate(token_lists):
             if not toks:
                 raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")

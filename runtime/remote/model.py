@@ -33,7 +33,7 @@ from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptT
 from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import NONE, THINK, ChannelAssembler
-from ..options import POOLINGS, LoadSpec
+from ..options import POOLING, LoadSpec, check
 from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_images, prompt_texts
 from . import wire
 from .client import DONE, KEEPALIVE, TIMEOUT_ENV, check_allowed, parse_ref, timeout
@@ -237,8 +237,7 @@ class RemoteModel(Model):
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        if pooling not in POOLINGS:
-            raise InvalidRequest(f"Unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        check(POOLING, pooling)   # the option's own check, as every surface reads it
         for i, t in enumerate(texts):
             if not t:
                 raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
