@@ -17,7 +17,6 @@ bench/results/bench_graph_topk.json (.png with matplotlib).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import time
@@ -33,20 +32,13 @@ VARIANTS = ("decode only", "CPU over every row", "graph top-k + CPU chain", "who
 def draw_graph_candidates(L, ctx, row: int, chain) -> int:
     """The CPU chain over the candidates a top-k chain found in the graph for output `row` (ids
     ascending, as the runtime's candidates are), accepted into the chain."""
-    from comfyui_a3b.runtime.llama.rows import TOKEN_DATA
+    from comfyui_a3b.runtime.llama.rows import draw_among
 
     n = L.llama_get_sampled_logits_count_ith(ctx, row)
     ids = np.ctypeslib.as_array(L.llama_get_sampled_candidates_ith(ctx, row), shape=(n,))
     order = np.argsort(ids, kind="stable")
-    cand = np.empty(n, TOKEN_DATA)
-    cand["id"] = ids[order]
-    cand["logit"] = np.ctypeslib.as_array(L.llama_get_sampled_logits_ith(ctx, row), shape=(n,))[order]
-    cand["p"] = 0.0
-    arr = L.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), n, -1, False)
-    L.llama_sampler_apply(chain, ctypes.byref(arr))
-    tok = int(cand["id"][arr.selected])
-    L.llama_sampler_accept(chain, tok)
-    return tok
+    values = np.ctypeslib.as_array(L.llama_get_sampled_logits_ith(ctx, row), shape=(n,))
+    return draw_among(L, chain, ids[order], values[order])
 
 
 def _chains(L, n: int, variant: str, k: int, graph_k: int) -> list:

@@ -30,10 +30,9 @@ else:
     # (see llama/cxxruntime.py)
     from . import llama  # noqa: F401
 
-    from . import (chat, engine, errors, fim, generation, local, models, options, remote,  # noqa: F401
-                   requests)   # (eager: see above)
-    from .models import gguf_info, locate, store, vet  # noqa: F401
+    from . import chat, engine, errors, fim, generation, options, remote, requests  # noqa: F401  (eager: see above)
     from .local import scheduler, worker  # noqa: F401
+    from .models import gguf_info, locate, store, vet  # noqa: F401
 
     from .llama import local_engine
 

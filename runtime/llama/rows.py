@@ -120,9 +120,16 @@ def draw(L, chain, logits: np.ndarray, ids: np.ndarray) -> int:
     """The token that `chain` (a llama.cpp sampler chain whose answer comes from the row's tokens
     that `ids` holds: chain.candidates) draws from `logits`, accepted into the chain as
     llama_sampler_sample accepts it."""
+    return draw_among(L, chain, ids, logits[ids])
+
+
+def draw_among(L, chain, ids: np.ndarray, values: np.ndarray) -> int:
+    """The token that `chain` draws from the candidates `ids` (ascending) with logits `values`,
+    accepted into the chain: `draw`'s work once the candidates' logits are gathered (or come from
+    elsewhere: bench_graph_topk's top-k in the graph)."""
     cand = _scratch.candidates(ids.shape[0])
     cand["id"] = ids
-    cand["logit"] = logits[ids]
+    cand["logit"] = values
     cand["p"] = 0.0
     arr = L.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), ids.shape[0], -1, False)
     L.llama_sampler_apply(chain, ctypes.byref(arr))
