@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from .common import (free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
-                     print_table, write_results)
+                     print_table, results_options, write_results)
 
 TEXT_PROMPT = ("Request {i}: write a long, detailed report about the history of lighthouses on the northern "
                "coast, chapter by chapter, with dates.")
@@ -278,9 +278,8 @@ def main(argv=None) -> int:
                                                  "machine's cores on a large one")
     ap.add_argument("--no-passes", dest="passes", action="store_false", help="skip the pass count run")
     ap.add_argument("--only", default="a3b serve,llama-server", help="which servers to run (comma list)")
-    ap.add_argument("--name", default="serving", help="results name under bench/results")
     ap.add_argument("--out", default=None, help="also copy the results into this folder")
-    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+    results_options(ap, "serving")
     args = ap.parse_args(argv)
     if args.report:
         res = json.loads(Path(args.report).read_text())
