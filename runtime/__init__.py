@@ -32,7 +32,7 @@ else:
 
     from . import chat, engine, errors, fim, generation, options, remote, requests  # noqa: F401  (eager: see above)
     from .local import scheduler, worker  # noqa: F401
-    from .models import gguf_info, locate, store, vet  # noqa: F401
+    from .models import gguf_info, ggufscan, locate, store, vet  # noqa: F401
 
     from .llama import local_engine
 

@@ -19,7 +19,7 @@ import pytest
 
 from comfyui_a3b.runtime import InvalidRequest, PathNotAllowed, Runtime, inspect_gguf
 from comfyui_a3b.runtime.models import vet
-from comfyui_a3b.runtime.models.gguf_info import scan_header
+from comfyui_a3b.runtime.models.ggufscan import scan_header
 
 from tinygguf import write_tiny_gguf
 

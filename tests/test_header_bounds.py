@@ -56,7 +56,7 @@ def _crafted(tiny, tmp_path):
 
 
 def test_the_bounded_values_of_a_sound_file(tiny):
-    from comfyui_a3b.runtime.models.gguf_info import Dims, scan_header
+    from comfyui_a3b.runtime.models.ggufscan import Dims, scan_header
 
     d = Dims.of(scan_header(tiny), tiny)
     assert (d.n_layer, d.n_embd, d.n_head, d.n_head_kv, d.key_length, d.n_vocab) == (2, 64, 4, 2, 16, 271)

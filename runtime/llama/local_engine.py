@@ -15,7 +15,7 @@ from ..models import mmproj as mmprojmod
 from ..models import vet
 from ..engine import Engine
 from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
-from ..models.gguf_info import check_header
+from ..models.ggufscan import check_header
 from ..options import LoadSpec, parse_speculative
 from ..local.worker import LoadedModel
 from . import fitting, offload, placement, planner

@@ -2,9 +2,9 @@
 `n_gpu_layers="auto"`, kept for the whole-model size (`gpu_bytes`), the layer clamp and the
 main-memory check.
 
-The estimate reads the GGUF's tensor index (gguf_info.scan_header: sizes exactly as stored, every
+The estimate reads the GGUF's tensor index (ggufscan.scan_header: sizes exactly as stored, every
 quantisation type included, each tensor inside the file) and the load options. It runs before
-llama.cpp has accepted the file, so it reads the header's numbers through gguf_info.Dims, each
+llama.cpp has accepted the file, so it reads the header's numbers through ggufscan.Dims, each
 bounded (a crafted block_count is an error, not four billion layers):
 
 * each layer's weights (the `blk.N.*` tensors) and its share of the KV cache (n_ctx x n_parallel
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..models.gguf_info import Dims, scan_header, tensor_bytes
+from ..models.ggufscan import Dims, scan_header, tensor_bytes
 from .planner import KV_BYTES, MARGIN
 
 #: CUDA context, cuBLAS workspaces and fragmentation: kept free whatever the model
@@ -50,7 +50,7 @@ class OffloadPlan:
 
 def model_sizes(path) -> tuple[tuple[int, ...], int, Dims]:
     """(bytes of each layer's weights, bytes of the output layer, the bounded hyperparameters); read
-    once per file version. Raises CorruptGGUF for a header value beyond its bound (gguf_info.Dims):
+    once per file version. Raises CorruptGGUF for a header value beyond its bound (ggufscan.Dims):
     this runs before llama.cpp has accepted the file."""
     st = os.stat(path)
     return _model_sizes(str(path), st.st_size, st.st_mtime_ns)

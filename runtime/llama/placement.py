@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import InvalidRequest
-from ..models.gguf_info import Dims, scan_header, tensor_bytes
+from ..models.ggufscan import Dims, scan_header, tensor_bytes
 from ..options import LoadSpec, state_snapshots
 from . import planner, tensorpatterns
 from .planner import Layout, Override, Plan

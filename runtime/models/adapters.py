@@ -7,7 +7,7 @@ base file it was trained on (`a3b.base.sha256`); `check` refuses it on any other
 llama.cpp sees it. Adapters from elsewhere (no a3b keys) are checked for what llama.cpp itself
 needs (general.type, adapter.type, the architecture) so the error names the problem.
 
-Before that, the header is walked with every size bounded (gguf_info.scan_header: a cut file or a
+Before that, the header is walked with every size bounded (ggufscan.scan_header: a cut file or a
 count of 2**40 keys is a one-line error) and every key llama.cpp reads is checked for its type
 (KEY_TYPES: llama.cpp reads `adapter.lora.alpha` as a float32 and aborts the process on a string).
 What no check here can foresee is found by loading the adapter over its base in a child process
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptGGUF, InvalidRequest, ModelNotFound, NotGGUF
-from .gguf_info import ARRAY, FLOAT32, STRING, UINT32, HeaderScan, type_name
+from .ggufscan import ARRAY, FLOAT32, STRING, UINT32, HeaderScan, type_name
 
 #: the keys `a3b tune` writes (tune/adapter.py), read here
 BASE_SHA256 = "a3b.base.sha256"
@@ -81,7 +81,7 @@ SUFFIXES = (".lora_a", ".lora_b")
 def scan(path: str | os.PathLike) -> HeaderScan:
     """The adapter's header, every size bounded (a cut file or an absurd count is a typed error in one
     line), and every key llama.cpp reads checked for its type."""
-    from .gguf_info import scan_header
+    from .ggufscan import scan_header
 
     p = Path(path)
     if not p.is_file():
@@ -101,14 +101,14 @@ def scan(path: str | os.PathLike) -> HeaderScan:
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The adapter's metadata keys and values (the header only; tensors are not read). Arrays longer
-    than gguf_info's kept length are left out."""
+    than ggufscan's kept length are left out."""
     return dict(scan(path).metadata)
 
 
 def _check_tensors(a: Path, header: HeaderScan, base: Path) -> None:
     """Each pair's trailing dimensions are the base tensor's (llama.cpp checks the first two and
     multiplies with the rest, asserting on a mismatch in the middle of a decode)."""
-    from .gguf_info import scan_header
+    from .ggufscan import scan_header
 
     shapes = {name: shape for name, shape, _, _ in scan_header(base).tensors}
     for name, shape, _, _ in header.tensors:

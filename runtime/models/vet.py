@@ -6,7 +6,7 @@ asserts on in Python could never be complete, and the pack lives inside someone 
 (ComfyUI, an editor's language server), where an abort loses the user's work. So before llama.cpp
 loads a file in this process:
 
-1. `gguf_info.scan_header` checks the file's structure with every size bounded (milliseconds);
+1. `ggufscan.scan_header` checks the file's structure with every size bounded (milliseconds);
 2. a vetting server (llama/vetchild.py, started once per process, standalone) forks a child that
    loads the file on the CPU, builds a small context and decodes one token. An abort, a
    segmentation fault or a timeout there becomes a `CorruptGGUF` error here, with llama.cpp's last
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from ..errors import CorruptGGUF
-from .gguf_info import scan_header
+from .ggufscan import scan_header
 from ..environment import env_number, env_on
 from ..llama.binding import library_dir
 from ..options import cache_root
