@@ -1,6 +1,7 @@
-"""Contexts over one llama_model for one LoadSpec: the generation context (one KV sequence per
-slot), the embedding contexts (one per pooling type, made on first use), samplers, and the decode,
-sample and embed calls the model worker makes. Only the worker thread calls a backend.
+"""The Backend of the in-process engine over one llama_model for one LoadSpec: the generation
+context (one KV sequence per slot, contexts.py), samplers, and the decode and sample calls the model
+worker makes; embeddings go to the embedding contexts it holds (embedder.py). Only the worker
+thread calls a backend.
 """
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from ..models import vet
 from ..models.adapters import check as check_adapter
 from ..local.seam import Backend, DecodeAborted, DecodeFailed
 from ..environment import env_number, usable_cpus
-from ..errors import EmbeddingsUnsupported, ModelLoadFailed
+from ..errors import ModelLoadFailed
 from ..grammars import check_size, compile_bounded
-from ..options import LoadSpec, parse_speculative, state_snapshots
+from ..options import LoadSpec, parse_speculative
 from ..local.scheduler import DecodeStep
 from . import abort, chain as chains, graph_entropy, passes
 from .attached import AttachedChains, Sampler
 from .chain import greedy as chain_greedy
-from .binding import GGML_TYPES, fill_batch, llama, log_mark, log_since, sequence
+from .binding import fill_batch, llama, log_mark, log_since
+from .contexts import EMBED_PACK_TEXTS, EMBED_PACK_TOKENS, context_params, thread_counts
+from .embedder import Embedder
 from .fitting import kv_stream_bytes, measure_context
 from .grammar import Grammar, compile_matcher
 from .mtp import MtpContext
@@ -44,68 +47,6 @@ def sample_threads() -> int:
     """Threads that sample the rows of one decode step: A3B_SAMPLE_THREADS, else the cores, at most 16."""
     n = env_number("A3B_SAMPLE_THREADS", int)
     return min(16, usable_cpus()) if n is None else n
-
-
-#: Texts are packed into one embedding decode up to this many tokens. llama.cpp computes a logits
-#: row for every output token of a pooled batch (n_vocab floats each: 192 KB for the default model),
-#: so the pack size, not the context, decides the memory an embedding pack touches.
-EMBED_PACK_TOKENS = 32
-EMBED_PACK_TEXTS = 8
-
-
-def thread_counts(n_threads: int = 0) -> tuple[int, int]:
-    """(decode threads, prompt threads). 0 = automatic: half the cores for decoding, all for prompts.
-
-    Decoding one token is memory-bound and its threads meet at a barrier after every operation: on
-    a busy machine a descheduled thread stalls the others (measured on 2 shared cores: 2 decode
-    threads gave 11-60 tokens/s, 1 thread 78-81). Prompt processing is compute-bound and uses all
-    cores. This matches llama-cpp-python's own defaults.
-    """
-    if n_threads > 0:
-        return n_threads, n_threads
-    cores = usable_cpus()
-    return max(1, cores // 2), cores
-
-
-def context_params(spec: LoadSpec, *, embeddings: bool = False, pooling: str = "mean"):
-    """llama_context_params for the generation context of `spec`, or one of its embedding contexts."""
-    L = llama()
-    p = L.llama_context_default_params()
-    p.n_threads, p.n_threads_batch = thread_counts(spec.n_threads)
-    if embeddings:
-        # Pooling happens inside llama.cpp (pooling != NONE), so only one vector per text leaves the
-        # graph. A text must fit one micro-batch for pooling, so ubatch = context. Kept small by
-        # default (LoadSpec.embed_n_ctx): llama.cpp clears the whole KV buffer at creation, so
-        # every cell costs memory at once (256 tokens: 6 MB for the default model).
-        p.n_ctx = p.n_batch = p.n_ubatch = spec.embed_n_ctx
-        p.n_seq_max = EMBED_PACK_TEXTS
-        p.embeddings = True
-        p.pooling_type = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS,
-                          "last": L.LLAMA_POOLING_TYPE_LAST}[pooling]
-        p.kv_unified = True
-    else:
-        p.n_ctx = spec.n_ctx * spec.n_parallel
-        p.n_batch = max(spec.n_batch, spec.n_parallel)
-        p.n_ubatch = p.n_batch
-        p.n_seq_max = spec.n_parallel
-        # unified=False gives every sequence exactly n_ctx cells of its own
-        p.kv_unified = spec.n_parallel == 1
-        # rejected drafts leave the cache; a recurrent layer (qwen35's Gated DeltaNet) can only step
-        # back by a snapshot per token, so it keeps as many as a step drafts (llama.cpp sets 0 for
-        # architectures without such layers). Each snapshot is a copy of every recurrent layer's
-        # state per sequence (tens of MB at 30B scale), so only speculation asked for by name pays
-        # it; "auto" does not speculate on such a model (drafting.py).
-        p.n_rs_seq = state_snapshots(spec.speculative, spec.draft_max)
-        if spec.backend_sampling != "off":
-            # llama.cpp refuses a batch (decode -1) where a sequence with a backend chain has more
-            # output rows than this (default 1); a speculating request asks for its last token's
-            # row and one per drafted token
-            p.n_outputs_max_per_seq = spec.draft_max + 1
-    p.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                         "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[spec.flash_attn]
-    p.type_k = p.type_v = GGML_TYPES[spec.kv_cache_type]
-    p.no_perf = True
-    return p
 
 
 class LlamaBackend(Backend):
@@ -165,8 +106,7 @@ class LlamaBackend(Backend):
         self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
         self.chains = AttachedChains(self.ctx)
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
-        self.ectxs: dict[str, Any] = {}   # pooling -> embedding context, made on first use
-        self.ebatch = None
+        self.embedder = Embedder(weights, spec)
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS
@@ -389,42 +329,8 @@ class LlamaBackend(Backend):
         return out
 
     # -- embeddings ---------------------------------------------------------------------------
-    def _embed_ctx(self, pooling: str):
-        ctx = self.ectxs.get(pooling)
-        if ctx:
-            return ctx
-        L = llama()
-        mark = log_mark()
-        with self.weights.use():
-            ctx = L.llama_init_from_model(self.weights.ptr, context_params(self.spec, embeddings=True, pooling=pooling))
-        if not ctx:
-            detail = " | ".join(ln.strip() for ln in log_since(mark).splitlines() if "error" in ln.lower())
-            raise EmbeddingsUnsupported(f"llama.cpp could not create a {pooling}-pooling embedding context for "
-                                        f"{self.name}: {detail or 'no detail'}")
-        self.ectxs[pooling] = ctx
-        if self.ebatch is None:
-            self.ebatch = L.llama_batch_init(self.spec.embed_n_ctx, 0, 1)
-        return ctx
-
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
-        L = llama()
-        ctx = self._embed_ctx(pooling)
-        # one output row per text: llama.cpp pools over the whole sequence anyway, and every
-        # flagged row would also reserve a logits row of n_vocab floats
-        fill_batch(self.ebatch, (item for s, toks in enumerate(token_lists) for item in sequence(toks, 0, s)))
-        mem = L.llama_get_memory(ctx)
-        if mem:
-            L.llama_memory_clear(mem, False)  # metadata only: zeroing would touch every page
-        rc = (L.llama_encode if self.weights.has_encoder else L.llama_decode)(ctx, self.ebatch)
-        if rc != 0:
-            raise EmbeddingsUnsupported(f"llama.cpp failed to compute embeddings (code {rc}).")
-        out = np.empty((len(token_lists), self.weights.n_embd), dtype=np.float32)
-        for s in range(len(token_lists)):
-            ptr = L.llama_get_embeddings_seq(ctx, s)
-            if not ptr:
-                raise EmbeddingsUnsupported(f"{self.name} returned no pooled embedding.")
-            out[s] = np.ctypeslib.as_array(ptr, shape=(self.weights.n_embd,))
-        return out
+        return self.embedder.embed(token_lists, pooling)
 
     # -- teardown -----------------------------------------------------------------------------
     def idle(self) -> None:
@@ -439,12 +345,7 @@ class LlamaBackend(Backend):
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
-        if self.ebatch is not None:
-            L.llama_batch_free(self.ebatch)
-            self.ebatch = None
-        for ctx in self.ectxs.values():
-            L.llama_free(ctx)
-        self.ectxs.clear()
+        self.embedder.close()
         if self.mtp is not None:   # before the target context it reads from
             self.mtp.close()
             self.mtp = None

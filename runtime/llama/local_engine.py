@@ -19,7 +19,8 @@ from ..models.ggufscan import check_header
 from ..options import LoadSpec, parse_speculative
 from ..local.worker import LoadedModel
 from . import fitting, offload, placement, planner
-from .backend import LlamaBackend, thread_counts
+from .backend import LlamaBackend
+from .contexts import thread_counts
 from .devices import gpus
 from .reencode import serving_path
 from .weights import Weights

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import InvalidRequest
 from ..options import SERVE_AS, SERVE_FORMATS, LoadSpec, cache_root
-from .backend import context_params
+from .contexts import context_params
 from .binding import fill_batch, llama, sequence
 from .quantize import quantize_file
 from .weights import Weights
