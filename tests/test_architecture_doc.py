@@ -154,3 +154,18 @@ def test_the_pages_keep_their_sizes(doc):
     assert len(doc.encode()) <= int(limits["page"]), f"{DOC.name} is {len(doc.encode())} bytes"
     size = len(README.read_bytes())
     assert size <= int(limits["README.md"]), f"README.md is {size} bytes"
+
+
+def test_the_readme_keeps_the_commands_ci_runs():
+    # .ci/run takes the first code line after each marker; a rewrite of the README must keep both
+    text = README.read_text(encoding="utf-8")
+    found = {}
+    for name in ("install", "test"):
+        after = text.split(f"\n<!-- ci:{name} -->\n", 1)
+        assert len(after) == 2, f"README.md lacks <!-- ci:{name} -->"
+        block = re.match(r"```\w*\n(.*?)\n```", after[1], re.S)
+        assert block, f"no code block right after <!-- ci:{name} -->"
+        found[name] = next(line for line in block.group(1).splitlines() if line.strip())
+    assert found["install"].startswith('pip install -e ".[test,prune]" && a3b generate ')
+    test = found["test"]
+    assert test.startswith("ruff check . && ") and '-m "not slow"' in test and "-m slow" in test
