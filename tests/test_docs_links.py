@@ -39,7 +39,7 @@ def anchors(path: Path) -> set[str]:
     return out
 
 
-def broken_links(paths: list[Path]) -> list[str]:
+def broken_links(paths: list[Path], root: Path = ROOT) -> list[str]:
     bad = []
     for doc in paths:
         for target in _LINK.findall(_prose(doc.read_text(encoding="utf-8"))):
@@ -48,9 +48,9 @@ def broken_links(paths: list[Path]) -> list[str]:
             file, _, part = target.partition("#")
             dest = (doc.parent / file).resolve() if file else doc
             if not dest.exists():
-                bad.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+                bad.append(f"{doc.relative_to(root)}: {target} (no such file)")
             elif part and dest.suffix == ".md" and part not in anchors(dest):
-                bad.append(f"{doc.relative_to(ROOT)}: {target} (no such heading)")
+                bad.append(f"{doc.relative_to(root)}: {target} (no such heading)")
     return bad
 
 
@@ -63,12 +63,7 @@ def test_slugs_follow_github():
 def test_the_checker_finds_a_broken_link(tmp_path):
     (tmp_path / "a.md").write_text("# Top\n\n[ok](#top) [file](b.md#x) [gone](c.md) `[code](d.md)`\n")
     (tmp_path / "b.md").write_text("# Y\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        found = broken_links([tmp_path / "a.md"])
-    finally:
-        ROOT = saved
+    found = broken_links([tmp_path / "a.md"], root=tmp_path)
     assert found == ["a.md: b.md#x (no such heading)", "a.md: c.md (no such file)"]
 
 
