@@ -32,7 +32,7 @@ from ..runtime.netguard import is_loopback, origin_ok, token_ok
 from .framing import MAX_MESSAGE_BYTES, FrameParser, FramingError, _frame
 from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
 from .server import A3BServer
-from .session import Engine
+from .engine import Engine
 
 log = logging.getLogger("a3b.lsp")
 
