@@ -248,3 +248,21 @@ def test_code_actions_alone_resolve_and_apply_a_fix():
 
     with pytest.raises(JsonRpcInvalidParams, match="one argument"):
         asyncio.run(actions.fix())
+
+
+# -- the server that holds them --------------------------------------------------------------------
+def test_the_server_registers_its_features_and_commands(engine):
+    from comfyui_a3b.lsp_server.server import A3BServer
+
+    server = A3BServer(engine, SimpleNamespace(done=False))
+    try:
+        assert set(server.protocol.fm.features) == {
+            T.INITIALIZE, T.INITIALIZED, T.SHUTDOWN, T.WORKSPACE_DID_CHANGE_CONFIGURATION,
+            T.TEXT_DOCUMENT_INLINE_COMPLETION, T.TEXT_DOCUMENT_COMPLETION, T.TEXT_DOCUMENT_CODE_ACTION,
+            T.CODE_ACTION_RESOLVE, "a3b/cursor"}
+        assert list(server.protocol.fm.commands) == ["a3b.status", "a3b.explainSelection", "a3b.fixTraceback",
+                                                     "a3b.fix", "a3b.completionAccepted", "a3b.tuneWorkspace"]
+        assert server.diagnostics.docs is server.session.docs and server.actions.session is server.session
+        assert server.workspace_roots() == []                       # before initialize: no workspace
+    finally:
+        server.session.close()
