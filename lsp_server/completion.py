@@ -29,7 +29,7 @@ from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
 from ..runtime.errors import Cancelled, ModelUnloaded
 from .cache import bucket_key
 from .config import Settings
-from .documents import Cursor, Document, DocumentError
+from .documents import Cursor, Document, open_document
 from .engine import Engine
 from .postprocess import block_end, finish, healed
 from .prompt import PromptBuilder, is_multiline
@@ -188,9 +188,7 @@ class Completer:
         st = self.engine.stats
         st.count("requests")
         settings = self.settings()
-        d = self.docs.get(uri)
-        if d is None:
-            raise DocumentError(f"{uri} is not open; send textDocument/didOpen first.")
+        d = open_document(self.docs, uri)
         d.check_usable(settings.max_document_bytes)
         cur = d.cursor(position, self.encoding())
         m = await self.model(progress)

@@ -18,7 +18,7 @@ from typing import Any
 from ..runtime.errors import A3BError
 from . import config as cfg
 from .completion import Answer, Completer
-from .documents import Document, DocumentError
+from .documents import Document, open_document
 from .engine import Engine
 from .prompts import Prompts
 
@@ -86,10 +86,7 @@ class Session:
 
     # -- documents -----------------------------------------------------------------------------
     def doc(self, uri: str) -> Document:
-        d = self.docs.get(uri)
-        if d is None:
-            raise DocumentError(f"{uri} is not open; send textDocument/didOpen first.")
-        return d
+        return open_document(self.docs, uri)
 
     def open(self, uri: str, text: str, version: int, language_id: str) -> None:
         self.docs[uri] = Document(uri, text, version, language_id)
