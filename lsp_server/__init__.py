@@ -18,7 +18,7 @@ def main(args) -> int:
     """Entry point of `a3b lsp` (see cli.py for the arguments)."""
     import asyncio
 
-    from .session import Engine
+    from .engine import Engine
     from .transport import parse_address, serve_forever, serve_stdio
 
     token = getattr(args, "token", None) or env(LSP_TOKEN.env)

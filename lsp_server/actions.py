@@ -1,12 +1,14 @@
 """Model-backed code actions and commands: quick fixes (for a diagnostic or a traceback) and Explain.
 
 Offering an action costs nothing: the model runs only when the client resolves it or runs the
-command. `ModelActions` is the server's part (the chat request, computing a fix, finding a
-traceback's file), `ActionFeatures` the handlers of Features (server.py) that use it.
+command. `ModelActions` runs the model (the chat request, computing a fix, finding a traceback's
+file); `CodeActions` answers the LSP requests and commands with it, and Features (features.py)
+registers those handlers.
 """
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lsprotocol import types as T
@@ -16,19 +18,27 @@ from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
 from ..runtime.errors import A3BError
 from . import fixes
 from .completion import _spans_in
+from .diagnostics import SpanDiagnostics
 from .documents import DocumentError, _units
 from .errors import _guard
-from .pygls_compat import has_workspace
+from .session import Session
 
 
 class ModelActions:
-    """Part of the connection's server (server.py), which provides `session`, `workspace` and
-    `progress_for_load`."""
+    """The model's work behind quick fixes and explanations."""
+
+    def __init__(self, session: Session, progress: Callable[[], Any] = lambda: None,
+                 roots: Callable[[], list[str]] = list):
+        """`session` the connection's documents, settings and model; `progress()` the callback that
+        shows a model load (or None); `roots()` the local paths of the workspace's folders."""
+        self.session = session
+        self.progress = progress
+        self.roots = roots
 
     async def chat(self, messages, max_tokens: int, confidence: bool = False):
         """Run a greedy chat request at interactive priority; cancelling the caller cancels it."""
         s = self.session
-        await s.model(self.progress_for_load())
+        await s.model(self.progress())
         conf = ConfidenceConfig(enabled=confidence, threshold=s.settings.confidence_threshold)
         stream = s.engine.rt.submit(model=s.spec(), messages=messages, max_tokens=max_tokens, confidence=conf,
                                     sampling=preset("greedy"), priority=PRIORITY_INTERACTIVE,
@@ -70,22 +80,12 @@ class ModelActions:
         start = sum(len(ln) + 1 for ln in lines[:a])
         return edit, uri, _spans_in(res.spans, new), start
 
-    def _workspace_roots(self) -> list[str]:
-        """Local paths of the workspace folders and root, where traceback files are looked up."""
-        if not has_workspace(self):
-            return []
-        roots = [fixes.uri_to_path(f.uri) for f in self.workspace.folders.values()]
-        roots = [r for r in roots if r]
-        if self.workspace.root_path:
-            roots.append(self.workspace.root_path)
-        return roots
-
     def _traceback_target(self, tb_text: str, origin: str | None):
         """(uri, text, first line, last line, error, language) of the innermost frame A3B can read."""
         tb = fixes.parse_traceback(tb_text)
         if tb is None:
             raise DocumentError("No Python traceback found (it starts with 'Traceback (most recent call last):').")
-        roots = self._workspace_roots()
+        roots = self.roots()
         for fr in reversed(tb.frames):
             for uri, doc in self.session.docs.items():
                 p = fixes.uri_to_path(uri)
@@ -98,9 +98,20 @@ class ModelActions:
                             + ", ".join(f'{f.path}:{f.line}' for f in tb.frames[-3:]))
 
 
+class CodeActions:
+    """The quick fixes and Explain: code actions, their resolution and the commands that run them."""
 
-class ActionFeatures:
-    """Part of Features (server.py), which provides `server` and `session`."""
+    def __init__(self, session: Session, model: ModelActions, diagnostics: SpanDiagnostics,
+                 supports: Callable[[str], bool], apply_edit: Callable[[T.ApplyWorkspaceEditParams], Awaitable[Any]],
+                 converter):
+        """`supports(path)` whether the client has a capability; `apply_edit` sends
+        workspace/applyEdit; `converter` structures command arguments as messages are."""
+        self.session = session
+        self.model = model
+        self.diagnostics = diagnostics
+        self.supports = supports
+        self.apply_edit = apply_edit
+        self.converter = converter
 
     # -- quick fixes -----------------------------------------------------------------------------
     @_guard
@@ -130,7 +141,7 @@ class ActionFeatures:
         if a != b:
             explain = T.Command(title="Explain with A3B", command="a3b.explainSelection", arguments=[uri, params.range])
             actions.append(T.CodeAction(title="Explain with A3B", kind=T.CodeActionKind.Empty, command=explain)
-                           if self.server.supports("text_document.code_action.code_action_literal_support")
+                           if self.supports("text_document.code_action.code_action_literal_support")
                            else explain)
         return actions
 
@@ -138,10 +149,10 @@ class ActionFeatures:
         """A quick fix in the form the client takes: a resolvable action, an action with a command,
         or a bare command."""
         command = T.Command(title=title, command="a3b.fix", arguments=[data])
-        if not self.server.supports("text_document.code_action.code_action_literal_support"):
+        if not self.supports("text_document.code_action.code_action_literal_support"):
             return command  # such clients only take Command objects
         act = T.CodeAction(title=title, kind=T.CodeActionKind.QuickFix, diagnostics=diagnostics, data=data)
-        if not self.server.supports("text_document.code_action.resolve_support"):
+        if not self.supports("text_document.code_action.resolve_support"):
             act.command = command  # the client cannot resolve: run the same fix as a command
         return act
 
@@ -151,9 +162,9 @@ class ActionFeatures:
         data = action.data if isinstance(action.data, dict) else None
         if data is None:
             raise DocumentError("This code action has no A3B data to resolve.")
-        edit, uri, spans, start = await self.server.compute_fix(data)
+        edit, uri, spans, start = await self.model.compute_fix(data)
         action.edit = edit
-        self.server.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
+        self.diagnostics.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
         return action
 
     @_guard
@@ -171,10 +182,9 @@ class ActionFeatures:
         return await self._apply_fix({"kind": "traceback", "text": args[0]})
 
     async def _apply_fix(self, data: dict) -> dict:
-        ls = self.server
-        edit, uri, spans, start = await ls.compute_fix(data)
-        res = await ls.workspace_apply_edit_async(T.ApplyWorkspaceEditParams(edit=edit, label="A3B fix"))
-        ls.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
+        edit, uri, spans, start = await self.model.compute_fix(data)
+        res = await self.apply_edit(T.ApplyWorkspaceEditParams(edit=edit, label="A3B fix"))
+        self.diagnostics.expect_insert(uri, start, edit.changes[uri][0].new_text, spans)
         return {"applied": bool(res and res.applied), "uri": uri}
 
     @_guard
@@ -182,7 +192,7 @@ class ActionFeatures:
         """a3b.explainSelection(uri, range): the model's explanation of the selected code."""
         s = self.session
         try:
-            uri, r = args[0], self.server.converter.structure(args[1], T.Range)
+            uri, r = args[0], self.converter.structure(args[1], T.Range)
             if not isinstance(uri, str):
                 raise TypeError(uri)
         except Exception:  # noqa: BLE001 - any malformed argument gets the same usage message
@@ -194,6 +204,6 @@ class ActionFeatures:
         code = doc.slice(min(a, b), min(max(a, b), min(a, b) + 6000))
         if not code.strip():
             raise DocumentError("Select some code to explain.")
-        res = await self.server.chat(fixes.explain_messages(code, doc.language_id), max_tokens=160)
+        res = await self.model.chat(fixes.explain_messages(code, doc.language_id), max_tokens=160)
         return {"explanation": res.text.strip(), "tokens": res.n_tokens}
 

@@ -11,22 +11,29 @@ A request goes through these steps, cheapest first:
 
 Edits cancel a running generation unless they type exactly what it is generating; $/cancelRequest
 cancels it unless such an edit keeps it useful. A closed connection cancels everything it started.
-The connection's state (documents, settings, model, prompt anchors) is its Session (session.py),
-which takes these methods from `Completer`.
+
+`Completer` holds a connection's running generation; what it reads (the engine, the open documents,
+the settings, the model, the prompts) it gets from the connection's Session (session.py) as
+constructor arguments.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..runtime import PRIORITY_INTERACTIVE, ConfidenceConfig, preset
 from ..runtime.errors import Cancelled, ModelUnloaded
 from .cache import bucket_key
-from .documents import Cursor, Document
+from .config import Settings
+from .documents import Cursor, Document, open_document
+from .engine import Engine
 from .postprocess import block_end, finish, healed
 from .prompt import PromptBuilder, is_multiline
+from .prompts import use_fim, wait_stream
 
 log = logging.getLogger("a3b.lsp")
 
@@ -53,8 +60,7 @@ class Answer:
 class Gen:
     """One running generation and what is needed to decide whether a new request can join it."""
 
-    def __init__(self, session: Completer, cur: Cursor, key: str, multiline: bool, doc_len: int, heal: str = ""):
-        self.session = session
+    def __init__(self, cur: Cursor, key: str, multiline: bool, doc_len: int, heal: str = ""):
         self.cur = cur
         self.key = key
         self.multiline = multiline
@@ -106,10 +112,49 @@ class Gen:
 
 
 class Completer:
-    """The completion methods of a Session (session.py), which provides what they use: `engine`,
-    `settings`, `docs`, `doc`, `model`, `spec`, `gen`, `latest` and `_prompt`."""
+    """The completions of one connection: at most one running generation, and the requests that wait
+    for it, join it or supersede it."""
+
+    def __init__(self, engine: Engine, docs: dict[str, Document], settings: Callable[[], Settings],
+                 encoding: Callable[[], str], model: Callable[[Any], Awaitable[Any]], spec: Callable[[], Any],
+                 prompt: Callable[[PromptBuilder, Cursor, bool], Any],
+                 notify: Callable[[str, str], None] = lambda level, msg: None):
+        """`engine` the shared runtime, cache and statistics; `docs` the connection's open documents;
+        `settings()` and `encoding()` its settings and position encoding; `await model(progress)` its
+        model (loaded if need be), `spec()` its LoadSpec; `prompt(builder, cursor, fim)` the prompt
+        at a cursor (prompts.py); `notify(level, message)` tells the user of a failed generation."""
+        self.engine = engine
+        self.docs = docs
+        self.settings = settings
+        self.encoding = encoding
+        self.model = model
+        self.spec = spec
+        self.prompt = prompt
+        self.notify = notify
+        self.gen: Gen | None = None
+        self.latest = 0
+
+    def running(self) -> bool:
+        return self.gen is not None and not self.gen.done.done()
 
     # -- edits during a generation -------------------------------------------------------------
+    def edited(self, uri: str, d: Document) -> None:
+        """`d` (`uri`) was edited: the running generation there goes on if the user typed what it
+        is writing, and is cancelled otherwise."""
+        g = self.gen
+        if g is not None and not g.done.done() and g.cur.uri == uri:
+            if self._typed_ahead(g, d):
+                g.keep_alive = True
+            else:
+                g.cancel("document changed")
+                self.engine.stats.count("cancelled_by_edit")
+
+    def close(self) -> None:
+        """The connection is gone: stop its generation; requests still waiting answer "superseded"."""
+        if self.gen is not None:
+            self.gen.cancel("client disconnected")
+        self.latest += 1
+
     @staticmethod
     def _typed_ahead(g: Gen, d: Document) -> bool:
         """Did the edits only insert, at the generation's cursor, text it agrees with?"""
@@ -123,14 +168,11 @@ class Completer:
         return g.agrees(d.slice(off, off + dx))
 
     # -- completion ----------------------------------------------------------------------------
-    def cache_key(self, m, cur: Cursor, multiline: bool, use_fim: bool) -> str:
+    def cache_key(self, m, cur: Cursor, multiline: bool, fim: bool) -> str:
         # the single/multi-line mode is not part of the key: it follows from the same context, and a
         # suggestion typed into stays valid when the mode at the new position differs
-        return bucket_key(m.info.path, str(id(m.info)), cur.uri, "fim" if use_fim else "pre",
+        return bucket_key(m.info.path, str(id(m.info)), cur.uri, "fim" if fim else "pre",
                           cur.line_suffix, cur.suffix[:240])
-
-    def use_fim(self, builder: PromptBuilder) -> bool:
-        return self.settings.fim != "off" and builder.fim is not None
 
     async def complete(self, uri: str, position, progress=None) -> Answer:
         """A completion at `position`; once more if the model is unloaded under it (ComfyUI's
@@ -145,14 +187,15 @@ class Completer:
         t0 = time.perf_counter()
         st = self.engine.stats
         st.count("requests")
-        d = self.doc(uri)
-        d.check_usable(self.settings.max_document_bytes)
-        cur = d.cursor(position, self.encoding)
+        settings = self.settings()
+        d = open_document(self.docs, uri)
+        d.check_usable(settings.max_document_bytes)
+        cur = d.cursor(position, self.encoding())
         m = await self.model(progress)
         builder = self.engine.builder(m)
-        use_fim = self.use_fim(builder)
+        fim = use_fim(self.settings(), builder)
         multiline = is_multiline(cur)
-        key = self.cache_key(m, cur, multiline, use_fim)
+        key = self.cache_key(m, cur, multiline, fim)
 
         def answer(text: str, source: str, spans=None) -> Answer:
             a = Answer(text, cur, source, multiline, spans or [], time.perf_counter() - t0)
@@ -178,8 +221,9 @@ class Completer:
             else:
                 g.cancel("superseded")
                 st.count("cancelled_superseded")
-        if self.settings.debounce_ms:
-            await asyncio.sleep(self.settings.debounce_ms / 1000.0)
+        debounce_ms = self.settings().debounce_ms
+        if debounce_ms:
+            await asyncio.sleep(debounce_ms / 1000.0)
         if self.latest != me:
             return answer("", "superseded")
         if d.version != cur.version or self.docs.get(uri) is not d:
@@ -187,7 +231,7 @@ class Completer:
         hit = self.engine.cache.get(key, cur.prefix, count=False)
         if hit is not None:
             return answer(hit[1], "cache_" + hit[0])
-        g = self._start(m, builder, cur, key, multiline, use_fim, len(d))
+        g = self._start(m, builder, cur, key, multiline, fim, len(d))
         res = await self._wait(g)
         if res is None:
             return answer("", "superseded")
@@ -210,12 +254,12 @@ class Completer:
         finally:
             g.waiters -= 1
 
-    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, use_fim: bool,
+    def _start(self, m, builder: PromptBuilder, cur: Cursor, key: str, multiline: bool, fim: bool,
                doc_len: int) -> Gen:
-        s = self.settings
-        prompt = self._prompt(builder, cur, use_fim)
+        s = self.settings()
+        prompt = self.prompt(builder, cur, fim)
         self.engine.stats.count(f"prompts_{prompt.mode}")
-        g = Gen(self, cur, key, multiline, doc_len, prompt.heal)
+        g = Gen(cur, key, multiline, doc_len, prompt.heal)
         loop = asyncio.get_running_loop()
         max_tokens = s.max_tokens if multiline else min(s.max_tokens, s.max_tokens_single_line)
         stop = ["\n\n\n"] if multiline else ["\n"]
@@ -227,7 +271,7 @@ class Completer:
             speculative=s.speculative, on_token=g.on_token)
         self.gen = g
         self.engine.stats.count("generations")
-        fut = loop.run_in_executor(self.engine.executor, _wait_stream, g.stream)
+        fut = loop.run_in_executor(self.engine.executor, wait_stream, g.stream)
         fut.add_done_callback(lambda f: self._finished(g, f, prompt))
         return g
 
@@ -266,13 +310,6 @@ class Completer:
             st.count("useful_decode_tokens", res.n_prompt_tokens - res.n_cached_prompt_tokens + res.n_tokens)
         if not g.done.done():
             g.done.set_result(res)
-
-
-def _wait_stream(stream):
-    try:
-        return stream.result(), None
-    except Exception as e:  # noqa: BLE001 - the caller gets any failure back; Cancelled carries .partial
-        return None, e
 
 
 def _spans_in(spans, text: str) -> list[tuple[int, int, float]]:

@@ -1,12 +1,18 @@
 """Editor settings: initializationOptions and workspace/didChangeConfiguration, validated.
 
+Each setting is declared once, in SETTINGS: its Option (default, bounds or choices, help text),
+the `Settings` field it sets and the camelCase key editors send (derived from the field's name).
+The `Settings` dataclass, the key map and the checks all come from that table.
+
 Clients send settings either flat ({"debounceMs": 40}) or under a section ({"a3b": {...}}); both are
 accepted. Unknown keys and bad values are reported back as one clear message each, and the previous
 value is kept, so a typo never takes the server down.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+import dataclasses
+from dataclasses import dataclass, fields, make_dataclass, replace
 from typing import Any
 
 from ..runtime import options as opt
@@ -14,6 +20,9 @@ from ..runtime.errors import InvalidRequest
 from ..runtime.options import Option, check
 
 SECTION = "a3b"
+#: Keys editors send under the section that are theirs, not the server's settings: the TCP/WS token,
+#: and the VS Code extension's executable and server address (editors/vscode/package.json).
+CLIENT_KEYS = ("token", "command", "server")
 
 # The editor's own settings; the ones it shares with the runtime (nCtx, confidenceThreshold) are the
 # runtime's declarations.
@@ -47,92 +56,99 @@ REASONING_BUDGET = replace(opt.REASONING_BUDGET, default=256, help="With thinkin
                            "quick fix or an explanation (null = no limit but the context).")
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _blank_is_none(value: Any) -> Any:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+def _fim(value: Any) -> Any:
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+def _speculative(value: Any) -> Any:
+    opt.parse_speculative(value)   # InvalidRequest unless a mode (or draft:MODEL)
+    return value
+
+
 @dataclass(frozen=True)
-class Settings:
-    """One connection's settings; each field's meaning, default and bounds: its Option in _KEYS."""
+class Setting:
+    """One editor setting: its Option, the `Settings` field it sets and the key editors send."""
 
-    #: Names that arrive over the protocol are resolved inside the allowed model folders only (see
-    #: `Engine.spec_for`).
-    model: str | None = MODEL.default
-    #: None = the runtime's default (shared with ComfyUI's nodes).
-    n_ctx: int | None = None
-    #: tensor placement (None = the runtime's default: the planner chooses)
-    cpu_moe: bool | None = None
-    n_cpu_moe: int | None = None
-    override_tensor: str | None = None
-    #: where tokens are drawn (None = the runtime's default: llama.cpp's graph where it can)
-    backend_sampling: str | None = None
-    #: Single-line completions stop at the line's end, and never take more than max_tokens_single_line.
-    max_tokens: int = MAX_TOKENS.default
-    max_tokens_single_line: int = MAX_TOKENS_SINGLE_LINE.default
-    debounce_ms: int = DEBOUNCE_MS.default
-    fim: str = FIM.default
-    context_tokens: int = CONTEXT_TOKENS.default
-    suffix_tokens: int = SUFFIX_TOKENS.default
-    context_chunks: int = CONTEXT_CHUNKS.default
-    chunk_tokens: int = CHUNK_TOKENS.default
-    max_chunk_similarity: float = MAX_CHUNK_SIMILARITY.default
-    max_document_bytes: int = MAX_DOCUMENT_BYTES.default
-    #: Also when the editor reports the cursor with `a3b/cursor`, so the first completion there is as
-    #: fast as later ones.
-    warm: bool = WARM.default
-    lora: str | None = LORA.default
-    lora_scale: float = opt.LORA_SCALE.default
-    #: Entropy threshold (nats) for low-confidence spans published as diagnostics.
-    confidence_threshold: float = opt.THRESHOLD.default
-    #: Thinking models in quick fixes and explanations; inline completions never think: an editor
-    #: waits for them.
-    thinking: str = THINKING.default
-    reasoning_budget: int | None = REASONING_BUDGET.default
-    #: Speculative decoding of this editor's requests; None = as the model was loaded (n-gram
-    #: lookup unless told otherwise)
-    speculative: str | None = SPECULATIVE.default
+    option: Option
+    field: str
+    #: the camelCase name in initializationOptions and workspace/didChangeConfiguration
+    key: str
+    #: other keys taken for it
+    aliases: tuple[str, ...] = ()
+    #: a load option of the model (a LoadSpec field): a new value loads the model again
+    load: bool = False
+    #: what a value becomes before it is checked (InvalidRequest: refused)
+    parse: Callable[[Any], Any] | None = None
 
+    def accept(self, value: Any) -> Any:
+        """`value` as the setting holds it; InvalidRequest when the option does not take it."""
+        if self.parse is not None:
+            value = self.parse(value)
+        check(self.option, value)
+        return value
+
+
+def setting(option: Option, field: str | None = None, **kw: Any) -> Setting:
+    """The setting declared by `option`, in the field of its name unless told (the key follows)."""
+    field = field or option.name
+    return Setting(option, field, _camel(field), **kw)
+
+
+#: Every editor setting, in the order of `Settings`' fields. Names of models and adapters that arrive
+#: over the protocol are resolved inside the allowed folders only (`Engine.spec_for`). None in a
+#: runtime setting (nCtx, the placement, backendSampling) means the runtime's default, shared with
+#: ComfyUI's nodes. Inline completions never think (an editor waits for them); `thinking` is for
+#: quick fixes and explanations.
+SETTINGS: tuple[Setting, ...] = (
+    setting(MODEL, aliases=("modelPath",), parse=_blank_is_none),
+    setting(opt.N_CTX.or_none(), load=True),
+    setting(opt.CPU_MOE.or_none(), load=True),
+    setting(opt.N_CPU_MOE.or_none(), load=True),
+    setting(opt.OVERRIDE_TENSOR, load=True),
+    setting(opt.BACKEND_SAMPLING.or_none(), load=True),
+    setting(MAX_TOKENS, "max_tokens"),
+    setting(MAX_TOKENS_SINGLE_LINE, "max_tokens_single_line"),
+    setting(DEBOUNCE_MS),
+    setting(FIM, parse=_fim),
+    setting(CONTEXT_TOKENS),
+    setting(SUFFIX_TOKENS),
+    setting(CONTEXT_CHUNKS),
+    setting(CHUNK_TOKENS),
+    setting(MAX_CHUNK_SIMILARITY),
+    setting(MAX_DOCUMENT_BYTES),
+    setting(WARM),
+    setting(LORA, parse=_blank_is_none),
+    setting(opt.LORA_SCALE),
+    setting(opt.THRESHOLD, "confidence_threshold"),
+    setting(THINKING),
+    setting(REASONING_BUDGET),
+    setting(SPECULATIVE, parse=_speculative),
+)
+
+Settings = make_dataclass(
+    "Settings",
+    [(s.field, s.option.type | None if s.option.nullable else s.option.type,
+      dataclasses.field(default=s.option.default)) for s in SETTINGS],
+    frozen=True)
+Settings.__module__ = __name__
+Settings.__doc__ = "One connection's settings: a field per entry of SETTINGS, its default the option's."
 
 #: the settings that are load options of the model (LoadSpec fields)
-LOAD_FIELDS = ("n_ctx", "cpu_moe", "n_cpu_moe", "override_tensor", "backend_sampling")
+LOAD_FIELDS = tuple(s.field for s in SETTINGS if s.load)
 
-
-#: protocol name -> (field name, the option that declares it)
-_KEYS: dict[str, tuple[str, Option]] = {
-    "model": ("model", MODEL),
-    "modelPath": ("model", MODEL),
-    "nCtx": ("n_ctx", opt.N_CTX.or_none()),
-    "cpuMoe": ("cpu_moe", opt.CPU_MOE.or_none()),
-    "nCpuMoe": ("n_cpu_moe", opt.N_CPU_MOE.or_none()),
-    "overrideTensor": ("override_tensor", opt.OVERRIDE_TENSOR),
-    "backendSampling": ("backend_sampling", opt.BACKEND_SAMPLING.or_none()),
-    "maxTokens": ("max_tokens", MAX_TOKENS),
-    "maxTokensSingleLine": ("max_tokens_single_line", MAX_TOKENS_SINGLE_LINE),
-    "debounceMs": ("debounce_ms", DEBOUNCE_MS),
-    "fim": ("fim", FIM),
-    "contextTokens": ("context_tokens", CONTEXT_TOKENS),
-    "suffixTokens": ("suffix_tokens", SUFFIX_TOKENS),
-    "contextChunks": ("context_chunks", CONTEXT_CHUNKS),
-    "chunkTokens": ("chunk_tokens", CHUNK_TOKENS),
-    "maxChunkSimilarity": ("max_chunk_similarity", MAX_CHUNK_SIMILARITY),
-    "maxDocumentBytes": ("max_document_bytes", MAX_DOCUMENT_BYTES),
-    "confidenceThreshold": ("confidence_threshold", opt.THRESHOLD),
-    "warm": ("warm", WARM),
-    "lora": ("lora", LORA),
-    "loraScale": ("lora_scale", opt.LORA_SCALE),
-    "thinking": ("thinking", THINKING),
-    "reasoningBudget": ("reasoning_budget", REASONING_BUDGET),
-    "speculative": ("speculative", SPECULATIVE),
-}
-
-
-def valid(option: Option, value: Any) -> bool:
-    """Whether a setting's value is one `option` takes (fim also takes true and false)."""
-    if option is FIM and isinstance(value, bool):
-        return True
-    try:
-        check(option, value)
-        if option is SPECULATIVE and value is not None:
-            opt.parse_speculative(value)
-    except InvalidRequest:
-        return False
-    return True
+#: key editors send -> the setting
+BY_KEY: dict[str, Setting] = {k: s for s in SETTINGS for k in (s.key, *s.aliases)}
+#: key -> (field name, the option that declares it)
+_KEYS: dict[str, tuple[str, Option]] = {k: (s.field, s.option) for k, s in BY_KEY.items()}
 
 
 def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
@@ -146,21 +162,16 @@ def apply(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
     changes: dict[str, Any] = {}
     errors: list[str] = []
     for key, value in raw.items():
-        spec = _KEYS.get(key)
-        if spec is None:
-            if key not in ("token",):  # the TCP/WS token travels here too; not a setting
-                errors.append(f"Unknown A3B setting {key!r} (known: {', '.join(sorted(_KEYS))}).")
+        s = BY_KEY.get(key)
+        if s is None:
+            if key not in CLIENT_KEYS:
+                errors.append(f"Unknown A3B setting {key!r} (known: {', '.join(sorted(BY_KEY))}).")
             continue
-        name, option = spec
-        if not valid(option, value):
-            errors.append(f"A3B setting {key!r} must be {option.describe(none='null')}; got {value!r}. Keeping "
-                          f"{getattr(base, name)!r}.")
-            continue
-        if name == "fim" and isinstance(value, bool):
-            value = "on" if value else "off"
-        if name in ("model", "lora") and isinstance(value, str) and not value.strip():
-            value = None
-        changes[name] = value
+        try:
+            changes[s.field] = s.accept(value)
+        except InvalidRequest:
+            errors.append(f"A3B setting {key!r} must be {s.option.describe(none='null')}; got {value!r}. Keeping "
+                          f"{getattr(base, s.field)!r}.")
     return replace(base, **changes), errors
 
 

@@ -7,7 +7,11 @@ insert it a little elsewhere or after other edits.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lsprotocol import types as T
+
+from .documents import Document
 
 #: Pending low-confidence spans kept per connection while their text has not appeared yet.
 MAX_PENDING_SPANS = 32
@@ -21,8 +25,17 @@ def _find_near(doc, text: str, start: int, end: int) -> int:
 
 
 class SpanDiagnostics:
-    """The low-confidence diagnostics of a connection, part of its server (server.py), which
-    provides `session`, `published`, `pending_spans` and `text_document_publish_diagnostics`."""
+    """The low-confidence diagnostics of a connection."""
+
+    def __init__(self, docs: dict[str, Document], encoding: Callable[[], str],
+                 publish: Callable[[T.PublishDiagnosticsParams], None]):
+        """`docs` the connection's open documents, `encoding()` its position encoding, `publish`
+        sends textDocument/publishDiagnostics."""
+        self.docs = docs
+        self.encoding = encoding
+        self.publish = publish
+        self.published: dict[str, list[tuple[int, int, str, str]]] = {}   # uri -> (start, end, text, message)
+        self.pending_spans: list[tuple[str, int, str, list]] = []         # (uri, offset, text, spans)
 
     def expect_insert(self, uri: str, offset: int, text: str, spans: list) -> None:
         """After `text` lands at `offset` of `uri`, publish its low-confidence spans."""
@@ -32,18 +45,17 @@ class SpanDiagnostics:
 
     def after_change(self, uri: str) -> None:
         """Publish spans whose text has arrived, and move or drop those already published."""
-        doc = self.session.docs.get(uri)
+        doc = self.docs.get(uri)
         if doc is None or not (self.published.get(uri) or any(p[0] == uri for p in self.pending_spans)):
             return
         placed = self._place_pending(uri, doc)
         moved = self._follow_published(uri, doc)
         if placed or moved:
-            enc = self.session.encoding
+            enc = self.encoding()
             diagnostics = [T.Diagnostic(range=doc.range_at(s, e, enc), message=msg,
                                         severity=T.DiagnosticSeverity.Information, source="a3b")
                            for s, e, _, msg in self.published.get(uri, [])]
-            self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, version=doc.version,
-                                                                              diagnostics=diagnostics))
+            self.publish(T.PublishDiagnosticsParams(uri=uri, version=doc.version, diagnostics=diagnostics))
 
     def _place_pending(self, uri: str, doc) -> bool:
         """Turn pending spans of `uri` whose text is now near its offset into published ones."""

@@ -37,6 +37,14 @@ class DocumentError(ValueError):
     """A request names a position or document the server cannot use; the message says why."""
 
 
+def open_document(docs: dict[str, Document], uri: str) -> Document:
+    """The open document `uri` of `docs`; DocumentError when the editor has not opened it."""
+    d = docs.get(uri)
+    if d is None:
+        raise DocumentError(f"{uri} is not open; send textDocument/didOpen first.")
+    return d
+
+
 @dataclass
 class Cursor:
     """Where a completion is asked for, as text around the cursor."""

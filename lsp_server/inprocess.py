@@ -54,7 +54,7 @@ def maybe_start(environ: dict[str, str] | None = None) -> dict | None:
 
 def _start(kind: str, host: str, port: int, token: str | None) -> dict:
     from ..runtime import get_runtime
-    from .session import Engine
+    from .engine import Engine
     from .transport import start_tcp, start_ws
 
     engine = Engine(address=None)

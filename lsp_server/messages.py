@@ -72,7 +72,7 @@ class Refusals:
 class ClientErrorsOnOneLine(logging.Filter):
     """For pygls' logger: error responses the client caused are logged on one line, without the
     traceback; its "Unable to deserialize message" reports are dropped (the connection logs each
-    malformed message itself, on one line: transport.Connection.feed)."""
+    malformed message itself, on one line: connection.Connection.feed)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if str(record.msg).startswith("Unable to deserialize message"):

@@ -2,18 +2,16 @@
 
 What this adds to pygls' own loops:
 
-* every connection gets its own protocol and workspace, so several editors can share one process
+* every connection gets its own protocol and workspace (a `Connection`, connection.py, which also
+  answers the JSON-RPC errors pygls leaves unanswered), so several editors can share one process
   (and one loaded model) over TCP or WebSocket; `exit` closes only that connection;
-* JSON-RPC errors that pygls leaves unanswered: a body that is not JSON gets a Parse error (-32700),
-  a message that is not a JSON-RPC 2.0 object an Invalid request (-32600), a request whose params do
-  not match the LSP types an Invalid params (-32602) naming the field; all with the request's id when
-  there is one, so a client never waits for an answer that will not come;
 * strict framing: only Content-Length / Content-Type headers, bounded sizes. One parser without I/O
   (FrameParser, framing.py) serves stdio and TCP: their readers only read bytes and feed it;
 * security for TCP/WS: listening on loopback addresses only, refusing peers that are not loopback,
   refusing WebSocket handshakes that carry a browser Origin (a web page could otherwise reach a
   loopback port), and an optional token (initializationOptions.token, or for WebSocket also
-  `?token=` or `Authorization: Bearer`) checked before anything else is served.
+  `?token=` or `Authorization: Bearer`) checked before anything else is served;
+* limits: connections served at once, and how long a connection may stay silent.
 """
 from __future__ import annotations
 
@@ -25,22 +23,15 @@ import threading
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlparse
 
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
-
 from ..runtime.environment import env_number
 from ..runtime.netguard import is_loopback, origin_ok, token_ok
+from .connection import Connection
+from .engine import Engine
 from .framing import MAX_MESSAGE_BYTES, FrameParser, FramingError, _frame
-from .pygls_compat import awaits_reply, fail_request, pending_requests, send_raw
-from .server import A3BServer
-from .session import Engine
 
 log = logging.getLogger("a3b.lsp")
 
 READ_BYTES = 1 << 16                     # what one read of stdin or a socket asks for
-UNAUTHORIZED = -32001
-SERVER_NOT_INITIALIZED = -32002
-INVALID_REQUEST = -32600
-
 
 #: TCP/WebSocket limits: connections served at once, seconds a new connection has to send
 #: `initialize`, and seconds an initialized connection may stay silent (0 = no limit). An editor
@@ -48,14 +39,6 @@ INVALID_REQUEST = -32600
 MAX_CONNECTIONS = env_number("A3B_LSP_MAX_CLIENTS", int)
 INIT_TIMEOUT_S = env_number("A3B_LSP_INIT_TIMEOUT_S")
 IDLE_TIMEOUT_S = env_number("A3B_LSP_IDLE_TIMEOUT_S")
-
-
-def _is_notification(method: str) -> bool:
-    """An LSP notification (its spec defines no response), as opposed to a request."""
-    from lsprotocol.types import METHOD_TO_TYPES
-
-    types = METHOD_TO_TYPES.get(method)
-    return types is not None and types[1] is None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -70,135 +53,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if int(port) > 65535:
         raise ValueError(f"Port {port} is out of range (0-65535).")
     return ("127.0.0.1" if host == "localhost" else host), int(port)
-
-
-class Connection:
-    """One editor: a server object, its writer, and the JSON-RPC checks in front of pygls."""
-
-    def __init__(self, engine: Engine, label: str, writer, *, include_headers: bool = True,
-                 token: str | None = None, authorized: bool = False, on_close: Callable[[], None] | None = None):
-        self.engine = engine
-        self.label = label
-        self.token = token
-        self.authorized = authorized or token is None
-        self.server = A3BServer(engine, self)
-        self.server.protocol.set_writer(writer, include_headers)
-        self.writer = writer
-        self.done = False
-        self.initialized = False           # `initialize` has been answered (or is being handled)
-        self.exit_code: int | None = None
-        self._on_close = on_close
-        log.info("%s connected", label)
-
-    def deadline(self) -> float:
-        """Seconds this connection may stay silent before it is closed (0: no limit)."""
-        return IDLE_TIMEOUT_S if self.initialized else INIT_TIMEOUT_S
-
-    # -- incoming ------------------------------------------------------------------------------
-    def send_error(self, msg_id, code: int, message: str) -> None:
-        send_raw(self.server.protocol, {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
-
-    def feed(self, body: bytes | str) -> None:
-        if self.done:
-            return
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            self.send_error(None, -32700, f"Parse error: the message is not valid JSON ({e}).")
-            return
-        if isinstance(data, list):
-            self.send_error(None, -32600, "Invalid request: JSON-RPC batches are not supported by LSP.")
-            return
-        if not isinstance(data, dict):
-            self.send_error(None, -32600, f"Invalid request: expected a JSON object, got {type(data).__name__}.")
-            return
-        msg_id = data.get("id")
-        if isinstance(msg_id, bool) or (msg_id is not None and not isinstance(msg_id, (int, str))):
-            self.send_error(None, -32600, "Invalid request: 'id' must be a number or a string.")
-            return
-        method = data.get("method")
-        if data.get("jsonrpc") != "2.0" or ("method" in data and not isinstance(method, str)) \
-                or ("method" not in data and "result" not in data and "error" not in data):
-            self.send_error(msg_id, -32600, "Invalid request: a JSON-RPC 2.0 message needs \"jsonrpc\": \"2.0\" "
-                                            "and a string \"method\" (or a result or error).")
-            return
-        if not self.authorized and not self._authorize(data, msg_id, method):
-            return
-        if method is not None and not self._in_order(msg_id, method):
-            return
-        proto = self.server.protocol
-        awaited = method is None and awaits_reply(proto, msg_id)
-        try:
-            message = proto.structure_message(data)
-        except JsonRpcException as e:
-            detail = _describe(e.__cause__) if e.__cause__ is not None else e.message
-            if msg_id is not None and method is not None:
-                self.send_error(msg_id, e.code, f"Invalid params for {method}: {detail}")
-            elif awaited:
-                fail_request(proto, msg_id, JsonRpcInvalidParams(
-                    f"The editor's answer to request {msg_id} is not valid: {detail}"))
-                log.warning("%s: the answer to request %s is not valid: %s", self.label, msg_id, detail)
-            else:
-                log.warning("dropped malformed %s: %s", method or "message", detail)
-                if method and not method.startswith("$/"):
-                    from lsprotocol.types import MessageType
-
-                    self.server.refusals.add(MessageType.Warning, f"ignored a malformed {method} notification", detail)
-            return
-        proto.handle_message(message)
-
-    def _in_order(self, msg_id, method: str) -> bool:
-        """The LSP's rules for the first message, and for a notification that carries an id."""
-        if msg_id is not None and _is_notification(method):
-            self.send_error(msg_id, INVALID_REQUEST, f"Invalid request: {method} is a notification; "
-                                                     "send it without an id (it gets no response).")
-            return False
-        if method == "initialize":
-            self.initialized = True
-            return True
-        if not self.initialized and method != "exit":
-            if msg_id is not None:   # notifications before initialize are dropped, as the LSP says
-                self.send_error(msg_id, SERVER_NOT_INITIALIZED,
-                                f"Server not initialized: send initialize before {method}.")
-            return False
-        return True
-
-    def _authorize(self, data: dict, msg_id, method) -> bool:
-        if method == "initialize":
-            opts = (data.get("params") or {}).get("initializationOptions")
-            given = opts.get("token") if isinstance(opts, dict) else None
-            if token_ok(self.token, given):
-                self.authorized = True
-                return True
-            self.send_error(msg_id, UNAUTHORIZED, "Unauthorized: this A3B server needs its token in "
-                                                  "initializationOptions.token (see --token / A3B_LSP_TOKEN).")
-        elif msg_id is not None:
-            self.send_error(msg_id, UNAUTHORIZED, "Unauthorized: send initialize with the server's token first.")
-        log.warning("%s: refused an unauthenticated %s", self.label, method)
-        self.close(1)
-        return False
-
-    # -- teardown ------------------------------------------------------------------------------
-    def close(self, code: int | None = None) -> None:
-        if self.done:
-            return
-        self.done = True
-        self.exit_code = code
-        self.server.session.close()
-        for fut in pending_requests(self.server.protocol):
-            fut.cancel()
-        log.info("%s closed", self.label)
-        if self._on_close:
-            self._on_close()
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        import cattrs
-
-        return "; ".join(cattrs.transform_error(exc)) or str(exc)
-    except Exception:  # noqa: BLE001 - not a cattrs error: its own message will do
-        return str(exc)
 
 
 # -- stdio --------------------------------------------------------------------------------------
@@ -366,8 +220,6 @@ async def start_tcp(engine: Engine, host: str, port: int, token: str | None) -> 
     return lst
 
 
-
-
 async def _drain_and_close(writer) -> None:
     try:
         await asyncio.wait_for(writer.drain(), 5)
@@ -378,7 +230,7 @@ async def _drain_and_close(writer) -> None:
 
 async def _read_within(read, conn: Connection):
     """`read`, or b"" (end of input) when the connection stays silent past its deadline."""
-    limit = conn.deadline()
+    limit = IDLE_TIMEOUT_S if conn.initialized else INIT_TIMEOUT_S
     try:
         return await (asyncio.wait_for(read, limit) if limit > 0 else read)
     except asyncio.TimeoutError:

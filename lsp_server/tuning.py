@@ -150,7 +150,7 @@ async def tune_workspace(server, session, *args: Any) -> dict:
     folder = args[0] if args and isinstance(args[0], str) else None
     options = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
     if folder is None:
-        roots = server._workspace_roots()
+        roots = server.workspace_roots()
         if not roots:
             raise InvalidRequest("a3b.tuneWorkspace needs a workspace folder (open one, or pass its path).")
         folder = roots[0]

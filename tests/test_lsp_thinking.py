@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 
-from comfyui_a3b.lsp_server import completion, config, server
+from comfyui_a3b.lsp_server import completion, config
+from comfyui_a3b.lsp_server.actions import ModelActions
 
 
 def test_thinking_settings_are_checked():
@@ -33,8 +34,7 @@ def test_quick_fix_chat_follows_the_thinking_setting(fake_engine):
     def chat(settings):
         session = SimpleNamespace(model=model, engine=SimpleNamespace(rt=rt, executor=None), spec=lambda: spec,
                                   settings=settings)
-        features = SimpleNamespace(session=session, progress_for_load=lambda: None)
-        return asyncio.run(server.A3BServer.chat(features, [{"role": "user", "content": "Fix it."}], 7))
+        return asyncio.run(ModelActions(session).chat([{"role": "user", "content": "Fix it."}], 7))
 
     try:
         off = chat(config.Settings())

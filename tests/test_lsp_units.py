@@ -440,12 +440,12 @@ async def test_a_healed_generation_streams_only_what_follows_the_heal_and_stops_
             self.reason = reason
 
     cur = cursor_at("def area(r):\n    x = r * r\n    |")
-    g = Gen(None, cur, "k", True, 0, heal="\n    ")
+    g = Gen(cur, "k", True, 0, heal="\n    ")
     g.stream = Stream()
     for piece in ("\n  ", "  ret", "urn x", " * 2"):
         g.on_token(SimpleNamespace(text=piece))
     assert g.text == "return x * 2" and g.agrees("return") and g.stream.reason is None
-    wrong = Gen(None, cur, "k", True, 0, heal="\n    ")
+    wrong = Gen(cur, "k", True, 0, heal="\n    ")
     wrong.stream = Stream()
     wrong.on_token(SimpleNamespace(text=" # a comment"))   # the line above, not the cursor's
     assert wrong.stream.reason == "heal mismatch" and wrong.text == ""

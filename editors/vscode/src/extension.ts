@@ -13,7 +13,7 @@ import {
 let client: LanguageClient | undefined;
 let output: vscode.LogOutputChannel;
 
-const SETTINGS = ["model", "nCtx", "maxTokens", "debounceMs", "fim", "contextTokens", "contextChunks", "warm"];
+const SETTINGS = ["model", "nCtx", "maxTokens", "debounceMs", "fim", "contextTokens", "contextChunks", "warm", "lora"];
 
 // Where the cursor rests, sent as A3B's own `a3b/cursor` notification once it has stayed put for a
 // moment: the server reads the prompt a completion there would use, so the first suggestion after
