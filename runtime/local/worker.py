@@ -31,13 +31,14 @@ from ..models import memory
 from ..engine import Model
 from .seam import Backend, DecodeAborted, DecodeFailed, LocalWeights
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from ..generation import NOT_A_TOKEN, TokenEvent
+from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
 from ..options import POOLING, LoadSpec, check, parse_speculative
 from ..requests import ChatPrompt, GenerationRequest, Prompt
+from .delivery import Delivery
 from .jobs import EmbedRequest, GenJob
-from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
+from .scheduler import Admission, DecodeStep, EmbedStep, Policy
 from .speculative import StepCost
 from . import drafting, draftmodel
 from .verify import RowVerifier
@@ -45,10 +46,11 @@ from .verify import RowVerifier
 log = logging.getLogger("a3b.worker")
 
 
-class LoadedModel(RowVerifier, Model):
+class LoadedModel(Model):
     """Weights + backend (contexts for one LoadSpec) + the worker thread: the Model of an in-process
     engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
-    show what a prompt becomes for this model."""
+    show what a prompt becomes for this model. Its worker thread runs the step loop; the tokens a
+    step samples go through `rows` (verify.py) and on to `out` (delivery.py)."""
 
     runs_here = True
 
@@ -80,6 +82,11 @@ class LoadedModel(RowVerifier, Model):
             backend.passes.stats = self.stats
         self.created = time.time()
         self.last_used = time.monotonic()
+        #: a sampled token's way to its stream, and the end of requests
+        self.out = Delivery(self.name, self.vocab, backend, self.policy, self._lock, self.stats, self.n_ctx_seq,
+                            self._used)
+        #: sampling a step's output rows, verifying drafts
+        self.rows = RowVerifier(backend, self.vocab, self.policy, self._lock, spec, self.stats, self.out.took)
         self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
         self._thread.start()
 
@@ -94,6 +101,9 @@ class LoadedModel(RowVerifier, Model):
             draftmodel.attach_draft(self, dspec, lambda: get(dspec))
         elif parse_speculative(self.spec.speculative)[0] == "mtp":
             draftmodel.attach_mtp(self)
+
+    def _used(self) -> None:
+        self.last_used = time.monotonic()
 
     @property
     def supports_fim(self) -> bool:
@@ -139,7 +149,7 @@ class LoadedModel(RowVerifier, Model):
         asm = ChannelAssembler(how.format, request.stop, request.confidence,
                                reasoning.start_state(how.format, text), request.n_indent)
         if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
-            tokens = tokens + self._end_tokens(asm)
+            tokens = tokens + self.out.end_tokens(asm)
             asm.close()
         if not tokens:
             raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
@@ -289,16 +299,12 @@ class LoadedModel(RowVerifier, Model):
         self.stats["promoted"] = self.policy.promotions
         for job in adm.dropped:
             if isinstance(job, GenJob):
-                self._finish(job, "cancelled")
+                self.out.finish(job, "cancelled")
         for ej in adm.dropped_embeds:
             ej.end(Cancelled("Embedding cancelled."))
         for job in adm.first_placed:
             self.stats["prompt_tokens"] += len(job.prompt_tokens)
             self.stats["cached_prompt_tokens"] += job.n_cached or 0
-
-    def _trim(self, trim: Trim | None) -> None:
-        if trim is not None:
-            self.backend.trim(trim.seq_id, trim.position)
 
     def _encode_images(self, step: DecodeStep) -> None:
         """Encode the step's images before its decode (or find them in the projector's cache); a
@@ -312,10 +318,7 @@ class LoadedModel(RowVerifier, Model):
                 self.vision.embedding(e.unit)
             except Exception as err:  # noqa: BLE001 - the request gets the error, the worker goes on
                 step.entries.remove(e)
-                with self._lock:
-                    trim = self.policy.release(e.job, keep_cache=False)
-                self._trim(trim)
-                self._finish(e.job, "error", err)
+                self.out.fail(e.job, err)
 
     def _decode(self, step: DecodeStep) -> None:
         for move in step.moves:
@@ -330,7 +333,7 @@ class LoadedModel(RowVerifier, Model):
         # a backend chain draws in the decode itself: it is made (or moved) before it
         for e in step.entries:
             if e.output is not None and e.job.slot is not None:
-                self._sampler(e.job)
+                self.rows.sampler(e.job)
         t0 = time.perf_counter()
         try:
             self.backend.decode(step)
@@ -341,12 +344,8 @@ class LoadedModel(RowVerifier, Model):
             return
         except DecodeFailed as e:
             msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
-            for entry in step.entries:
-                with self._lock:
-                    trim = self.policy.release(entry.job, keep_cache=False)
-                if not e.fatal:
-                    self._trim(trim)
-                self._finish(entry.job, "error", ModelLoadFailed(msg))   # one each: it carries the job's partial
+            for entry in step.entries:   # one error each: it carries the job's partial
+                self.out.fail(entry.job, ModelLoadFailed(msg), trim=not e.fatal)
             if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
                 log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
                 with self._lock:
@@ -368,82 +367,8 @@ class LoadedModel(RowVerifier, Model):
         self.backend.synchronize()   # the GPU's share of the step (benchmarks: where a step goes)
         now = time.perf_counter()
         self.stats["wait_us"] += int((now - t1) * 1e6)
-        self._verify(outs, now)
+        self.rows.verify(outs, now)
         self.stats["verify_us"] += int((time.perf_counter() - now) * 1e6)
-
-    def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
-              lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
-        """A sampled token: stream its text, and finish the request at EOG, a stop string or a limit."""
-        if job.t_first is None:
-            job.t_first = now
-            self.stats["first_token_us"] += int((now - job.t_submit) * 1e6)   # submitted to first token
-            self.stats["first_tokens"] += 1
-        job.t_last = now
-        job.n_gen += 1
-        self.stats["generated_tokens"] += 1
-        matcher = job.sampler.grammar if job.sampler is not None else None
-        failed = matcher.error if matcher is not None else None
-        if failed:   # the grammar's matcher gave up (grammar.py): this request ends, the others go on
-            with self._lock:
-                trim = self.policy.release(job, keep_cache=False)
-            self._trim(trim)
-            return self._finish(job, "error", InvalidRequest(failed))
-        if self.vocab.is_eog(tok):
-            if ent is not None:
-                job.asm.entropies.append(ent)
-            return self._finish_slot(job, "stop")
-        job.seq.append(tok)
-        piece = self.vocab.piece(tok)
-        # a control token renders as nothing; harmony's channel markers are such tokens
-        markup = self.vocab.token_text(tok) if not piece and job.asm.format.name == reasoning.GPT_OSS else ""
-        r, text = job.asm.add(piece, ent, markup)
-        if lp is None:
-            job.stream._emit(TokenEvent(text, tok, ent, reasoning=r))
-        else:
-            top = [(self.vocab.piece(t).decode("utf-8", "replace"), v) for t, v in lp[1]]
-            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top, reasoning=r))
-        if job.asm.stopped:
-            return self._finish_slot(job, "stop")
-        if job.asm.in_reasoning and job.budget is not None and job.asm.n_reasoning >= job.budget:
-            self._close_reasoning(job)
-        if job.grammar is not None and not job.grammar_live and job.asm.split.answering and job.sampler is not None:
-            self.backend.free_sampler(job.sampler)   # the next sample makes the chain with the grammar
-            job.sampler = None
-        total = job.req.max_total_tokens
-        if job.asm.n_answer >= job.req.max_tokens or (total is not None and job.n_gen >= total) \
-                or len(job.seq) >= self.n_ctx_seq:
-            return self._finish_slot(job, "length")
-
-    def _end_tokens(self, asm: ChannelAssembler) -> list[int]:
-        return self.vocab.tokenize(asm.format.end_text, add_bos=False, special=True)
-
-    def _close_reasoning(self, job: GenJob) -> None:
-        """The budget is spent: the template's end-of-thinking text goes into the sequence as prompt
-        tokens (the next batched decode reads them with every other request's token; nothing else
-        waits), and the model goes on with the answer."""
-        job.seq.extend(self._end_tokens(job.asm))
-        r, text = job.asm.close()
-        self.stats["reasoning_budget_closed"] += 1
-        if r or text:
-            job.stream._emit(TokenEvent(text, NOT_A_TOKEN, None, reasoning=r))
-
-    def _finish_slot(self, job: GenJob, reason: str) -> None:
-        with self._lock:
-            self.policy.release(job)
-        self._finish(job, reason)
-
-    def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
-        imageprompt.free_units(job.units)
-        if job.sampler is not None:
-            self.backend.free_sampler(job.sampler)
-            job.sampler = None
-        self.last_used = time.monotonic()
-        self.stats[f"finished_{reason}"] += 1
-        gen = job.seq[len(job.prompt_tokens):]
-        job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
-                             n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
-                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted,
-                             sampler=job.sampler_kind or "")
 
     # -- embeddings ------------------------------------------------------------------------------
     def _embed(self, step: EmbedStep) -> None:
@@ -473,7 +398,7 @@ class LoadedModel(RowVerifier, Model):
             assert isinstance(job, GenJob)
             job.stream.cancel(f"unloaded: {reason}")
             try:
-                self._finish(job, "cancelled")
+                self.out.finish(job, "cancelled")
             except Exception as e:  # noqa: BLE001 - the stream must end even if building its result fails
                 job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
         for ej in embeds:
