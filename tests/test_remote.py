@@ -165,6 +165,18 @@ def test_an_unknown_pooling_is_refused_by_both_engines_alike(rt, fake_engine):
     assert str(remote.value) == str(local.value) == "pooling must be one of mean, cls, last; got 'max'"
 
 
+def test_a_remote_model_refuses_drafts_made_here(rt):
+    """A server drafts by itself, if at all: a draft model or MTP layers are for models run here."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    with _server() as srv:
+        for mode in ("mtp", "draft:fake://d"):
+            with pytest.raises(InvalidRequest, match=f"runs in another engine; speculative={mode[:5].rstrip(':')} "
+                                                     "drafts for a model run here"):
+                rt.load(rt.spec(srv.url, speculative=mode))
+        assert not [e for e in rt.store.loaded() if e.spec.path == srv.url]
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"choices": [{"index": 0, "text": 5}]}, r"'text' is int"),
     ({"choices": [{"index": 0, "delta": {"content": ["x"]}}]}, r"'content' is list"),

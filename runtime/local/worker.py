@@ -34,7 +34,7 @@ from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, 
 from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
-from ..options import POOLING, LoadSpec, check, parse_speculative
+from ..options import POOLING, LoadSpec, check
 from ..requests import ChatPrompt, GenerationRequest, Prompt
 from .delivery import Delivery
 from .jobs import EmbedRequest, GenJob
@@ -71,7 +71,7 @@ class LoadedModel(Model):
                              max_rollback=backend.max_rollback, can_move=backend.can_move)
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
-        #: what this model drafts with (draftmodel.py), set by start_drafting; None: none
+        #: what this model drafts with (draftmodel.py), attached as it opens (`open`); None: none
         self.draft_source: Any = None
         self._lock = threading.Condition()
         self._step: DecodeStep | None = None   # the decode step planned last (for interrupts)
@@ -90,17 +90,24 @@ class LoadedModel(Model):
         self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def open(cls, weights: LocalWeights, backend: Backend, spec: LoadSpec,
+             models: Callable[[LoadSpec], Model]) -> LoadedModel:
+        """The in-process engines' open path: the model, with what its `speculative` setting drafts
+        with attached (a draft model got through `models`, as an entry of its own in the model
+        store, or its own MTP layers). One that cannot draft so is closed again (InvalidRequest)."""
+        model = cls(weights, backend, spec)
+        try:
+            draftmodel.attach(model, models)
+        except BaseException:
+            model.close("its draft model could not be used")
+            raise
+        return model
+
     # -- public, any thread ------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
         return not self._closing and not self.closed.is_set()
-
-    def start_drafting(self, get: Callable[[LoadSpec], Model]) -> None:
-        dspec = draftmodel.draft_spec(self.spec)
-        if dspec is not None:
-            draftmodel.attach_draft(self, dspec, lambda: get(dspec))
-        elif parse_speculative(self.spec.speculative)[0] == "mtp":
-            draftmodel.attach_mtp(self)
 
     def _used(self) -> None:
         self.last_used = time.monotonic()
