@@ -34,7 +34,7 @@ from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, 
 from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
-from ..options import POOLING, LoadSpec, check
+from ..options import LoadSpec
 from ..requests import ChatPrompt, GenerationRequest, Prompt
 from .delivery import Delivery
 from .jobs import EmbedRequest, GenJob
@@ -211,10 +211,9 @@ class LoadedModel(Model):
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
-        check(POOLING, pooling)   # the option's own check, as every surface reads it
-        for i, toks in enumerate(token_lists):
+        for i, toks in enumerate(token_lists):   # what the texts are was checked by the runtime (embed_texts)
             if not toks:
-                raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
+                raise InvalidRequest(f"Text #{i} gives no tokens; embeddings need at least one.")
             if len(toks) > self.spec.embed_n_ctx:
                 raise PromptTooLong(f"Text #{i} has {len(toks)} tokens; embeddings take at most "
                                     f"{self.spec.embed_n_ctx} per text. Split it into chunks, or load "
