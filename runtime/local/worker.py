@@ -11,6 +11,11 @@ embeddings (and wait for the vectors). The worker loop is short: ask the schedul
 pack of texts to embed), then sample each finished row, stream the text and finish requests.
 Cancellation is checked between steps, so a cancelled or unloaded request stops between two tokens
 and an embedding between two packs.
+
+The worker holds its parts, each built with what it uses: `rows` (verify.py) samples a step's
+output rows and verifies drafts, `out` (delivery.py) streams each sampled token and ends requests,
+`embedder` (embedding.py) is the embedding path. `LoadedModel.open`, the engines' open path,
+attaches what the model drafts with (draftmodel.py).
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ from ..reasoning import ChannelAssembler
 from ..options import LoadSpec
 from ..requests import ChatPrompt, GenerationRequest, Prompt
 from .delivery import Delivery
-from .jobs import EmbedRequest, GenJob
+from .embedding import Embedder
+from .jobs import GenJob
 from .scheduler import Admission, DecodeStep, EmbedStep, Policy
 from .speculative import StepCost
 from . import drafting, draftmodel
@@ -87,6 +93,9 @@ class LoadedModel(Model):
                             self._used)
         #: sampling a step's output rows, verifying drafts
         self.rows = RowVerifier(backend, self.vocab, self.policy, self._lock, spec, self.stats, self.out.took)
+        #: the embedding path
+        self.embedder = Embedder(self.vocab, backend, self.policy, self._lock, self.stats, spec.embed_n_ctx,
+                                 self.info.n_embd, self._queue)
         self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
         self._thread.start()
 
@@ -184,12 +193,11 @@ class LoadedModel(Model):
         # no drafts over a prompt with images: its placeholder ids are no tokens a drafter may propose
         job.drafter, job.control = (None, None) if units else drafting.for_request(self, request)
         stream.add_cancel_callback(lambda: self._cancelled(job))
-        with self._lock:
-            if self._closing:
-                raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
+
+        def put() -> None:
             self.policy.submit(job)
             self.stats["submitted"] += 1
-            self._lock.notify()
+        self._queue(put)
         return stream
 
     def _cancelled(self, job: GenJob) -> None:
@@ -203,34 +211,21 @@ class LoadedModel(Model):
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        v = self.vocab
-        return self.embed_tokens([v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts], pooling=pooling,
-                                 normalize=normalize, priority=priority, cancelled=cancelled)
+        return self.embedder.embed(texts, pooling=pooling, normalize=normalize, priority=priority, cancelled=cancelled)
 
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
-        for i, toks in enumerate(token_lists):   # what the texts are was checked by the runtime (embed_texts)
-            if not toks:
-                raise InvalidRequest(f"Text #{i} gives no tokens; embeddings need at least one.")
-            if len(toks) > self.spec.embed_n_ctx:
-                raise PromptTooLong(f"Text #{i} has {len(toks)} tokens; embeddings take at most "
-                                    f"{self.spec.embed_n_ctx} per text. Split it into chunks, or load "
-                                    "the model with a larger embed_n_ctx.")
-        job = EmbedRequest(token_lists, pooling, priority, cancelled or (lambda: False), normalize=normalize)
-        job.out = np.zeros((len(token_lists), self.info.n_embd), dtype=np.float32)
+        return self.embedder.embed_tokens(token_lists, pooling, normalize, priority, timeout, cancelled)
+
+    def _queue(self, put: Callable[[], None]) -> None:
+        """Run `put` (a job into the policy) under the lock unless the model is closing; wake the worker."""
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
-            self.policy.submit_embed(job)
+            put()
             self._lock.notify()
-        if not job.finished.wait(timeout):
-            raise TimeoutError("embedding still running")
-        if job.error is not None:
-            raise job.error
-        assert job.out is not None
-        return job.out
 
     def busy(self) -> bool:
         with self._lock:
@@ -285,7 +280,7 @@ class LoadedModel(Model):
                     drafting.fill(step)
                 memory.release(busy=True)   # rate-limited: a few ms every half minute
                 if isinstance(step, EmbedStep):
-                    self._embed(step)
+                    self.embedder.run(step)
                 elif isinstance(step, DecodeStep):
                     self._decode(step)
                     self.stats["step_us"] += int((time.perf_counter() - t_step) * 1e6)
@@ -375,25 +370,6 @@ class LoadedModel(Model):
         self.stats["wait_us"] += int((now - t1) * 1e6)
         self.rows.verify(outs, now)
         self.stats["verify_us"] += int((time.perf_counter() - now) * 1e6)
-
-    # -- embeddings ------------------------------------------------------------------------------
-    def _embed(self, step: EmbedStep) -> None:
-        job = step.job
-        assert isinstance(job, EmbedRequest) and job.out is not None
-        try:
-            lists = job.token_lists[step.first:step.first + step.count]
-            job.out[step.first:step.first + step.count] = self.backend.embed(lists, job.pooling)
-        except BaseException as e:  # noqa: BLE001 - the waiting caller gets the error; the worker keeps serving
-            with self._lock:
-                self.policy.drop_embed(job)
-            job.end(e)
-            return
-        self.stats["embedded_texts"] += step.count
-        self.stats["embedded_tokens"] += sum(len(t) for t in lists)
-        with self._lock:
-            complete = self.policy.embedded(step)
-        if complete:
-            job.end()
 
     # -- shutdown --------------------------------------------------------------------------------
     def _shutdown(self) -> None:
