@@ -25,7 +25,7 @@ from .stream import GenerationStream
 from .models.locate import resolve_model
 from .options import NORMALIZE, POOLING, LoadSpec, parse_speculative
 from .requests import (DEFAULT_MAX_TOKENS, PROMPT_TYPES, ChatPrompt, GenerationRequest, Prompt, TextPrompt,
-                       TokenPrompt, check_text)
+                       TokenPrompt, check_text, embed_texts)
 from .models.store import ModelStore
 
 log = logging.getLogger("a3b")
@@ -172,14 +172,7 @@ class Runtime:
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of `texts`, one row each. `cancelled` is polled between small packs of
         texts; once true, the call raises Cancelled."""
-        texts = list(texts)
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text.")
-            check_text(f"Item #{i} to embed", t)
-        if not texts:
-            raise InvalidRequest("Nothing to embed: give at least one text.")
-
+        texts = embed_texts(texts, pooling)
         return self._with_model(model, lambda m: m.embed(texts, pooling=pooling, normalize=normalize,
                                                          priority=priority, cancelled=cancelled))
 

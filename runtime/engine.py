@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .errors import InvalidRequest
-
 if TYPE_CHECKING:  # pragma: no cover
     import collections
 
@@ -94,7 +92,7 @@ class Model(Protocol):
     features: dict[str, Any]
     #: run in this process, token by token over a Backend (a draft model must be such a model)
     runs_here: bool = False
-    #: what it drafts with under speculative=draft or mtp (draftmodel.py), once start_drafting set it
+    #: what it drafts with under speculative=draft or mtp (draftmodel.py), attached as its engine opened it
     draft_source: Any = None
 
     @property
@@ -130,17 +128,6 @@ class Model(Protocol):
     def close(self, reason: str = "unloaded", wait: bool = True) -> None:
         """Stop taking requests; running ones end with ModelUnloaded (and the text so far)."""
 
-    def start_drafting(self, get: Callable[[LoadSpec], Model]) -> None:
-        """Right after loading: attach what the spec's `speculative` setting drafts with (a draft model
-        it loads through `get`, or its own MTP layers); InvalidRequest when it cannot draft so. An
-        engine that drafts by itself (or not at all) needs nothing here, unless those are asked."""
-        from .options import parse_speculative
-
-        mode = parse_speculative(self.spec.speculative)[0]
-        if mode in ("draft", "mtp"):
-            raise InvalidRequest(f"{self.name} runs in another engine; speculative={mode} drafts for a model run "
-                                 "here. Use speculative=off.")
-
 
 @runtime_checkable
 class Engine(Protocol):
@@ -161,8 +148,11 @@ class Engine(Protocol):
         """Load (or find out about) what `spec` names; the store shares it between specs of one key."""
         raise NotImplementedError
 
-    def open_model(self, weights: Weights, spec: LoadSpec) -> Model:
-        """The model for `spec` over loaded `weights` (the one way to get a Model)."""
+    def open_model(self, weights: Weights, spec: LoadSpec, models: Callable[[LoadSpec], Model]) -> Model:
+        """The model for `spec` over loaded `weights` (the one way to get a Model). `models` gets
+        another model through the model store (an entry of its own there, as a draft model that
+        this one drafts with is): an engine that speculates attaches its drafts as it opens a model,
+        and raises InvalidRequest (closing what it opened) when `spec` asks drafts it cannot make."""
         raise NotImplementedError
 
     def kv_bytes(self, weights: Weights, spec: LoadSpec) -> int:

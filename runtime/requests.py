@@ -19,7 +19,7 @@ results) is in generation.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from .errors import InvalidRequest
 from .generation import PRIORITY_BATCH, ConfidenceConfig, SamplingParams, check_stops
 from .grammars import check_size
 from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
-                      THINKING, check, parse_speculative)
+                      POOLING, THINKING, check, parse_speculative)
 
 Message = dict[str, Any]
 
@@ -314,6 +314,24 @@ def check_text(what: str, text: str) -> None:
         raise InvalidRequest(f"{what} is not valid Unicode: {e.reason} at character {e.start} "
                              f"({text[max(0, e.start - 20):e.start]!r} ...). "
                              "Remove or replace that character.") from None
+
+
+def embed_texts(texts: Iterable[Any], pooling: str) -> list[str]:
+    """The texts of an embedding request as a list, or InvalidRequest for what no engine embeds: an
+    item that is not text or not valid Unicode, an empty text, no text at all, an unknown pooling.
+    The runtime checks these once, whatever engine runs the model; an engine checks only what needs
+    its own knowledge (a text's tokens against its embedding context)."""
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InvalidRequest(f"Item #{i} to embed is a {type(t).__name__}, not text.")
+        check_text(f"Item #{i} to embed", t)
+        if not t:
+            raise InvalidRequest(f"Item #{i} to embed is empty; embeddings need at least one token.")
+    if not texts:
+        raise InvalidRequest("Nothing to embed: give at least one text.")
+    check(POOLING, pooling)   # the option's own check, as every surface reads it
+    return texts
 
 
 def prompt_texts(prompt: Prompt) -> list[str]:

@@ -568,12 +568,12 @@ class FakeEngine(Engine):
         self.loads += 1
         return FakeWeights(spec, FakeSettings.parse(spec.path))
 
-    def open_model(self, weights: FakeWeights, spec) -> LoadedModel:
+    def open_model(self, weights: FakeWeights, spec, models) -> LoadedModel:
         b = FakeBackend(weights, spec, self.decodes)
         self.backends.append(b)
         if weights.settings.speculative is not None:
             spec = replace(spec, speculative=weights.settings.speculative)
-        return LoadedModel(weights, b, spec)
+        return LoadedModel.open(weights, b, spec, models)
 
     def kv_bytes(self, weights, spec) -> int:
         return spec.n_ctx * spec.n_parallel * 64

@@ -1,7 +1,7 @@
 """The runtime asks its parts what they can do through what they declare, never by probing.
 
 A model, a backend, a sampler or a weight file says what it supports through the attributes and
-methods of its base class in runtime/engine.py and runtime/local/seam.py (`Backend.mtp`, `Model.start_drafting`,
+methods of its base class in runtime/engine.py and runtime/local/seam.py (`Backend.mtp`, `Model.draft_source`,
 `Weights.n_layer_nextn`, ...). A `getattr(x, "name", default)` or `hasattr(x, "name")` in the
 runtime's policy modules would let a part that forgot a power pass silently as one without it
 (the fake engine and llama.cpp drifting apart unseen). Probing a foreign library stays allowed
@@ -40,3 +40,16 @@ def test_the_check_sees_a_probe(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f(m):\n    return getattr(m, 'mtp', None) or hasattr(m, 'vision')\n")
     assert len(_probes(f)) == 2
+
+
+def test_the_store_wires_no_engine_power():
+    """The model store loads, shares and unloads; what a model drafts with is its engine's business
+    (attached as the engine opens it, a draft model got through the store as an entry of its own), so
+    the store names no drafting and the Model interface declares no step for it."""
+    from comfyui_a3b.runtime.engine import Model
+
+    tree = ast.parse((RUNTIME / "models" / "store.py").read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not [n for n in names if "draft" in n.lower() or "specul" in n.lower()]
+    assert not [n for n in vars(Model) if "draft" in n and callable(vars(Model)[n])]

@@ -165,6 +165,44 @@ def test_an_unknown_pooling_is_refused_by_both_engines_alike(rt, fake_engine):
     assert str(remote.value) == str(local.value) == "pooling must be one of mean, cls, last; got 'max'"
 
 
+@pytest.mark.parametrize("texts,pooling,words", [
+    (["a", ""], "mean", "Item #1 to embed is empty; embeddings need at least one token."),
+    ([""], "mean", "Item #0 to embed is empty; embeddings need at least one token."),
+    ([], "mean", "Nothing to embed: give at least one text."),
+    (["ok", 3], "mean", "Item #1 to embed is a int, not text."),
+    (["ok", "a\ud800b"], "mean", "Item #1 to embed is not valid Unicode: surrogates not allowed at character 1 "
+                                  "('a' ...). Remove or replace that character."),
+    (["a"], "max", "pooling must be one of mean, cls, last; got 'max'"),
+])
+def test_a_bad_embedding_input_gets_the_same_error_from_both_engines(rt, fake_engine, texts, pooling, words):
+    """What no engine embeds is refused once, by the runtime, in the same words whatever runs the
+    model, before anything is sent or queued."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    with _server(embeddings=lambda b: json_reply({"data": []})) as srv:
+        with pytest.raises(InvalidRequest) as remote:
+            rt.embed(texts, model=srv.url, pooling=pooling)
+        assert not [path for path, _ in srv.requests if path.endswith("embeddings")]
+    backend = rt.load(rt.spec("fake://m")).backend
+    embedded = list(backend.embedded)
+    with pytest.raises(InvalidRequest) as local:
+        rt.embed(texts, model="fake://m", pooling=pooling)
+    assert str(remote.value) == str(local.value) == words
+    assert backend.embedded == embedded
+
+
+def test_a_remote_model_refuses_drafts_made_here(rt):
+    """A server drafts by itself, if at all: a draft model or MTP layers are for models run here."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    with _server() as srv:
+        for mode in ("mtp", "draft:fake://d"):
+            with pytest.raises(InvalidRequest, match=f"runs in another engine; speculative={mode[:5].rstrip(':')} "
+                                                     "drafts for a model run here"):
+                rt.load(rt.spec(srv.url, speculative=mode))
+        assert not [e for e in rt.store.loaded() if e.spec.path == srv.url]
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"choices": [{"index": 0, "text": 5}]}, r"'text' is int"),
     ({"choices": [{"index": 0, "delta": {"content": ["x"]}}]}, r"'content' is list"),

@@ -209,3 +209,36 @@ def test_a_workflow_the_server_and_an_editor_share_one_copy_of_the_embedded_mode
         assert [m["path"] for m in rt.status()["models"]].count(handle.path) == 1
     finally:
         rt.unload()
+
+
+def test_a_model_whose_draft_model_cannot_be_used_is_not_left_loaded(fake_engine):
+    """Its engine attaches the draft model as it opens the model; the draft model is an entry of
+    its own in the store (loaded through it), so it stays loaded, while the model that cannot
+    draft with it is closed and its weights freed, never announced as loaded."""
+    from comfyui_a3b.runtime import InvalidRequest
+
+    r = Runtime()
+    events: list[tuple[str, str]] = []
+    r.store.add_listener(lambda event, spec: events.append((event, spec.path)))
+    with pytest.raises(InvalidRequest, match="does not share the vocabulary"):
+        r.load(r.spec("fake://t6", speculative="draft:fake://d6?n_vocab=300"))
+    assert [e.spec.path for e in r.store.loaded()] == ["fake://d6?n_vocab=300"]
+    assert events == [("loaded", "fake://d6?n_vocab=300")]
+    target = next(b for b in fake_engine.backends if b.path == "fake://t6")
+    assert target.closed and target.settings.name == "t6"
+    r.unload()
+
+
+def test_a_model_drafting_with_itself_shares_one_copy_with_its_draft_entry(fake_engine):
+    """The draft entry of a model that drafts with its own file finds the weights the model is
+    being opened over (one copy, counted once per entry): unloading either leaves them to the other."""
+    r = Runtime()
+    spec = r.spec("fake://self7", speculative="draft:fake://self7", n_gpu_layers="auto")
+    loads = fake_engine.loads
+    model = r.load(spec)
+    (draft,) = [e.model for e in r.store.loaded() if e.spec.speculative == "off"]
+    assert draft.weights is model.weights and fake_engine.loads == loads + 1
+    r.unload(spec)
+    assert not model.weights.freed and draft.alive
+    r.unload()
+    assert model.weights.freed

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from ..models import mmproj as mmprojmod
 from ..models import vet
-from ..engine import Engine
+from ..engine import Engine, Model
 from ..errors import CorruptGGUF, ModelLoadFailed, ModelNotFound
 from ..models.ggufscan import check_header
 from ..options import LoadSpec, parse_speculative
@@ -64,13 +65,14 @@ class LlamaEngine(Engine):
             raise
         return weights
 
-    def open_model(self, weights: Weights, spec: LoadSpec) -> LoadedModel:
+    def open_model(self, weights: Weights, spec: LoadSpec, models: Callable[[LoadSpec], Model]) -> LoadedModel:
         plan = weights.info.placement
         shrunk = int(plan.get("n_ctx") or 0) < int(plan.get("n_ctx_asked") or 0)
         n_ctx = int(plan["n_ctx"]) if shrunk else spec.n_ctx
         if n_ctx < spec.n_ctx:   # the planner shrank the context to fit the GPU (said in its warnings)
             log.warning("%s: n_ctx %d -> %d per slot to fit the GPU", weights.info.name, spec.n_ctx, n_ctx)
-        return LoadedModel(weights, LlamaBackend(weights, replace(spec, n_ctx=min(n_ctx, spec.n_ctx))), spec)
+        return LoadedModel.open(weights, LlamaBackend(weights, replace(spec, n_ctx=min(n_ctx, spec.n_ctx))), spec,
+                                models)
 
     def smaller_placement(self, spec: LoadSpec, info, nbytes: int) -> int | None:
         """The device memory cap of a placement holding `nbytes` less than `info`'s with every layer

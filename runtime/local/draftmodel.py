@@ -129,6 +129,17 @@ class MtpDrafter(Drafter):
             return []
 
 
+def attach(model: Any, models: Callable[[LoadSpec], Any]) -> None:
+    """As `model` opens: attach what its LoadSpec's `speculative` setting drafts with, a draft model
+    got through `models` (the model store: the draft is an entry of its own there) or its own MTP
+    layers; InvalidRequest when it cannot draft so. Nothing for the other settings."""
+    dspec = draft_spec(model.spec)
+    if dspec is not None:
+        attach_draft(model, dspec, lambda: models(dspec))
+    elif parse_speculative(model.spec.speculative)[0] == "mtp":
+        attach_mtp(model)
+
+
 def attach_draft(model: Any, dspec: LoadSpec, get: Callable[[], Any]) -> None:
     """Give target `model` its draft model (loaded now through `get`, checked for its vocabulary)."""
     draft = get()

@@ -1,26 +1,39 @@
 """Sampling a decode step's output rows and verifying drafts: the part of the model worker
-(worker.py) that turns logits rows into tokens, as a mixin of LoadedModel. Runs on the worker
-thread only."""
+(worker.py) that turns logits rows into tokens. Runs on the worker thread only."""
 from __future__ import annotations
 
+import collections
+import threading
 import time
-from typing import Any
-
+from collections.abc import Callable
 from . import sampler_choice
+from ..engine import Vocab
+from ..options import LoadSpec
 from .jobs import GenJob
-from .scheduler import Entry
+from .scheduler import Entry, Policy
+from .seam import Backend
 
 
 class RowVerifier:
-    """Needs the worker's backend, policy, lock, spec, stats and `_took`."""
+    """Samples the output rows of one model's decode steps and verifies their drafts.
 
-    backend: Any
-    policy: Any
-    spec: Any
-    stats: Any
-    _lock: Any
+    Built with what it reads and nothing more: the `backend` (samplers, logits rows, KV trims), the
+    `vocab` (end of generation), the scheduling `policy` and the `lock` that guards it (rejected
+    drafts leave a slot), the model's LoadSpec `spec` (where samplers draw), its `stats` counter,
+    and `took`: what becomes of a sampled token (the worker streams it and ends the request at a
+    stop or a limit)."""
 
-    def _verify(self, outs: list[Entry], now: float) -> None:
+    def __init__(self, backend: Backend, vocab: Vocab, policy: Policy, lock: threading.Condition, spec: LoadSpec,
+                 stats: collections.Counter, took: Callable[..., None]):
+        self.backend = backend
+        self.vocab = vocab
+        self.policy = policy
+        self.lock = lock
+        self.spec = spec
+        self.stats = stats
+        self.took = took
+
+    def verify(self, outs: list[Entry], now: float) -> None:
         """Sample every output row of the step, and verify drafts: round r samples row `output + r` of
         each entry still verifying, in order, with the request's own sampler (speculative.py says why
         that is exact); an entry goes on while its draw equals its r-th drafted token and nothing ended
@@ -33,7 +46,7 @@ class RowVerifier:
         while active:
             for e in active:
                 if e.job.sampler is None:
-                    self._sampler(e.job)
+                    self.sampler(e.job)
             t0 = time.perf_counter()
             sampled = self.backend.sample_rows([(e.job.sampler, e.output + r, e.job.req.confidence.enabled)
                                                 for e in active])
@@ -48,25 +61,26 @@ class RowVerifier:
                 hit = r < len(e.draft) and tok == e.draft[r]
                 if r == 0:
                     job.drafted += len(e.draft)
-                if hit:   # counted before _took: the result may be made there
+                if hit:   # counted before took: the result may be made there
                     matched[id(e)] += 1
                     job.accepted += 1
-                self._took(job, tok, ent, now, lp)
+                self.took(job, tok, ent, now, lp)
                 made[id(e)] += 1
                 if hit and job.slot is not None and len(job.seq) == n_seq + 1:
                     going.append(e)
             active, r = going, r + 1
         for e in outs:
             if e.draft:
-                with self._lock:
+                with self.lock:
                     trim = self.policy.settle(e.job, slots[id(e)], matched[id(e)])
-                self._trim(trim)
+                if trim is not None:
+                    self.backend.trim(trim.seq_id, trim.position)
                 self.stats["drafted_tokens"] += len(e.draft)
                 self.stats["accepted_tokens"] += matched[id(e)]
             if e.job.control is not None:
                 e.job.control.record(len(e.draft), matched[id(e)], made[id(e)])
 
-    def _sampler(self, job: GenJob) -> None:
+    def sampler(self, job: GenJob) -> None:
         """The request's sampler, made at its first output row (sampler_choice.py decides where it
         draws); a backend chain follows its request to the sequence it decodes in now, and a row
         drawn on the CPU has no other request's chain on its sequence (the backend's prepare)."""
@@ -85,4 +99,3 @@ class RowVerifier:
                 job.sampler_kind = sampler_choice.CPU   # llama.cpp refused the chain
         if job.slot is not None:   # its chain follows it; a CPU row gets its logits
             self.backend.prepare(job.sampler, job.slot.seq_id, job.sampler_kind == sampler_choice.BACKEND)
-

@@ -11,6 +11,11 @@ embeddings (and wait for the vectors). The worker loop is short: ask the schedul
 pack of texts to embed), then sample each finished row, stream the text and finish requests.
 Cancellation is checked between steps, so a cancelled or unloaded request stops between two tokens
 and an embedding between two packs.
+
+The worker holds its parts, each built with what it uses: `rows` (verify.py) samples a step's
+output rows and verifies drafts, `out` (delivery.py) streams each sampled token and ends requests,
+`embedder` (embedding.py) is the embedding path. `LoadedModel.open`, the engines' open path,
+attaches what the model drafts with (draftmodel.py).
 """
 from __future__ import annotations
 
@@ -31,13 +36,15 @@ from ..models import memory
 from ..engine import Model
 from .seam import Backend, DecodeAborted, DecodeFailed, LocalWeights
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
-from ..generation import NOT_A_TOKEN, TokenEvent
+from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import ChannelAssembler
-from ..options import POOLING, LoadSpec, check, parse_speculative
+from ..options import LoadSpec
 from ..requests import ChatPrompt, GenerationRequest, Prompt
-from .jobs import EmbedRequest, GenJob
-from .scheduler import Admission, DecodeStep, EmbedStep, Policy, Trim
+from .delivery import Delivery
+from .embedding import Embedder
+from .jobs import GenJob
+from .scheduler import Admission, DecodeStep, EmbedStep, Policy
 from .speculative import StepCost
 from . import drafting, draftmodel
 from .verify import RowVerifier
@@ -45,10 +52,11 @@ from .verify import RowVerifier
 log = logging.getLogger("a3b.worker")
 
 
-class LoadedModel(RowVerifier, Model):
+class LoadedModel(Model):
     """Weights + backend (contexts for one LoadSpec) + the worker thread: the Model of an in-process
     engine. Beyond the Model interface, `vocab` (the tokenizer), `prompt_tokens` and `render_chat`
-    show what a prompt becomes for this model."""
+    show what a prompt becomes for this model. Its worker thread runs the step loop; the tokens a
+    step samples go through `rows` (verify.py) and on to `out` (delivery.py)."""
 
     runs_here = True
 
@@ -69,7 +77,7 @@ class LoadedModel(RowVerifier, Model):
                              max_rollback=backend.max_rollback, can_move=backend.can_move)
         #: what a decode step costs here, per extra token (speculative decoding chooses K by it)
         self.step_cost = StepCost()
-        #: what this model drafts with (draftmodel.py), set by start_drafting; None: none
+        #: what this model drafts with (draftmodel.py), attached as it opens (`open`); None: none
         self.draft_source: Any = None
         self._lock = threading.Condition()
         self._step: DecodeStep | None = None   # the decode step planned last (for interrupts)
@@ -80,20 +88,38 @@ class LoadedModel(RowVerifier, Model):
             backend.passes.stats = self.stats
         self.created = time.time()
         self.last_used = time.monotonic()
+        #: a sampled token's way to its stream, and the end of requests
+        self.out = Delivery(self.name, self.vocab, backend, self.policy, self._lock, self.stats, self.n_ctx_seq,
+                            self._used)
+        #: sampling a step's output rows, verifying drafts
+        self.rows = RowVerifier(backend, self.vocab, self.policy, self._lock, spec, self.stats, self.out.took)
+        #: the embedding path
+        self.embedder = Embedder(self.vocab, backend, self.policy, self._lock, self.stats, spec.embed_n_ctx,
+                                 self.info.n_embd, self._queue)
         self._thread = threading.Thread(target=self._run, name=f"a3b-worker-{self.name}", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def open(cls, weights: LocalWeights, backend: Backend, spec: LoadSpec,
+             models: Callable[[LoadSpec], Model]) -> LoadedModel:
+        """The in-process engines' open path: the model, with what its `speculative` setting drafts
+        with attached (a draft model got through `models`, as an entry of its own in the model
+        store, or its own MTP layers). One that cannot draft so is closed again (InvalidRequest)."""
+        model = cls(weights, backend, spec)
+        try:
+            draftmodel.attach(model, models)
+        except BaseException:
+            model.close("its draft model could not be used")
+            raise
+        return model
 
     # -- public, any thread ------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
         return not self._closing and not self.closed.is_set()
 
-    def start_drafting(self, get: Callable[[LoadSpec], Model]) -> None:
-        dspec = draftmodel.draft_spec(self.spec)
-        if dspec is not None:
-            draftmodel.attach_draft(self, dspec, lambda: get(dspec))
-        elif parse_speculative(self.spec.speculative)[0] == "mtp":
-            draftmodel.attach_mtp(self)
+    def _used(self) -> None:
+        self.last_used = time.monotonic()
 
     @property
     def supports_fim(self) -> bool:
@@ -139,7 +165,7 @@ class LoadedModel(RowVerifier, Model):
         asm = ChannelAssembler(how.format, request.stop, request.confidence,
                                reasoning.start_state(how.format, text), request.n_indent)
         if asm.in_reasoning and how.budget == 0:   # opened by the template, closed before a token
-            tokens = tokens + self._end_tokens(asm)
+            tokens = tokens + self.out.end_tokens(asm)
             asm.close()
         if not tokens:
             raise InvalidRequest("The prompt tokenizes to nothing; give some text to continue.")
@@ -167,12 +193,11 @@ class LoadedModel(RowVerifier, Model):
         # no drafts over a prompt with images: its placeholder ids are no tokens a drafter may propose
         job.drafter, job.control = (None, None) if units else drafting.for_request(self, request)
         stream.add_cancel_callback(lambda: self._cancelled(job))
-        with self._lock:
-            if self._closing:
-                raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
+
+        def put() -> None:
             self.policy.submit(job)
             self.stats["submitted"] += 1
-            self._lock.notify()
+        self._queue(put)
         return stream
 
     def _cancelled(self, job: GenJob) -> None:
@@ -186,35 +211,21 @@ class LoadedModel(RowVerifier, Model):
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        v = self.vocab
-        return self.embed_tokens([v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts], pooling=pooling,
-                                 normalize=normalize, priority=priority, cancelled=cancelled)
+        return self.embedder.embed(texts, pooling=pooling, normalize=normalize, priority=priority, cancelled=cancelled)
 
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
                      priority: int = 0, timeout: float | None = None,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of texts given as token ids, one row per text (see `embed`)."""
-        check(POOLING, pooling)   # the option's own check, as every surface reads it
-        for i, toks in enumerate(token_lists):
-            if not toks:
-                raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
-            if len(toks) > self.spec.embed_n_ctx:
-                raise PromptTooLong(f"Text #{i} has {len(toks)} tokens; embeddings take at most "
-                                    f"{self.spec.embed_n_ctx} per text. Split it into chunks, or load "
-                                    "the model with a larger embed_n_ctx.")
-        job = EmbedRequest(token_lists, pooling, priority, cancelled or (lambda: False), normalize=normalize)
-        job.out = np.zeros((len(token_lists), self.info.n_embd), dtype=np.float32)
+        return self.embedder.embed_tokens(token_lists, pooling, normalize, priority, timeout, cancelled)
+
+    def _queue(self, put: Callable[[], None]) -> None:
+        """Run `put` (a job into the policy) under the lock unless the model is closing; wake the worker."""
         with self._lock:
             if self._closing:
                 raise ModelUnloaded(f"{self.name} is being unloaded ({self._closing}); load it again.")
-            self.policy.submit_embed(job)
+            put()
             self._lock.notify()
-        if not job.finished.wait(timeout):
-            raise TimeoutError("embedding still running")
-        if job.error is not None:
-            raise job.error
-        assert job.out is not None
-        return job.out
 
     def busy(self) -> bool:
         with self._lock:
@@ -269,7 +280,7 @@ class LoadedModel(RowVerifier, Model):
                     drafting.fill(step)
                 memory.release(busy=True)   # rate-limited: a few ms every half minute
                 if isinstance(step, EmbedStep):
-                    self._embed(step)
+                    self.embedder.run(step)
                 elif isinstance(step, DecodeStep):
                     self._decode(step)
                     self.stats["step_us"] += int((time.perf_counter() - t_step) * 1e6)
@@ -289,16 +300,12 @@ class LoadedModel(RowVerifier, Model):
         self.stats["promoted"] = self.policy.promotions
         for job in adm.dropped:
             if isinstance(job, GenJob):
-                self._finish(job, "cancelled")
+                self.out.finish(job, "cancelled")
         for ej in adm.dropped_embeds:
             ej.end(Cancelled("Embedding cancelled."))
         for job in adm.first_placed:
             self.stats["prompt_tokens"] += len(job.prompt_tokens)
             self.stats["cached_prompt_tokens"] += job.n_cached or 0
-
-    def _trim(self, trim: Trim | None) -> None:
-        if trim is not None:
-            self.backend.trim(trim.seq_id, trim.position)
 
     def _encode_images(self, step: DecodeStep) -> None:
         """Encode the step's images before its decode (or find them in the projector's cache); a
@@ -312,10 +319,7 @@ class LoadedModel(RowVerifier, Model):
                 self.vision.embedding(e.unit)
             except Exception as err:  # noqa: BLE001 - the request gets the error, the worker goes on
                 step.entries.remove(e)
-                with self._lock:
-                    trim = self.policy.release(e.job, keep_cache=False)
-                self._trim(trim)
-                self._finish(e.job, "error", err)
+                self.out.fail(e.job, err)
 
     def _decode(self, step: DecodeStep) -> None:
         for move in step.moves:
@@ -330,7 +334,7 @@ class LoadedModel(RowVerifier, Model):
         # a backend chain draws in the decode itself: it is made (or moved) before it
         for e in step.entries:
             if e.output is not None and e.job.slot is not None:
-                self._sampler(e.job)
+                self.rows.sampler(e.job)
         t0 = time.perf_counter()
         try:
             self.backend.decode(step)
@@ -341,12 +345,8 @@ class LoadedModel(RowVerifier, Model):
             return
         except DecodeFailed as e:
             msg = f"{e}" + ("; the model is reloaded for the next request" if e.fatal else "")
-            for entry in step.entries:
-                with self._lock:
-                    trim = self.policy.release(entry.job, keep_cache=False)
-                if not e.fatal:
-                    self._trim(trim)
-                self._finish(entry.job, "error", ModelLoadFailed(msg))   # one each: it carries the job's partial
+            for entry in step.entries:   # one error each: it carries the job's partial
+                self.out.fail(entry.job, ModelLoadFailed(msg), trim=not e.fatal)
             if e.fatal:   # the other requests end too (ModelUnloaded); the store loads anew
                 log.error("%s: %s; closing the model, it loads again on its next request", self.name, e)
                 with self._lock:
@@ -368,101 +368,8 @@ class LoadedModel(RowVerifier, Model):
         self.backend.synchronize()   # the GPU's share of the step (benchmarks: where a step goes)
         now = time.perf_counter()
         self.stats["wait_us"] += int((now - t1) * 1e6)
-        self._verify(outs, now)
+        self.rows.verify(outs, now)
         self.stats["verify_us"] += int((time.perf_counter() - now) * 1e6)
-
-    def _took(self, job: GenJob, tok: int, ent: float | None, now: float,
-              lp: tuple[float, list[tuple[int, float]]] | None = None) -> None:
-        """A sampled token: stream its text, and finish the request at EOG, a stop string or a limit."""
-        if job.t_first is None:
-            job.t_first = now
-            self.stats["first_token_us"] += int((now - job.t_submit) * 1e6)   # submitted to first token
-            self.stats["first_tokens"] += 1
-        job.t_last = now
-        job.n_gen += 1
-        self.stats["generated_tokens"] += 1
-        matcher = job.sampler.grammar if job.sampler is not None else None
-        failed = matcher.error if matcher is not None else None
-        if failed:   # the grammar's matcher gave up (grammar.py): this request ends, the others go on
-            with self._lock:
-                trim = self.policy.release(job, keep_cache=False)
-            self._trim(trim)
-            return self._finish(job, "error", InvalidRequest(failed))
-        if self.vocab.is_eog(tok):
-            if ent is not None:
-                job.asm.entropies.append(ent)
-            return self._finish_slot(job, "stop")
-        job.seq.append(tok)
-        piece = self.vocab.piece(tok)
-        # a control token renders as nothing; harmony's channel markers are such tokens
-        markup = self.vocab.token_text(tok) if not piece and job.asm.format.name == reasoning.GPT_OSS else ""
-        r, text = job.asm.add(piece, ent, markup)
-        if lp is None:
-            job.stream._emit(TokenEvent(text, tok, ent, reasoning=r))
-        else:
-            top = [(self.vocab.piece(t).decode("utf-8", "replace"), v) for t, v in lp[1]]
-            job.stream._emit(TokenEvent(text, tok, ent, piece.decode("utf-8", "replace"), lp[0], top, reasoning=r))
-        if job.asm.stopped:
-            return self._finish_slot(job, "stop")
-        if job.asm.in_reasoning and job.budget is not None and job.asm.n_reasoning >= job.budget:
-            self._close_reasoning(job)
-        if job.grammar is not None and not job.grammar_live and job.asm.split.answering and job.sampler is not None:
-            self.backend.free_sampler(job.sampler)   # the next sample makes the chain with the grammar
-            job.sampler = None
-        total = job.req.max_total_tokens
-        if job.asm.n_answer >= job.req.max_tokens or (total is not None and job.n_gen >= total) \
-                or len(job.seq) >= self.n_ctx_seq:
-            return self._finish_slot(job, "length")
-
-    def _end_tokens(self, asm: ChannelAssembler) -> list[int]:
-        return self.vocab.tokenize(asm.format.end_text, add_bos=False, special=True)
-
-    def _close_reasoning(self, job: GenJob) -> None:
-        """The budget is spent: the template's end-of-thinking text goes into the sequence as prompt
-        tokens (the next batched decode reads them with every other request's token; nothing else
-        waits), and the model goes on with the answer."""
-        job.seq.extend(self._end_tokens(job.asm))
-        r, text = job.asm.close()
-        self.stats["reasoning_budget_closed"] += 1
-        if r or text:
-            job.stream._emit(TokenEvent(text, NOT_A_TOKEN, None, reasoning=r))
-
-    def _finish_slot(self, job: GenJob, reason: str) -> None:
-        with self._lock:
-            self.policy.release(job)
-        self._finish(job, reason)
-
-    def _finish(self, job: GenJob, reason: str, error: BaseException | None = None) -> None:
-        imageprompt.free_units(job.units)
-        if job.sampler is not None:
-            self.backend.free_sampler(job.sampler)
-            job.sampler = None
-        self.last_used = time.monotonic()
-        self.stats[f"finished_{reason}"] += 1
-        gen = job.seq[len(job.prompt_tokens):]
-        job.stream._conclude(job.asm, reason, error, model=self.name, tokens=gen, n_tokens=len(gen),
-                             n_prompt=len(job.prompt_tokens), n_cached=job.n_cached or 0, seed=job.seed,
-                             t_first=job.t_first, t_last=job.t_last, drafted=job.drafted, accepted=job.accepted,
-                             sampler=job.sampler_kind or "")
-
-    # -- embeddings ------------------------------------------------------------------------------
-    def _embed(self, step: EmbedStep) -> None:
-        job = step.job
-        assert isinstance(job, EmbedRequest) and job.out is not None
-        try:
-            lists = job.token_lists[step.first:step.first + step.count]
-            job.out[step.first:step.first + step.count] = self.backend.embed(lists, job.pooling)
-        except BaseException as e:  # noqa: BLE001 - the waiting caller gets the error; the worker keeps serving
-            with self._lock:
-                self.policy.drop_embed(job)
-            job.end(e)
-            return
-        self.stats["embedded_texts"] += step.count
-        self.stats["embedded_tokens"] += sum(len(t) for t in lists)
-        with self._lock:
-            complete = self.policy.embedded(step)
-        if complete:
-            job.end()
 
     # -- shutdown --------------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -473,7 +380,7 @@ class LoadedModel(RowVerifier, Model):
             assert isinstance(job, GenJob)
             job.stream.cancel(f"unloaded: {reason}")
             try:
-                self._finish(job, "cancelled")
+                self.out.finish(job, "cancelled")
             except Exception as e:  # noqa: BLE001 - the stream must end even if building its result fails
                 job.stream._finish(None, ModelUnloaded(f"{self.name} stopped: {reason} ({e})"))
         for ej in embeds:

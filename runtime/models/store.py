@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..engine import Engine, Model, Weights, engine_for
+from ..engine import Engine, Model, ModelInfo, Weights, engine_for
 from ..environment import env_number
 from ..errors import ContextTooLarge
 from . import memory
@@ -34,8 +34,35 @@ log = logging.getLogger("a3b.store")
 AUTO = "auto"
 
 
+class _Placed:
+    """A spec over loaded weights (`weights_key`), and the placement `info` says they have."""
+
+    spec: LoadSpec
+    weights_key: tuple
+    info: ModelInfo
+
+    @property
+    def placed(self) -> LoadSpec:
+        """The spec with the placement as loaded ("auto" resolved)."""
+        return placed(self.spec, self.info)
+
+    def same_layers(self, spec: LoadSpec) -> bool:
+        """Whether `spec` asks for this entry's placement (n_gpu_layers "auto" without an expert
+        placement of its own: any placement)."""
+        if spec.n_gpu_layers == AUTO and not spec.n_cpu_moe and not spec.cpu_moe:
+            return True
+        n_layer, mine = self.info.n_layer, self.placed
+
+        def on_gpu(n: int) -> int:   # -1, and any count above the layers + output, mean everything
+            return n_layer + 1 if n < 0 or n > n_layer else n
+        if spec.n_gpu_layers != AUTO and (on_gpu(spec.n_gpu_layers) != on_gpu(mine.n_gpu_layers) if n_layer > 0
+                                          else spec.n_gpu_layers != mine.n_gpu_layers):
+            return False
+        return spec.cpu_moe == mine.cpu_moe and (spec.cpu_moe or spec.n_cpu_moe == mine.n_cpu_moe)
+
+
 @dataclass
-class _Entry:
+class _Entry(_Placed):
     spec: LoadSpec
     model: Model
     weights_key: tuple
@@ -44,23 +71,19 @@ class _Entry:
     loaded_at: float = field(default_factory=time.time)
 
     @property
-    def placed(self) -> LoadSpec:
-        """The spec with the placement as loaded ("auto" resolved)."""
-        return placed(self.spec, self.model.info)
+    def info(self) -> ModelInfo:
+        return self.model.info
 
-    def same_layers(self, spec: LoadSpec) -> bool:
-        """Whether `spec` asks for this entry's placement (n_gpu_layers "auto" without an expert
-        placement of its own: any placement)."""
-        if spec.n_gpu_layers == AUTO and not spec.n_cpu_moe and not spec.cpu_moe:
-            return True
-        n_layer, mine = self.model.info.n_layer, self.placed
 
-        def on_gpu(n: int) -> int:   # -1, and any count above the layers + output, mean everything
-            return n_layer + 1 if n < 0 or n > n_layer else n
-        if spec.n_gpu_layers != AUTO and (on_gpu(spec.n_gpu_layers) != on_gpu(mine.n_gpu_layers) if n_layer > 0
-                                          else spec.n_gpu_layers != mine.n_gpu_layers):
-            return False
-        return spec.cpu_moe == mine.cpu_moe and (spec.cpu_moe or spec.n_cpu_moe == mine.n_cpu_moe)
+@dataclass(eq=False)
+class _Opening(_Placed):
+    """A model its engine is opening: its weights are taken (and found by the specs that may share
+    them, as an entry's are) while the engine loads what the model needs beside them through the
+    store, such as the draft model it drafts with."""
+
+    spec: LoadSpec
+    weights_key: tuple
+    info: ModelInfo
 
 
 def placed(spec: LoadSpec, info) -> LoadSpec:
@@ -89,7 +112,8 @@ class ModelStore:
         self._lock = threading.RLock()
         self._entries: OrderedDict[LoadSpec, _Entry] = OrderedDict()
         self._weights: dict[tuple, Weights] = {}
-        self._refs: dict[tuple, int] = {}        # weights key -> entries using those weights
+        self._refs: dict[tuple, int] = {}        # weights key -> entries (and models opening) using those weights
+        self._opening: list[_Opening] = []
         self.weight_loads = 0      # how many times a file was actually loaded
         self.context_creations = 0
         self.hits = 0
@@ -147,7 +171,7 @@ class ModelStore:
 
     def _loaded_weights(self, spec: LoadSpec) -> tuple | None:
         """The key of weights already loaded that `spec` may use (module docstring), or None."""
-        for e in reversed(self._entries.values()):
+        for e in [*reversed(self._opening), *reversed(self._entries.values())]:   # the newest first
             if e.spec.path == spec.path and e.same_layers(spec) and e.weights_key in self._weights:
                 try:
                     key = self._weights_key(replace(spec, n_gpu_layers=e.placed.n_gpu_layers,
@@ -158,7 +182,7 @@ class ModelStore:
                     return key
         return None
 
-    def _current(self, e: _Entry) -> bool:
+    def _current(self, e: _Placed) -> bool:
         """Whether `e` holds the file as it is on disk now (a replaced file is reloaded at its next use)."""
         try:
             return self._weights_key(e.placed) == e.weights_key
@@ -167,7 +191,7 @@ class ModelStore:
 
     def _second_copy(self, spec: LoadSpec, w: Weights) -> list[str]:
         """Why the file of `spec` is now loaded twice, when it is: for its status warnings."""
-        others = [e for e in self._entries.values()
+        others = [e for e in [*self._entries.values(), *self._opening]
                   if e.spec.path == spec.path and e.weights_key in self._weights and self._current(e)]
         if not others:
             return []
@@ -218,7 +242,16 @@ class ModelStore:
                 warnings.append(msg)
             kv = engine.kv_bytes(w, spec)
             self._make_room(kv, keep=key)
-            model = engine.open_model(w, spec)
+            # the weights are the model's while it opens: a model it loads through the store (its
+            # draft model, an entry of its own) finds them and neither evicts nor frees them
+            opening = _Opening(spec, key, w.info)
+            self._refs[key] += 1
+            self._opening.append(opening)
+            try:
+                model = engine.open_model(w, spec, self.get)
+            finally:
+                self._opening.remove(opening)
+                self._refs[key] -= 1
         except BaseException:
             if self._refs.get(key, 0) == 0:
                 self._weights.pop(key, None)
@@ -228,11 +261,6 @@ class ModelStore:
         self._refs[key] += 1
         self.context_creations += 1
         self._entries[spec] = _Entry(spec, model, key, kv, warnings)
-        try:   # a draft model the model drafts with is loaded through the store: an entry of its own
-            model.start_drafting(self.get)
-        except BaseException:
-            self._drop(spec, "its draft model could not be used")
-            raise
         self._notify("loaded", spec)
         return model
 

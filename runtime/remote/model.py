@@ -33,7 +33,7 @@ from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptT
 from ..generation import TokenEvent
 from ..stream import GenerationStream
 from ..reasoning import NONE, THINK, ChannelAssembler
-from ..options import POOLING, LoadSpec, check
+from ..options import LoadSpec, parse_speculative
 from ..requests import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_images, prompt_texts
 from . import wire
 from .client import DONE, KEEPALIVE, TIMEOUT_ENV, check_allowed, parse_ref, timeout
@@ -237,10 +237,6 @@ class RemoteModel(Model):
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        check(POOLING, pooling)   # the option's own check, as every surface reads it
-        for i, t in enumerate(texts):
-            if not t:
-                raise InvalidRequest(f"Text #{i} is empty; embeddings need at least one token.")
         base = self.client.ref.base
         rows: list[np.ndarray] = []
         first = 0
@@ -308,5 +304,10 @@ class RemoteEngine(Engine):
             w = self._prepared.pop(self.weights_key(spec), None)
         return w if w is not None else probe(parse_ref(spec.path))
 
-    def open_model(self, weights: RemoteWeights, spec: LoadSpec) -> RemoteModel:
+    def open_model(self, weights: RemoteWeights, spec: LoadSpec, models: Callable[[LoadSpec], Model]) -> RemoteModel:
+        """The server drafts by itself, if at all: drafts made here (a draft model, MTP layers) are refused."""
+        mode = parse_speculative(spec.speculative)[0]
+        if mode in ("draft", "mtp"):
+            raise InvalidRequest(f"{weights.info.name} runs in another engine; speculative={mode} drafts for a model "
+                                 "run here. Use speculative=off.")
         return RemoteModel(weights, spec)
