@@ -1,6 +1,6 @@
 """The Backend of the in-process engine over one llama_model for one LoadSpec: the generation
 context (one KV sequence per slot, contexts.py), samplers, and the decode and sample calls the model
-worker makes; embeddings go to the embedding contexts it holds (embedder.py). Only the worker
+worker makes; embeddings go to the embedding contexts it holds (embedctx.py). Only the worker
 thread calls a backend.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .attached import AttachedChains, Sampler
 from .chain import greedy as chain_greedy
 from .binding import fill_batch, llama, log_mark, log_since
 from .contexts import EMBED_PACK_TEXTS, EMBED_PACK_TOKENS, context_params, thread_counts
-from .embedder import Embedder
+from .embedctx import EmbeddingContexts
 from .fitting import kv_stream_bytes, measure_context
 from .grammar import Grammar, compile_matcher
 from .mtp import MtpContext
@@ -106,7 +106,7 @@ class LlamaBackend(Backend):
         self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
         self.chains = AttachedChains(self.ctx)
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
-        self.embedder = Embedder(weights, spec)
+        self.embedder = EmbeddingContexts(weights, spec)
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS

@@ -12,7 +12,7 @@ from .binding import fill_batch, llama, log_mark, log_since, sequence
 from .contexts import context_params
 
 
-class Embedder:
+class EmbeddingContexts:
     def __init__(self, weights: Any, spec: LoadSpec):
         self.weights = weights
         self.spec = spec
