@@ -106,7 +106,7 @@ class LlamaBackend(Backend):
         self.backend_sampling, self.backend_entropy = backend_powers(weights, spec)
         self.chains = AttachedChains(self.ctx)
         self.batch = L.llama_batch_init(max(spec.n_batch, spec.n_parallel), 0, 1)
-        self.embedder = EmbeddingContexts(weights, spec)
+        self.embed_contexts = EmbeddingContexts(weights, spec)
         # a pack never exceeds the embedding context (a single text may fill it)
         self.embed_pack_tokens = min(EMBED_PACK_TOKENS, spec.embed_n_ctx)
         self.embed_pack_texts = EMBED_PACK_TEXTS
@@ -330,7 +330,7 @@ class LlamaBackend(Backend):
 
     # -- embeddings ---------------------------------------------------------------------------
     def embed(self, token_lists: list[list[int]], pooling: str) -> np.ndarray:
-        return self.embedder.embed(token_lists, pooling)
+        return self.embed_contexts.embed(token_lists, pooling)
 
     # -- teardown -----------------------------------------------------------------------------
     def idle(self) -> None:
@@ -345,7 +345,7 @@ class LlamaBackend(Backend):
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
-        self.embedder.close()
+        self.embed_contexts.close()
         if self.mtp is not None:   # before the target context it reads from
             self.mtp.close()
             self.mtp = None
