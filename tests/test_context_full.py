@@ -112,6 +112,18 @@ def test_max_tokens_first_is_no_cut_anywhere(spec, http):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_the_remote_engine_reports_the_servers_cut(spec, http, remote_models_unloaded):
+    """A model served elsewhere (here `a3b serve` itself): the server's "length" before max_tokens is
+    the context's end, and the result says so as a local one does."""
+    rt = get_runtime()
+    url = f"http://127.0.0.1:{http.base_url.port}/v1"
+    want = rt.generate(PROMPT, model=spec, chat=False, max_tokens=LONG)
+    res = rt.generate(PROMPT, model=rt.spec(url), chat=False, max_tokens=LONG)
+    assert (res.finish_reason, res.context_full, res.n_tokens) == ("length", True, want.n_tokens)
+    res = rt.generate(PROMPT, model=rt.spec(url), chat=False, max_tokens=5)
+    assert (res.finish_reason, res.context_full, res.n_tokens) == ("length", False, 5)
+
+
 @pytest.mark.slow
 def test_the_real_model_reports_the_cut(capsys):
     """The embedded model through the CLI and the runtime: the same numbers, the same note."""
