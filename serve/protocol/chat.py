@@ -71,7 +71,7 @@ def parse_chat(body: dict) -> ChatRequest:
         thinking = "off" if effort == "none" else "on"
         if effort != "none":
             variables.setdefault("reasoning_effort", effort)
-    budget, total = F["reasoning_budget"].int(body), F["max_total_tokens"].int(body)
+    budget, total = F["reasoning_budget"].integer(body), F["max_total_tokens"].integer(body)
     structured = structured_of(body)
     tools = tools_of(body)
     if tools and structured.given:

@@ -55,15 +55,15 @@ def generation_of(body: dict, chat: bool, default_n_predict: int | None = None) 
     n = body.get("n", 1)
     if n != 1:
         raise InvalidRequest("n must be 1: one choice per request.")
-    max_tokens = F["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"].int(body)
+    max_tokens = F["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"].integer(body)
     n_predict = body.get("n_predict")
     if n_predict is None and body.get("max_tokens") is None and default_n_predict is not None:
         body = {**body, "n_predict": default_n_predict}
     if body.get("n_predict") is not None and max_tokens is None:
-        max_tokens = F["n_predict"].int(body)
+        max_tokens = F["n_predict"].integer(body)
         max_tokens = None if max_tokens in (-1, 0) else max_tokens
     speculative, draft_max = speculative_of(body)
-    n_indent = F["n_indent"].int(body)
+    n_indent = F["n_indent"].integer(body)
     stream_options = body.get("stream_options")
     return Generation(
         model=body.get("model"), max_tokens=max_tokens or opt.MAX_TOKENS.default, sampling=sampling_of(body),

@@ -35,7 +35,7 @@ class Field:
             return body[self.name]
         return next((body[a] for a in self.aliases if a in body), None)
 
-    def int(self, body: dict, default: int | None = None) -> int | None:
+    def integer(self, body: dict, default: int | None = None) -> int | None:
         """The field as its Option takes an integer (a float with an integer value counts)."""
         assert self.option is not None
         return int_field(body, self.name, self.option, default)
@@ -143,7 +143,7 @@ def sampling_of(body: dict) -> SamplingParams:
             fields[name] = v
     for name in ("top_k", "repeat_last_n"):
         if body.get(name) is not None:
-            fields[name] = F[name].int(body)
+            fields[name] = F[name].integer(body)
     for name in ("ignore_eos", "samplers"):
         if body.get(name) is not None:
             fields[name] = check(F[name].option, body[name])
@@ -173,10 +173,10 @@ def logprobs_of(body: dict, chat: bool) -> int | None:
                                  "with logprobs and top_logprobs.")
         if not body.get("logprobs"):
             return None
-        return F["top_logprobs"].int(body, 0)
+        return F["top_logprobs"].integer(body, 0)
     if body.get("logprobs") is None or body.get("logprobs") is False:
-        return F["n_probs"].int(body) or None
-    return F["logprobs"].int(body, 0)
+        return F["n_probs"].integer(body) or None
+    return F["logprobs"].integer(body, 0)
 
 
 def speculative_of(body: dict) -> tuple[str | None, int | None]:
@@ -185,7 +185,7 @@ def speculative_of(body: dict) -> tuple[str | None, int | None]:
     if value is not None:
         check(opt.SPECULATIVE, value)
         opt.parse_speculative(value)
-    return value, F["draft_max"].int(body)
+    return value, F["draft_max"].integer(body)
 
 
 def confidence_of(body: dict) -> ConfidenceConfig:

@@ -39,7 +39,7 @@ def parse_infill(body: dict) -> InfillRequest:
         raise InvalidRequest("input_extra must be a list of {filename, text} objects.")
     deadline_s = None
     if body.get("t_max_predict_ms") is not None:
-        deadline_s = F["t_max_predict_ms"].int(body) / 1000.0 or None
+        deadline_s = F["t_max_predict_ms"].integer(body) / 1000.0 or None
     prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
                           tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
     gen = generation_of(body, chat=False, default_n_predict=opt.INFILL_N_PREDICT.default)
