@@ -137,15 +137,14 @@ def cmd_generate(args) -> int:
         stream.cancel()
         print("\n[cancelled]", file=sys.stderr)
         return 130
-    full = cliwords.context_full(res, args.max_tokens, args.max_total_tokens)
     if args.json:
-        print(json.dumps({**res.as_dict(), "context_full": full}, indent=2))
+        print(json.dumps(res.as_dict(), indent=2))
     else:
         if args.mark_low_confidence and res.spans:
             out.write("\n--- with low-confidence markers ---\n" + res.text)
         out.write("\n")
         print(cliwords.summary(res, time.perf_counter() - t0), file=sys.stderr)
-        if full:
+        if res.context_full:
             print(cliwords.context_note(res, spec.n_ctx), file=sys.stderr)
         for w in res.warnings:
             print(f"a3b: warning: {w}", file=sys.stderr)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .runtime.errors import InvalidRequest
+from .runtime.generation import context_note as generation_context_note
 
 #: the runtime's names of settings that a flag spells another way (the others are a flag's dest)
 FIELD_FLAGS = {"n_threads": "--threads", "n_parallel": "--parallel", "confidence threshold": "--entropy-threshold",
@@ -96,19 +97,9 @@ def summary(result, seconds: float) -> str:
             f"total {seconds:.2f} s]")
 
 
-def context_full(result, max_tokens: int, max_total_tokens: int | None = None) -> bool:
-    """Whether a generation stopped because its context was full, before `max_tokens` answer tokens
-    (a thinking model's reasoning tokens are not the answer's) or `max_total_tokens` in all were made."""
-    answer = result.n_tokens - result.n_reasoning_tokens
-    return (result.finish_reason == "length" and answer < max_tokens
-            and (max_total_tokens is None or result.n_tokens < max_total_tokens))
-
-
 def context_note(result, n_ctx: int) -> str:
-    reasoning = f"{result.n_reasoning_tokens} reasoning + " if result.n_reasoning_tokens else ""
-    return (f"a3b: note: the answer stopped because the context is full ({result.n_prompt_tokens} prompt + "
-            f"{reasoning}{result.n_tokens - result.n_reasoning_tokens} answer tokens of --n-ctx {n_ctx}), before "
-            "--max-tokens; raise --n-ctx for a longer answer.")
+    """The runtime's note on an answer the context's end cut (runtime/generation.py), in the CLI's words."""
+    return "a3b: note: " + generation_context_note(result, n_ctx, "--n-ctx", "--max-tokens")
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -22,6 +22,7 @@ from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec,
 from ..runtime.options import MAX_TOKENS, REASONING_BUDGET, THINKING, check, wrap_seed
 from ..runtime.models import handover
 from ..runtime.engine import scheme_of
+from ..runtime.generation import context_note
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, PromptTooLong
 from ..runtime.models.locate import DEFAULT_LABEL, DEFAULT_MODEL_NAME
 from . import router as noderouter
@@ -321,16 +322,12 @@ def sampling_params(*, seed: int | None = 0, **settings: Any) -> SamplingParams:
 
 
 def check_budget(spec: LoadSpec, prompt_tokens: int, max_new_tokens: int) -> None:
-    """max_new_tokens must fit in the context next to the prompt; say what to change if not."""
-    room = spec.n_ctx - prompt_tokens
-    if room <= 0:
+    """The runtime's rule for the context (generation.cut_by_context): a prompt that leaves no room
+    for an answer is refused, saying what to change; a max_new_tokens beyond the room is not: the
+    answer then ends at the context's end, and the result says so (context_note)."""
+    if spec.n_ctx - prompt_tokens <= 0:
         raise PromptTooLong(f"The prompt has {prompt_tokens} tokens but the context holds {spec.n_ctx}. "
                             "Shorten it or raise n_ctx in A3BLoader.")
-    if max_new_tokens > room:
-        raise InvalidRequest(
-            f"max_new_tokens={max_new_tokens} does not fit: the prompt takes {prompt_tokens} of the "
-            f"{spec.n_ctx}-token context, leaving {room}. Lower max_new_tokens to {room} or less, "
-            f"or raise n_ctx in A3BLoader to at least {prompt_tokens + max_new_tokens}.")
 
 
 def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context: str | None = None,
@@ -389,7 +386,7 @@ def generate(spec: LoadSpec, prompt: str, *, system: str | None = None, context:
         raise
     res = stream.result()  # raises Cancelled / ModelUnloaded with .partial
     spans = json.dumps([s.as_dict() for s in res.spans])
-    note = reasoning_note(res)
+    note = " ".join(n for n in (reasoning_note(res), context_note(res, spec.n_ctx, "n_ctx", "max_new_tokens")) if n)
     if note:
         log.warning("a3b: %s", note)
     ui = {"text": [res.text], **({"note": [note]} if note else {})}

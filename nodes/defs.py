@@ -342,7 +342,7 @@ GENERATE = NodeDef(
         In("model", MODEL),
         In("prompt", "STRING", "", multiline=True, tooltip="What to answer. A connected context goes before it."),
         In("system", "STRING", "", multiline=True, tooltip="System prompt (a character, a style, rules)."),
-        widget(opt.MAX_TOKENS, "max_new_tokens", note="They must fit in n_ctx next to the prompt."),
+        widget(opt.MAX_TOKENS, "max_new_tokens", note="The answer ends earlier where n_ctx is full (a note says so)."),
         widget(opt.TEMPERATURE, round=0.01),
         _advanced(widget(opt.TOP_P, round=0.01), optional=False),
         _advanced(widget(opt.TOP_K), optional=False),

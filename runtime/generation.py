@@ -170,6 +170,9 @@ class GenerationResult:
     n_accepted_tokens: int = 0
     #: where the tokens were drawn: "backend" (llama.cpp's graph) or "cpu" (sampler_choice.py); "" unknown
     sampler: str = ""
+    #: the answer ended at the context's end, before max_tokens (and max_total_tokens): finish_reason
+    #: is "length", and the answer may be cut short (cut_by_context, the one rule every surface reports)
+    context_full: bool = False
 
     def __post_init__(self):
         if self.n_tokens < 0:
@@ -185,6 +188,31 @@ class GenerationResult:
         d["reasoning_spans"] = [s.as_dict() for s in self.reasoning_spans]
         d["tokens_per_second"] = self.tokens_per_second
         return d
+
+
+def cut_by_context(finish_reason: str, n_answer: int, n_tokens: int, max_tokens: int,
+                   max_total_tokens: int | None = None) -> bool:
+    """Whether a generation ended because its context was full: it ended for length before
+    `max_tokens` answer tokens (a thinking model's reasoning tokens are not the answer's) and before
+    `max_total_tokens` tokens in all were made.
+
+    The rule every surface follows: a prompt that leaves no room in the context is refused
+    (PromptTooLong); any other request runs until max_tokens or the context's end, whichever comes
+    first, and an answer cut by the context's end says so (GenerationResult.context_full)."""
+    return (finish_reason == "length" and n_answer < max_tokens
+            and (max_total_tokens is None or n_tokens < max_total_tokens))
+
+
+def context_note(result: GenerationResult, n_ctx: int, n_ctx_name: str = "n_ctx",
+                 max_tokens_name: str = "max_tokens") -> str:
+    """What to tell a user whose answer the context's end cut (empty when it did not), naming the
+    surface's own settings (the CLI's --n-ctx and --max-tokens, the nodes' n_ctx and max_new_tokens)."""
+    if not result.context_full:
+        return ""
+    reasoning = f"{result.n_reasoning_tokens} reasoning + " if result.n_reasoning_tokens else ""
+    return (f"the answer stopped because the context is full ({result.n_prompt_tokens} prompt + {reasoning}"
+            f"{result.n_tokens - result.n_reasoning_tokens} answer tokens of {n_ctx_name} {n_ctx}), before "
+            f"{max_tokens_name}; raise {n_ctx_name} for a longer answer.")
 
 
 class TextAssembler:
@@ -300,5 +328,5 @@ class TextAssembler:
 __all__ = [
     "A3BError", "Cancelled", "ConfidenceConfig", "GenerationResult", "LowConfidenceSpan",
     "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "NOT_A_TOKEN", "PRESETS", "PRIORITY_BATCH", "PRIORITY_INTERACTIVE",
-    "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "preset",
+    "SamplingParams", "TextAssembler", "TokenEvent", "check_stops", "context_note", "cut_by_context", "preset",
 ]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import Cancelled, ModelUnloaded
-from .generation import NOT_A_TOKEN, GenerationResult, TokenEvent
+from .generation import NOT_A_TOKEN, GenerationResult, TokenEvent, cut_by_context
 from .requests import GenerationRequest
 
 
@@ -143,7 +143,9 @@ class GenerationStream:
             decode_time=(t_last - t_first) if t_first and t_last else 0.0, n_tokens=n_tokens,
             reasoning=reasoning, reasoning_spans=rspans, n_reasoning_tokens=asm.n_reasoning,
             reasoning_closed_by=asm.closed_by, warnings=list(self.warnings), n_drafted_tokens=drafted,
-            n_accepted_tokens=accepted, sampler=sampler)
+            n_accepted_tokens=accepted, sampler=sampler,
+            context_full=cut_by_context(reason, asm.n_answer, n_tokens, self.request.max_tokens,
+                                        self.request.max_total_tokens))
         if reason == "cancelled" and error is None:
             if self.cancel_reason.startswith("unloaded"):
                 error = ModelUnloaded(f"{model} was unloaded while this request ran; "

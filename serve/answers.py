@@ -73,7 +73,7 @@ def final(kind: str, model_id: str, rid: str, res: GenerationResult, events: lis
           shape: ChatOutput | None = None) -> dict:
     """The whole (not streamed) answer of a `kind` request."""
     extra = {"a3b": {"low_confidence_spans": [s.as_dict() for s in res.spans], "seed": res.seed,
-                     "time_to_first_token": res.time_to_first_token}}
+                     "time_to_first_token": res.time_to_first_token, "context_full": res.context_full}}
     finish = {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
     if kind == "infill":
         return {"content": res.text, "stop": True, "model": model_id, **infill_tail(res), **extra}

@@ -31,16 +31,15 @@ from ..runtime import PRIORITY_BATCH, PRIORITY_INTERACTIVE, get_runtime
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
 from ..runtime.generation import TokenEvent
 from ..runtime.netguard import host_header_ok, origin_ok, token_ok
-from ..runtime import options as opt
 from ..runtime.options import LoadSpec
-from ..runtime.requests import ChatPrompt, ContextChunk, InfillPrompt, TextPrompt, TokenPrompt
 from . import answers, bridge, routed
-from .chatout import ChatOutput, chat_options, messages_with_tools, text_options
+from .body import read_json
+from .chatout import ChatOutput
 from .disconnect import on_disconnect
 from .ollama_api import ollama_routes
 from .config import ServeConfig
-from .fields import (confidence_of, int_field, logprobs_of, messages_of, read_json, refuse_not_honoured, sampling_of,
-                     speculative_of, stops_of)
+from .protocol import (ChatRequest, CompletionRequest, InfillRequest, parse_chat, parse_completion, parse_embeddings,
+                       parse_infill, parse_tokenize)
 
 log = logging.getLogger("a3b.serve")
 
@@ -117,8 +116,8 @@ class Api:
         self.cfg = cfg
         self.rt = get_runtime()
 
-    def spec_for(self, body: dict) -> LoadSpec:
-        name = body.get("model")
+    def spec_for(self, name: Any) -> LoadSpec:
+        """The served model a request names (None or "": the one this server was started with)."""
         if isinstance(name, str) and name in self.cfg.others:
             return self.cfg.others[name]
         if name in (None, "", self.cfg.model_id, self.cfg.spec.path, Path(self.cfg.spec.path).name):
@@ -149,29 +148,16 @@ class Api:
                              "a3b": True, "a3b_stats": dict(m.stats)})
 
     async def tokenize(self, request: Request) -> Response:
-        body = await read_json(request)
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise InvalidRequest("content must be a string.")
-        add = bool(body.get("add_special", False))
+        req = parse_tokenize(await read_json(request))
         toks = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.rt.tokenize(content, model=self.spec_for(body), add_bos=add, special=add))
+            None, lambda: self.rt.tokenize(req.content, model=self.spec_for(req.model), add_bos=req.add_special,
+                                           special=req.add_special))
         return JSONResponse({"tokens": toks})
 
     async def embeddings(self, request: Request) -> Response:
-        body = await read_json(request)
-        spec = self.spec_for(body)
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise InvalidRequest("input must be a string or a non-empty list of strings (token arrays are not "
-                                 "supported).")
-        if len(texts) > 2048:
-            raise InvalidRequest(f"At most 2048 texts per request, got {len(texts)}.")
-        fmt = body.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise InvalidRequest("encoding_format must be 'float' or 'base64'.")
+        req = parse_embeddings(await read_json(request))
+        spec = self.spec_for(req.model)
+        texts = list(req.input)
         gone = threading.Event()
 
         def run():
@@ -190,70 +176,44 @@ class Api:
         async with on_disconnect(request, left):
             vecs, n_tok = await task
         data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode() if fmt == "base64"
-                 else [float(x) for x in v]} for i, v in enumerate(vecs)]
+                 "embedding": base64.b64encode(v.astype(np.float32).tobytes()).decode()
+                 if req.encoding_format == "base64" else [float(x) for x in v]} for i, v in enumerate(vecs)]
         return JSONResponse({"object": "list", "data": data, "model": self.cfg.model_id,
                              "usage": {"prompt_tokens": n_tok, "total_tokens": n_tok}})
 
     async def chat(self, request: Request) -> Response:
-        body = await read_json(request)
-        variables, opts, tools = chat_options(body)
-        prompt = ChatPrompt(messages_with_tools(body, messages_of(body)), variables=variables, tools=tools)
-        return await self._generate(request, body, "chat", lambda spec, common, on_token: self.rt.submit(
-            prompt, model=spec, on_token=on_token, **common, **opts), out=ChatOutput(bool(tools)))
+        req = parse_chat(await read_json(request))
+        return await self._generate(request, req, "chat", out=ChatOutput(bool(req.tools)))
 
     async def completions(self, request: Request) -> Response:
-        body = await read_json(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            typed: TextPrompt | TokenPrompt = TokenPrompt(tuple(prompt))
-        elif isinstance(prompt, str) and prompt:
-            typed = TextPrompt(prompt)
-        else:
-            raise InvalidRequest("prompt must be a non-empty string (or one list of token ids).")
-        opts = text_options(body)
-        return await self._generate(request, body, "text", lambda spec, common, on_token: self.rt.submit(
-            typed, model=spec, on_token=on_token, **common, **opts))
+        return await self._generate(request, parse_completion(await read_json(request)), "text")
 
-    def _common(self, body: dict, chat: bool, spec: LoadSpec, priority: int) -> dict:
-        refuse_not_honoured(body)
-        n = body.get("n", 1)
-        if n != 1:
-            raise InvalidRequest("n must be 1: one choice per request.")
-        max_tokens = int_field(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-                          opt.MAX_TOKENS)
-        if body.get("n_predict") is not None and max_tokens is None:
-            max_tokens = int_field(body, "n_predict", opt.N_PREDICT)
-            max_tokens = None if max_tokens in (-1, 0) else max_tokens
-        extra = speculative_of(body)
-        if body.get("n_indent") is not None:
-            extra["n_indent"] = int_field(body, "n_indent", opt.N_INDENT)
-        return dict(max_tokens=min(max_tokens or opt.MAX_TOKENS.default, spec.n_ctx), sampling=sampling_of(body),
-                    stop=stops_of(body), priority=priority, logprobs=logprobs_of(body, chat),
-                    confidence=confidence_of(body), **extra)
+    async def infill(self, request: Request) -> Response:
+        """llama-server's /infill: interactive (an editor waits for it), with its own time limit."""
+        req = parse_infill(await read_json(request))
+        return await self._generate(request, req, "infill", PRIORITY_INTERACTIVE, req.deadline_s)
 
-    async def _generate(self, request: Request, body: dict, kind: str, submit, priority: int = PRIORITY_BATCH,
-                        deadline_s: float | None = None, out: ChatOutput | None = None) -> Response:
-        decision = None
-        if kind != "infill" and routed.is_route(self.cfg, body.get("model")):
-            spec, decision = await routed.decide(self.cfg, body)
-            mid = body.get("model") or self.cfg.route_name
+    async def _generate(self, request: Request, req: ChatRequest | CompletionRequest | InfillRequest, kind: str,
+                        priority: int = PRIORITY_BATCH, deadline_s: float | None = None,
+                        out: ChatOutput | None = None) -> Response:
+        gen, decision = req.gen, None
+        if kind != "infill" and routed.is_route(self.cfg, gen.model):
+            spec, decision = await routed.decide(self.cfg, gen.route_text)
+            mid = gen.model or self.cfg.route_name
         else:
-            spec = self.spec_for(body)
-            mid = body["model"] if spec is not self.cfg.spec else self.cfg.model_id
-        common = self._common(body, kind == "chat", spec, priority)
+            spec = self.spec_for(gen.model)
+            mid = gen.model if spec is not self.cfg.spec else self.cfg.model_id
         if decision is not None and out is not None:
             out.route = decision.as_dict()
         # set when the client leaves before the request is queued (its grammar may still be compiling)
-        common["abandoned"] = abandoned = threading.Event()
-        stream, q = await bridge.start(lambda on_token: submit(spec, common, on_token), request, abandoned)
+        abandoned = threading.Event()
+        settings = req.settings()
+        stream, q = await bridge.start(lambda on_token: self.rt.submit(
+            req.prompt, model=spec, on_token=on_token, priority=priority, abandoned=abandoned, **settings),
+            request, abandoned)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        if body.get("stream"):
-            include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
-            sse = bridge.sse(request, stream, q, kind, rid, bool(include_usage), deadline_s, out,
-                             mid, self.cfg.stats)
+        if gen.stream:
+            sse = bridge.sse(request, stream, q, kind, rid, gen.include_usage, deadline_s, out, mid, self.cfg.stats)
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                               **(routed.header(decision) if decision else {})})
@@ -266,34 +226,6 @@ class Api:
         if decision is not None:
             answer["a3b"]["route"] = decision.as_dict()
         return JSONResponse(answer, headers=routed.header(decision) if decision else None)
-
-    # -- llama-server's /infill -------------------------------------------------------------------
-    async def infill(self, request: Request) -> Response:
-        body = await read_json(request)
-        parts = {}
-        for name in ("input_prefix", "input_suffix", "prompt"):
-            v = body.get(name, "")
-            if not isinstance(v, str):
-                raise InvalidRequest(f"{name} must be a string.")
-            parts[name] = v
-        extra = body.get("input_extra") or []
-        if not isinstance(extra, list) or not all(isinstance(c, dict) and isinstance(c.get("text", ""), str)
-                                                  and isinstance(c.get("filename", ""), str) for c in extra):
-            raise InvalidRequest("input_extra must be a list of {filename, text} objects.")
-        deadline = body.get("t_max_predict_ms")
-        deadline_s = None
-        if deadline is not None:
-            deadline_s = int_field(body, "t_max_predict_ms", opt.T_MAX_PREDICT_MS) / 1000.0 or None
-        if body.get("n_predict") is None and body.get("max_tokens") is None:
-            body = {**body, "n_predict": opt.INFILL_N_PREDICT.default}
-
-        prompt = InfillPrompt(parts["input_prefix"], parts["input_suffix"], parts["prompt"],
-                              tuple(ContextChunk(c.get("filename", ""), c.get("text", "")) for c in extra))
-
-        def submit(spec, common, on_token):
-            return self.rt.submit(prompt, model=spec, on_token=on_token, **common)
-
-        return await self._generate(request, body, "infill", submit, PRIORITY_INTERACTIVE, deadline_s)
 
 
 def _client(request: Request) -> str:

@@ -194,8 +194,10 @@ async def sse(request: Request, stream: GenerationStream, q: Inbox, kind: str, r
         final = chunk("" if kind != "chat" else {}, None, offset, finish)
         if kind == "infill":
             final.update(answers.infill_tail(res))
-        if shape is not None and shape.extra(res):
-            final["a3b"] = shape.extra(res)
+        extra = {**(shape.extra(res) if shape is not None else {}), **({"context_full": True} if res.context_full
+                                                                           else {})}
+        if extra:
+            final["a3b"] = extra
         yield event(final)
         if include_usage:
             obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

@@ -4,10 +4,11 @@ the older `/api/embeddings`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`
 
 Tools that speak only Ollama (comfyui-ollama, Open WebUI's Ollama connection, Continue, the `ollama`
 Python client) then share the weights this process holds. Request fields are read by
-ollama_protocol.py; generation goes through the same runtime, scheduler and bridge as the OpenAI
-endpoints, so a client that leaves cancels its generation between two tokens. Errors have Ollama's
-shape ({"error": "..."}; a model not served is a 404). `keep_alive` sets when an idle model is
-unloaded from the store (KeepAlive below).
+ollama_protocol.py; generation (ollama_generate.py) goes through the same runtime, scheduler and
+bridge as the OpenAI endpoints, so a client that leaves cancels its generation between two tokens.
+Errors have Ollama's shape ({"error": "..."}; a model not served is a 404). `keep_alive` sets when an
+idle model is unloaded from the store (ollama_keepalive.py). This module: the model names, the
+listing and embedding endpoints, the error shape and the routes.
 """
 from __future__ import annotations
 
@@ -21,66 +22,28 @@ from pathlib import Path
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from ..runtime import PRIORITY_BATCH
 from ..runtime.errors import A3BError, Cancelled, InvalidRequest, ModelNotFound, PromptTooLong
-from ..runtime.generation import TokenEvent
 from ..runtime.options import LoadSpec
-from ..runtime.requests import ChatPrompt, InfillPrompt, TextPrompt
-from . import bridge, routed
+from . import routed
 from .disconnect import on_disconnect
 from . import ollama_protocol as P
-from .fields import read_json
-from .tools import ToolCallStream, split_answer
+from .body import read_json
+from .ollama_generate import Generating
+from .ollama_keepalive import KeepAlive
 
 log = logging.getLogger("a3b.serve")
-
-
-class KeepAlive:
-    """Ollama's keep_alive over the model store: after a request, a model stays loaded for that long
-    once idle, then is unloaded (0: at once; negative: until the store itself evicts it). A model
-    still busy when its time comes is looked at again a second later. Runs on the server's loop."""
-
-    def __init__(self, rt):
-        self.rt = rt
-        self.timers: dict[LoadSpec, asyncio.TimerHandle] = {}
-        #: when each model will be unloaded (time.time()); None: kept
-        self.expires: dict[LoadSpec, float | None] = {}
-
-    def after(self, spec: LoadSpec, seconds: float | None) -> None:
-        if seconds is None:
-            return
-        old = self.timers.pop(spec, None)
-        if old is not None:
-            old.cancel()
-        if seconds < 0:
-            self.expires[spec] = None
-            return
-        self.expires[spec] = time.time() + seconds
-        self.timers[spec] = asyncio.get_running_loop().call_later(seconds, self._expire, spec)
-
-    def _expire(self, spec: LoadSpec) -> None:
-        self.timers.pop(spec, None)
-        loop = asyncio.get_running_loop()
-        m = self.rt.loaded(spec)
-        if m is None:
-            self.expires.pop(spec, None)
-            return
-        if m.busy():
-            self.timers[spec] = loop.call_later(1.0, self._expire, spec)
-            return
-        self.expires.pop(spec, None)
-        log.info("keep_alive over: unloading %s", spec.path)
-        loop.run_in_executor(None, self.rt.unload, spec)
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse(P.error_body(message), status_code=status)
 
 
-class OllamaApi:
+class OllamaApi(Generating):
+    """Ollama's endpoints over the app's Api (its config and runtime); generation in ollama_generate.py."""
+
     def __init__(self, api):
         self.api, self.cfg, self.rt = api, api.cfg, api.rt
         self.keep = KeepAlive(self.rt)
@@ -103,7 +66,7 @@ class OllamaApi:
         """(the name to answer with, the spec, the route decision or None)."""
         name = P.model_of(body, required=getattr(self.cfg, "router", None) is None)
         if routed.is_route(self.cfg, name):
-            spec, d = await routed.decide(self.cfg, body)
+            spec, d = await routed.decide(self.cfg, routed.route_text(body))
             return name or self.cfg.route_name, spec, d
         return name, self.spec_of(name), None
 
@@ -234,177 +197,6 @@ class OllamaApi:
                 return text
             text = text[: max(1, int(len(text) * limit / n * 0.95))]
         return text
-
-    # -- generation -----------------------------------------------------------------------------
-    async def chat(self, request: Request) -> Response:
-        body = await read_json(request)
-        name, spec, decision = await self.resolve(body)
-        tools = P.tools_of(body)
-        if body.get("messages") == []:
-            return await self._load_only(body, name, spec, "chat")
-        opts, variables = P.think_of(body)
-        schema = P.format_of(body)
-        if schema is not None and tools:
-            raise InvalidRequest("tools and format together are not supported: the grammar would keep the model "
-                                 "from calling a tool. Give one of them.")
-        prompt = ChatPrompt(tuple(P.messages_of(body)), variables=variables, tools=tools)
-        return await self._generate(request, body, name, spec, decision, prompt, "chat",
-                                    {**opts, **({"json_schema": schema} if schema else {})}, bool(tools))
-
-    async def generate(self, request: Request) -> Response:
-        body = await read_json(request)
-        name, spec, decision = await self.resolve(body)
-        for key in ("template", "context"):
-            if body.get(key):
-                raise InvalidRequest(f"{key} is not supported by this server: "
-                                     + ("the model's own chat template is used (or raw: true)." if key == "template"
-                                        else "send the conversation as messages to /api/chat instead."))
-        prompt_text = body.get("prompt") or ""
-        if not isinstance(prompt_text, str):
-            raise InvalidRequest("prompt must be a string.")
-        images = P.images_of(body.get("images"), "images")
-        if not prompt_text and not images and body.get("suffix") is None:
-            return await self._load_only(body, name, spec, "generate")
-        opts, variables = P.think_of(body)
-        schema = P.format_of(body)
-        system = body.get("system")
-        if system is not None and not isinstance(system, str):
-            raise InvalidRequest("system must be a string.")
-        if body.get("suffix") is not None:
-            if not isinstance(body["suffix"], str) or images or body.get("raw") or system or opts or schema:
-                raise InvalidRequest("suffix (fill in the middle) takes a text prompt alone: no images, raw, "
-                                     "system, think or format beside it.")
-            prompt: Any = InfillPrompt(prompt_text, body["suffix"])
-        elif body.get("raw"):
-            if images or system or opts:
-                raise InvalidRequest("raw: true sends the prompt as it is: images, system and think need the "
-                                     "chat template (leave raw out).")
-            prompt = TextPrompt(prompt_text)
-        else:
-            msgs = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": (*images, prompt_text) if images else prompt_text}]
-            prompt = ChatPrompt(tuple(msgs), variables=variables)
-        return await self._generate(request, body, name, spec, decision, prompt, "generate",
-                                    {**opts, **({"json_schema": schema} if schema else {})}, False)
-
-    async def _load_only(self, body: dict, name: str, spec: LoadSpec, kind: str) -> Response:
-        """Ollama's way to load (or, with keep_alive 0, unload) a model: a request with nothing to answer."""
-        t0 = time.perf_counter()
-        keep = P.keep_alive_of(body)
-        await asyncio.get_running_loop().run_in_executor(None, self.rt.load, spec)
-        self.keep.after(spec, keep)
-        reason = "unload" if keep == 0 else "load"
-        out: dict[str, Any] = {"model": name, "created_at": P.now(), "done": True, "done_reason": reason,
-                               **P.timings(None, time.perf_counter() - t0, time.perf_counter() - t0)}
-        out.update({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})
-        return JSONResponse(out)
-
-    async def _generate(self, request: Request, body: dict, name: str, spec: LoadSpec, decision: Any, prompt: Any,
-                        kind: str, extra: dict, tools: bool) -> Response:
-        t0 = time.perf_counter()
-        keep = P.keep_alive_of(body)
-        loop = asyncio.get_running_loop()
-        m = await loop.run_in_executor(None, self.rt.load, spec)
-        load_s = time.perf_counter() - t0
-        o = P.options_of(body, spec.n_ctx, name)
-        max_tokens = o["max_tokens"]
-        if o["num_ctx"] is not None:   # a smaller context than the served one bounds prompt and answer
-            n = await loop.run_in_executor(None, lambda: m.count_tokens(prompt))
-            if n >= o["num_ctx"]:
-                raise PromptTooLong(f"The prompt takes {n} tokens, options.num_ctx is {o['num_ctx']}: give a larger "
-                                    "num_ctx or a shorter prompt.")
-            max_tokens = min(max_tokens, o["num_ctx"] - n)
-        abandoned = threading.Event()   # set when the client leaves while its format's grammar compiles
-        stream, q = await bridge.start(lambda on_token: self.rt.submit(
-            prompt, model=spec, on_token=on_token, max_tokens=max_tokens, sampling=o["sampling"], stop=o["stop"],
-            priority=PRIORITY_BATCH, abandoned=abandoned, **extra), request, abandoned)
-        headers = routed.header(decision) if decision is not None else {}
-        a3b = {"a3b": {"route": decision.as_dict()}} if decision is not None else {}
-        if body.get("stream", True):
-            return StreamingResponse(self._lines(request, stream, q, name, kind, tools, t0, load_s, spec, keep, a3b),
-                                     media_type="application/x-ndjson", headers=headers)
-        async with bridge.watched(request, stream, None, self.cfg.stats):
-            while (q.items.popleft() if q.items else await q.get()) is not None:
-                pass
-        res = bridge.result(stream)
-        self.keep.after(spec, keep)
-        out: dict[str, Any] = {"model": name, "created_at": P.now()}
-        if kind == "chat":
-            msg: dict[str, Any] = {"role": "assistant", "content": res.text}
-            if tools:
-                content, calls, _ = split_answer(res.text)
-                if calls:
-                    msg.update(content=content.strip(), tool_calls=[P.ollama_call(c) for c in calls])
-            if res.reasoning:
-                msg["thinking"] = res.reasoning
-            out["message"] = msg
-        else:
-            out["response"] = res.text
-            if res.reasoning:
-                out["thinking"] = res.reasoning
-        out.update(done=True, done_reason=P.done_reason(res), **P.timings(res, time.perf_counter() - t0, load_s),
-                   **a3b)
-        return JSONResponse(out, headers=headers)
-
-    async def _lines(self, request: Request, stream, q: bridge.Inbox, name: str, kind: str, tools: bool, t0: float,
-                     load_s: float, spec: LoadSpec, keep: float | None, a3b: dict):
-        calls = ToolCallStream() if tools else None
-
-        def piece(text: str = "", thinking: str = "", tool_calls: list | None = None) -> bytes:
-            out: dict[str, Any] = {"model": name, "created_at": P.now()}
-            if kind == "chat":
-                msg: dict[str, Any] = {"role": "assistant", "content": text}
-                if thinking:
-                    msg["thinking"] = thinking
-                if tool_calls:
-                    msg["tool_calls"] = tool_calls
-                out["message"] = msg
-            else:
-                out["response"] = text
-                if thinking:
-                    out["thinking"] = thinking
-            out["done"] = False
-            return P.line(out)
-
-        def pieces(ev: TokenEvent) -> bytes:
-            out = piece(thinking=ev.reasoning) if ev.reasoning else b""
-            if calls is None:
-                return out + (piece(ev.text) if ev.text else b"")
-            return out + shaped(calls.feed(ev.text))
-
-        def shaped(parts: list) -> bytes:
-            return b"".join(piece(p) if k == "content" else piece(tool_calls=[P.ollama_call(p)]) for k, p in parts
-                            if k != "content" or p)
-
-        async with bridge.watched(request, stream, None, self.cfg.stats):
-            ended = False
-            while not ended:
-                await q.wait()
-                out = b""
-                while q.items:   # everything ready goes out in one write
-                    ev = q.items.popleft()
-                    if ev is None:
-                        ended = True
-                        break
-                    out += pieces(ev)
-                if out:
-                    yield out
-            try:
-                res = bridge.result(stream)
-            except A3BError as e:
-                self.cfg.stats["errors"] += 1
-                yield P.line(P.error_body(str(e)))
-                return
-            if calls is not None:
-                tail = shaped(calls.flush())
-                if tail:
-                    yield tail
-            final: dict[str, Any] = {"model": name, "created_at": P.now()}
-            final.update({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})
-            final.update(done=True, done_reason=P.done_reason(res),
-                         **P.timings(res, time.perf_counter() - t0, load_s), **a3b)
-            yield P.line(final)
-        self.keep.after(spec, keep)
 
     # -- what this server does not do -------------------------------------------------------------
     async def unsupported(self, request: Request) -> Response:

@@ -23,7 +23,7 @@ from ..runtime.errors import InvalidRequest
 from ..runtime.generation import GenerationResult, SamplingParams
 from ..runtime.options import check
 from ..runtime.requests import ImagePart
-from .fields import int_field, stops_of
+from .protocol.fields import int_field, stops_of
 
 #: The Ollama API version this server follows (GET /api/version): what its clients check features by.
 API_VERSION = "0.9.0"
@@ -41,7 +41,7 @@ HONOURED: dict[str, opt.Option] = {
     "repeat_penalty": opt.REPEAT_PENALTY, "repeat_last_n": opt.REPEAT_LAST_N, "seed": opt.SEED,
     "num_predict": opt.NUM_PREDICT, "num_ctx": opt.NUM_CTX,
 }
-#: ... and the stop strings (fields.stops_of checks them)
+#: ... and the stop strings (protocol.fields.stops_of checks them)
 STOP = "stop"
 #: Options that change the answer and are not honoured: taken only at their neutral value.
 NEUTRAL_ONLY: dict[str, Callable[[Any], bool]] = {
@@ -142,10 +142,10 @@ def options_of(body: dict, n_ctx: int, model: str) -> dict:
             raise InvalidRequest(f"options.num_ctx={ctx} is beyond the context {model} is served with ({n_ctx} "
                                  "tokens, fixed when it loads: a3b serve --n-ctx); give num_ctx <= "
                                  f"{n_ctx} or leave it out.")
-    max_tokens = ctx
+    max_tokens = ctx   # not clamped to the context: the answer ends at its end, and says so (context_full)
     if options.get("num_predict") is not None:
         n = int_field(options, "num_predict", opt.NUM_PREDICT)
-        max_tokens = ctx if n < 0 else min(n, ctx)
+        max_tokens = ctx if n < 0 else n
     return {"sampling": sampling, "max_tokens": max_tokens, "stop": stops_of({"stop": options.get("stop")}),
             "num_ctx": ctx if ctx < n_ctx else None}
 
@@ -251,6 +251,13 @@ def line(obj: dict) -> bytes:
 
 def done_reason(res: GenerationResult) -> str:
     return {"cancelled": "stop", "error": "stop"}.get(res.finish_reason, res.finish_reason)
+
+
+def a3b_block(res: GenerationResult, route: dict) -> dict:
+    """The a3b block of a done object: where a routed request went, and whether the context's end cut
+    the answer (done_reason "length" then, as at num_predict)."""
+    block = {**route, **({"context_full": True} if res.context_full else {})}
+    return {"a3b": block} if block else {}
 
 
 def timings(res: GenerationResult | None, total_s: float, load_s: float) -> dict:

@@ -10,26 +10,7 @@ from ..runtime.errors import InvalidRequest
 from ..runtime.options import LoadSpec
 from ..runtime.routing import Decision
 from .config import ServeConfig
-
-#: Most characters of a request handed to the router (it reads only the head anyway).
-MAX_ROUTED_CHARS = 1 << 16
-
-
-def route_text(body: dict) -> str:
-    """The text a request is routed by: its last user message (the text parts of its content), or
-    its prompt."""
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        for m in reversed(msgs):
-            if isinstance(m, dict) and m.get("role") == "user":
-                c = m.get("content")
-                if isinstance(c, list):
-                    c = " ".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
-                return c[:MAX_ROUTED_CHARS] if isinstance(c, str) else ""
-        return ""
-    p = body.get("prompt")
-    return p[:MAX_ROUTED_CHARS] if isinstance(p, str) else ""
-
+from .protocol.common import MAX_ROUTED_CHARS, route_text
 
 def is_route(cfg: ServeConfig, name: Any) -> bool:
     """Whether `name` names the route table (a request naming no model is routed when there is one)."""
@@ -38,10 +19,9 @@ def is_route(cfg: ServeConfig, name: Any) -> bool:
     return name in (None, "", cfg.route_name) or (isinstance(name, str) and name.split(":")[0] == cfg.route_name)
 
 
-async def decide(cfg: ServeConfig, body: dict) -> tuple[LoadSpec, Decision]:
-    """The routed model of a request to the route table, decided off the event loop (tokenizing and
-    embedding are not the loop's work)."""
-    text = route_text(body)
+async def decide(cfg: ServeConfig, text: str) -> tuple[LoadSpec, Decision]:
+    """The routed model of a request to the route table, by its text (protocol.common.route_text),
+    decided off the event loop (tokenizing and embedding are not the loop's work)."""
     d = await asyncio.get_running_loop().run_in_executor(None, cfg.router.decide, text)
     return d.spec, d
 

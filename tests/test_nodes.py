@@ -239,13 +239,24 @@ def test_empty_prompt(handle):
         generate(handle, "   ")
 
 
-def test_max_new_tokens_beyond_context(rt, model_choice):
+def test_max_new_tokens_beyond_context_ends_at_the_context(rt, model_choice, caplog):
+    """The runtime's rule (generation.cut_by_context): max_new_tokens beyond the room is not refused;
+    the answer ends at the context's end, and the node says so, in the CLI's words."""
     small = node("A3BLoader").run(unique_id="1", **loader_args(model_choice, n_ctx=256))["result"][0]
-    with pytest.raises(InvalidRequest, match="n_ctx") as ei:
-        generate(small, "Tell a story.", max_new_tokens=1000)
-    assert "Lower max_new_tokens" in str(ei.value)
-    with pytest.raises(PromptTooLong):
+    g = core.generate(small, "Tell a story.", max_new_tokens=1000, sampling=core.sampling_params(ignore_eos=True))
+    res = g.result
+    assert res.finish_reason == "length" and res.context_full
+    assert res.n_prompt_tokens + res.n_tokens == 256
+    assert g.note.startswith("the answer stopped because the context is full ("
+                             f"{res.n_prompt_tokens} prompt + {res.n_tokens} answer tokens of n_ctx 256), before "
+                             "max_new_tokens; raise n_ctx for a longer answer."), g.note
+    assert g.ui["note"] == [g.note] and g.note in caplog.text
+    g = core.generate(small, "Tell a story.", max_new_tokens=8, sampling=core.sampling_params(ignore_eos=True))
+    assert (g.result.finish_reason, g.result.context_full, g.note) == ("length", False, "")   # max_new_tokens
+    with pytest.raises(PromptTooLong, match="raise n_ctx in A3BLoader"):   # no room at all: refused
         generate(small, "word " * 400, max_new_tokens=8)
+    assert node("A3BGenerate").run(unique_id="2", model=small, prompt="Tell a story.",
+                                   **{**GEN, "max_new_tokens": 1000})["result"][0]   # the node runs it too
     rt.unload(small)
 
 

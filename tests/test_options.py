@@ -28,8 +28,7 @@ from comfyui_a3b.runtime.errors import InvalidRequest
 from comfyui_a3b.runtime.generation import PRESETS, ConfidenceConfig, SamplingParams
 from comfyui_a3b.runtime.options import LoadSpec, Option, check, cli_help
 from comfyui_a3b.runtime.requests import GenerationRequest
-from comfyui_a3b.serve import chatout
-from comfyui_a3b.serve import fields as serve_fields
+from comfyui_a3b.serve.protocol import fields as serve_fields, parse_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMERIC = [o for o in opt.OPTIONS.values() if o.type in (int, float) and o.choices is None]
@@ -309,12 +308,12 @@ def test_serve_takes_the_declared_bounds():
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     for option in (opt.REASONING_BUDGET, opt.MAX_TOTAL_TOKENS):   # the chat's fields of thinking models
         for value in edges(option)[0]:
-            assert chatout.chat_options({**chat, option.name: value})[1][option.name] == value
+            assert getattr(parse_chat({**chat, option.name: value}), option.name) == value
         for value in edges(option)[1]:
             with pytest.raises(InvalidRequest, match=re.escape(f"{option.name} must be {option.range_text()}")):
-                chatout.chat_options({**chat, option.name: value})
+                parse_chat({**chat, option.name: value})
     with pytest.raises(InvalidRequest, match="json_schema must be a JSON object"):
-        chatout.chat_options({**chat, "json_schema": ["not", "a", "schema"]})
+        parse_chat({**chat, "json_schema": ["not", "a", "schema"]})
 
 
 def test_serve_answers_400_past_the_bounds(client):
