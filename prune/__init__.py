@@ -14,8 +14,9 @@ Floors, each importing only those below it (llama.cpp itself is reached through 
     experts/                        mixture-of-experts pruning (whole experts, expert neurons)
     dense/                          FFN-neuron and head pruning of dense models; recovery
     calibration/, writing/          statistics of the unpruned model; the pruned file and its metadata
-    config, settings, layout, source, corpus, reference, files, ...   the settings (declared in
-                                    settings.py, a run's in config.PruneConfig), architectures, sources, text
+    config, settings, layout, source, corpus, wide, textfiles, reference, files, ...   the settings
+                                    (declared in settings.py, a run's in config.PruneConfig), architectures,
+                                    sources, text (the built-in corpus, the wide corpus, a user's files)
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..runtime.options import cache_root
-from .corpus import dir_digest
+from .textfiles import dir_digest
 from .device import resolve_device
 from .errors import InvalidRequest
 from .settings import (ALIGN, BY_NAME, CALIB_DIRS, CALIB_FILES, CALIB_WINDOWS, CALIBRATION, DATA_FREE, DEVICE,
