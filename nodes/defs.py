@@ -144,8 +144,8 @@ HEADS_KEEP = replace(core.HEADS_KEEP, help=(
     "llama and qwen3 models with grouped-query attention; needs torch."))
 EXPERTS_KEEP = replace(core.EXPERTS_KEEP, help=(
     "A3B expert pruning of mixture-of-experts models (qwen3moe, qwen35moe): keep this share of the routed "
-    "experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot (recover_steps is not "
-    "used). Made once and cached."))
+    "experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot (recover_steps 0 or -1). "
+    "Made once and cached."))
 PRUNE_METHOD = replace(METHOD, name="prune_method", choices=tuple(core.prune_methods()),
                        help="How neurons are ranked when keep_ratio < 1.")
 RECOVER_STEPS_WIDGET = replace(RECOVER_STEPS.or_none(), max=10_000, help=(
