@@ -118,6 +118,14 @@ _REFUSALS = {
     "gram_budget_mb": lambda v: f"gram budget must be at least {GRAM_BUDGET_MB.min} MB, got {v}",
 }
 _REFUSALS["recover_seq_len"] = _REFUSALS["recover_batch"]
+for _option, _words in ((METHOD, "unknown pruning method {v!r}; choose one of {choices}"),
+                        (EXPERT_METHOD, "unknown expert ranking {v!r}; choose one of {choices}"),
+                        (RECOVER_TRAIN_OPTION, "recovery trains {either}, got {v!r}"),
+                        (CALIBRATION, "calibration is one of {choices}, got {v!r}"),
+                        (RECOVER_CORPUS, "recovery corpus is one of {choices}, got {v!r}"),
+                        (DEVICE, "device is one of {choices}, got {v!r}")):
+    _REFUSALS[_option.name] = lambda v, o=_option, w=_words: w.format(
+        v=v, choices=", ".join(o.choices), either=" or ".join(map(repr, o.choices)))
 #: floats whose NaN or infinity is named by the field's words before their bounds are checked
 _FINITE_FIRST = (LR, GATE_SPARSITY, RECOVER_CODE_SHARE)
 

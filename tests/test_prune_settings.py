@@ -72,7 +72,7 @@ def test_choices_are_checked_from_the_declarations():
         if option.choices:
             for value in option.choices:
                 PruneConfig(**{option.name: value}).validate()
-            with pytest.raises(InvalidRequest, match=option.name):
+            with pytest.raises(InvalidRequest, match="'bogus'"):
                 PruneConfig(**{option.name: "bogus"}).validate()
 
 
