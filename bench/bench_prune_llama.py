@@ -35,10 +35,10 @@ HELDOUT_SETS = ("code", "code-packages", "prose", "prose-man")
 
 
 def heldout(ev, n: int, seq_len: int) -> dict[str, list[list[int]]]:
-    from ..prune import corpus
+    from ..prune import corpus, wide
 
-    wide = corpus.wide_corpus()
-    return {k: corpus.windows(ev.tokenize, wide.heldout[k], seq_len, n, ev.bos) for k in HELDOUT_SETS}
+    held = wide.wide_corpus().heldout
+    return {k: corpus.windows(ev.tokenize, held[k], seq_len, n, ev.bos) for k in HELDOUT_SETS}
 
 
 def run_prune(model: Path, out: Path, args: list[str], cache: Path) -> dict:

@@ -71,9 +71,9 @@ def planted_hook(n_expert: int, seed: int):
 
 
 def heldout_text(max_chars: int) -> tuple[str, str]:
-    from ..prune import corpus
+    from ..prune import corpus, wide
 
-    man = corpus._man_units(max_chars)
+    man = wide.man_units(max_chars)
     if sum(len(t) for _, t in man) >= max_chars // 2:
         return "man pages", "\n\n".join(t for _, t in man)
     held = corpus.corpora("heldout")["code"]

@@ -9,7 +9,7 @@ Perplexity is llama.cpp's, on the quantised files, as a ratio to the unpruned fi
 same run, over four held-out sets: standard-library code modules, whole installed packages, language
 reference topics (the same source as the calibration prose) and manual pages (prose from a source
 neither calibration nor recovery reads). `--recover-corpus wide` distils on the wide corpus of
-installed sources and documentation (corpus.wide_corpus) instead of the calibration corpus.
+installed sources and documentation (wide.wide_corpus) instead of the calibration corpus.
 Writes bench/results/<name>.{json,png}.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..prune.config import EXPERTS_KEEP, HEADS_KEEP, KEEP
+from ..prune.settings import EXPERTS_KEEP, HEADS_KEEP, KEEP, METHOD, recover_steps_for
 from ..runtime import (ChatPrompt, ConfidenceConfig, GenerationResult, LoadSpec, SamplingParams, get_runtime,
                        list_models, resolve_model)
 from ..runtime.options import MAX_TOKENS, REASONING_BUDGET, THINKING, check, wrap_seed
@@ -164,25 +164,23 @@ def prune_model(spec: LoadSpec, *, keep_ratio: float = 1.0, prune_method: str | 
 
 
 def prune_methods() -> list[str]:
-    try:
-        from ..prune import METHODS
-    except Exception:  # noqa: BLE001
-        return ["a3b"]
-    return ["a3b"] + [m for m in METHODS if m != "a3b"]
+    """The pruning methods, the default first."""
+    return [METHOD.default] + [m for m in METHOD.choices if m != METHOD.default]
 
 
 def pruned_variant(path: Path, keep_ratio: float, method: str | None = None, recover_steps: int | None = None,
                    heads_keep: float = 1.0, experts_keep: float = 1.0) -> Path:
     """The A3B-pruned copy of `path` keeping `keep_ratio` of the FFN neurons and `heads_keep` of the
     query heads of every KV group, and of a mixture-of-experts model `experts_keep` of its routed
-    experts (made once, cached). Expert pruning is one-shot: recovery steps are not used with it."""
+    experts (made once, cached). A negative `recover_steps` (the widget's -1) leaves it unset: the
+    default for where recovery runs, and 0 with expert pruning or a mixture-of-experts model, which
+    are one-shot; a count above 0 with expert pruning is refused (prune.settings.recover_steps_for)."""
     for option, name, value in ((KEEP, "keep_ratio", keep_ratio), (HEADS_KEEP, "heads_keep", heads_keep),
                                 (EXPERTS_KEEP, "experts_keep", experts_keep)):
         check(option, value, name, error=NodeError)   # PruneConfig's bounds; 1.0 = not pruned
-    if experts_keep < 1.0:
-        recover_steps = 0
-    elif recover_steps is not None and recover_steps < 0:
-        recover_steps = None  # the default for where recovery runs (prune.config.GPU_RECOVERY on a GPU)
+    unset = recover_steps is None or recover_steps < 0
+    recover_steps = recover_steps_for(None if unset else recover_steps, experts_keep=experts_keep, source=path,
+                                      fix="Set recover_steps to 0, or to -1 (the default).", error=NodeError)
     try:
         from .. import prune
     except Exception as e:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..prune.config import GPU_RECOVERY, PruneConfig
+from ..prune.settings import GPU_RECOVERY, METHOD, RECOVER_STEPS
 from ..runtime import options as opt
 from ..runtime.errors import Cancelled
 from ..runtime.options import Option
@@ -135,7 +135,8 @@ def widget(option: Option, name: str | None = None, *, note: str = "", none_belo
               options=list(option.choices) if option.choices else None, option=option, none_value=none, **extra)
 
 
-#: The loader's pruning widgets: PruneConfig's ratios, where 1 (the default) means no pruning.
+#: The A3B Prune node's widgets: the pruning declarations (prune/settings.py), where a ratio of 1 (the
+#: default) means no pruning, the method list starts with the default, and recover_steps -1 leaves it unset.
 KEEP_RATIO = replace(core.KEEP, name="keep_ratio", default=1.0,
                      help="A3B pruning: keep this share of FFN neurons (1.0 = off). Made once and cached; needs torch.")
 HEADS_KEEP = replace(core.HEADS_KEEP, help=(
@@ -143,8 +144,16 @@ HEADS_KEEP = replace(core.HEADS_KEEP, help=(
     "llama and qwen3 models with grouped-query attention; needs torch."))
 EXPERTS_KEEP = replace(core.EXPERTS_KEEP, help=(
     "A3B expert pruning of mixture-of-experts models (qwen3moe, qwen35moe): keep this share of the routed "
-    "experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot (recover_steps is not "
-    "used). Made once and cached."))
+    "experts of every layer (1.0 = off), ranked by REAP on calibration text; one-shot (recover_steps 0 or -1). "
+    "Made once and cached."))
+PRUNE_METHOD = replace(METHOD, name="prune_method", choices=tuple(core.prune_methods()),
+                       help="How neurons are ranked when keep_ratio < 1.")
+RECOVER_STEPS_WIDGET = replace(RECOVER_STEPS.or_none(), max=10_000, help=(
+    "Distillation steps after pruning when keep_ratio < 1 (0 = none; -1 = the default for where it runs: "
+    f"{RECOVER_STEPS.default} steps of 8 x 128 tokens on the CPU, about 8 s each for a 135M model on 2 cores; "
+    f"{GPU_RECOVERY['recover_steps']} steps of 32 x 512 on a CUDA GPU, about 8 minutes on an H200). Made once, then "
+    "cached. Expert pruning (experts_keep < 1) and mixture-of-experts models are one-shot: -1 means 0 there, and "
+    "a count above 0 with experts_keep < 1 is refused."))
 
 
 def _first(x: Any) -> Any:
@@ -245,13 +254,8 @@ PRUNE = NodeDef(
     inputs=[
         In("model", MODEL, tooltip="The model to prune (from A3B Loader); its loading settings carry over."),
         widget(KEEP_RATIO),
-        In("prune_method", "COMBO", PruneConfig.method, options=core.prune_methods,
-           tooltip="How neurons are ranked when keep_ratio < 1."),
-        In("recover_steps", "INT", -1, min=-1, max=10000,
-           tooltip=("Distillation steps after pruning when keep_ratio < 1 (0 = none; -1 = the default for where it "
-                    f"runs: {PruneConfig.recover_steps} steps of 8 x 128 tokens on the CPU, about 8 s each for a 135M "
-                    f"model on 2 cores; {GPU_RECOVERY['recover_steps']} steps of 32 x 512 on a CUDA GPU, about 8 "
-                    "minutes on an H200). Made once, then cached.")),
+        widget(PRUNE_METHOD),
+        widget(RECOVER_STEPS_WIDGET, none_below=True),
         widget(HEADS_KEEP),
         widget(EXPERTS_KEEP),
     ],

@@ -10,10 +10,13 @@ pruned files, and llama.cpp evaluation work without torch.
 Floors, each importing only those below it (llama.cpp itself is reached through runtime/llama):
 
     pipeline.py, cache.py, cli.py   prune(): which path a run takes; cached variants; `a3b prune`
+                                    (output.py: where its file goes and what it prints)
     experts/                        mixture-of-experts pruning (whole experts, expert neurons)
     dense/                          FFN-neuron and head pruning of dense models; recovery
     calibration/, writing/          statistics of the unpruned model; the pruned file and its metadata
-    config, layout, source, corpus, reference, files, ...   settings, architectures, sources, text
+    config, settings, layout, source, corpus, wide, textfiles, reference, files, ...   the settings
+                                    (declared in settings.py, a run's in config.PruneConfig), architectures,
+                                    sources, text (the built-in corpus, the wide corpus, a user's files)
 """
 from __future__ import annotations
 

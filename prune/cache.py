@@ -17,6 +17,7 @@ from ..runtime.models.gguf_info import sha256_file
 from .config import PruneConfig, default_cache_dir, with_device_defaults
 from .errors import InvalidRequest
 from .pipeline import prune
+from .settings import EXPERTS_KEEP, recover_steps_for
 from .source import SourceModel
 
 _sha_memo: dict[tuple[str, int, int], str] = {}
@@ -58,16 +59,20 @@ def cached_variant(source_path: str | os.PathLike, *, cache_dir: str | os.PathLi
     """Return the path of the pruned variant, making it first if it is not cached yet.
 
     `settings` are PruneConfig fields (keep=..., method=..., ...); those left out, or given as None,
-    take PruneConfig's defaults, or for recovery on a CUDA GPU config.GPU_RECOVERY's.
+    take PruneConfig's defaults, or for recovery on a CUDA GPU config.GPU_RECOVERY's; expert pruning
+    and mixture-of-experts models run one-shot (settings.recover_steps_for).
     """
     known = {f.name for f in fields(PruneConfig)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidRequest(f"unknown pruning settings: {', '.join(sorted(unknown))}")
+    PruneConfig(**{k: v for k, v in settings.items() if v is not None}).validate()   # as given
+    SourceModel(source_path, torch_reference=False)  # typed errors (missing file, not a GGUF) before any work
+    settings["recover_steps"] = recover_steps_for(settings.get("recover_steps"), source=source_path,
+                                                  experts_keep=settings.get("experts_keep") or EXPERTS_KEEP.default)
     settings = with_device_defaults(settings)
     cfg = PruneConfig(**{k: v for k, v in settings.items() if v is not None})
     cfg.validate()
-    SourceModel(source_path, torch_reference=False)  # typed errors (missing file, not a GGUF) before any work
     out = variant_path(source_path, cfg, cache_dir)
     if out.is_file():
         return out

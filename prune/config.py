@@ -1,24 +1,28 @@
-"""Pruning settings: `PruneConfig` is the one place for their defaults and checks.
+"""Pruning settings: `PruneConfig`, the settings of one run, with their defaults and checks.
 
-`a3b prune`, `cached_variant`, the A3BLoader node and the benchmarks all take their defaults from
-here, so the settings a variant was made with (and so its cache key) agree everywhere. Importing
-it does not import torch.
+Each field's default, bounds and help are its declaration in settings.py, so `a3b prune`,
+`cached_variant`, the A3B Prune node and the benchmarks agree on them (and so on a variant's cache
+key). Importing it does not import torch.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..runtime.options import Option, cache_root, check, check_finite
-from .corpus import dir_digest
-from .device import DEVICES, resolve_device
+from ..runtime.options import cache_root
+from .textfiles import dir_digest
+from .device import resolve_device
 from .errors import InvalidRequest
+from .settings import (ALIGN, BY_NAME, CALIB_DIRS, CALIB_FILES, CALIB_WINDOWS, CALIBRATION, DATA_FREE, DEVICE,
+                       EXPERT_METHOD, EXPERT_METHODS, EXPERTS_KEEP, GATE_SPARSITY, GATE_WINDOWS, GPU_RECOVERY,
+                       GRAM_BUDGET_MB, HEADS_KEEP, KEEP, LR, METHOD, METHODS, N_GPU_LAYERS, QAT, RECOVER_BATCH,
+                       RECOVER_CODE_SHARE, RECOVER_CORPUS, RECOVER_SEQ_LEN, RECOVER_STEPS, RECOVER_TRAIN_OPTION, SEED,
+                       SEQ_LEN, THREADS, check_paths, check_setting)
 
-#: FFN-neuron importance methods (dense/methods.py says what each does), and those that need no data
-METHODS = ("random", "magnitude", "wanda", "flap", "obs", "a3b")
-DATA_FREE = ("random", "magnitude")
+__all__ = ["DATA_FREE", "EXPERTS_KEEP", "EXPERT_METHODS", "GPU_RECOVERY", "HEADS_KEEP", "KEEP", "METHODS",
+           "PruneConfig", "default_cache_dir", "refuse_torch_parts", "with_device_defaults"]
 
 
 def default_cache_dir() -> Path:
@@ -32,17 +36,6 @@ _KEY_NEUTRAL_AT_DEFAULT = ("recover_code_share", "heads_keep", "calibration", "c
 # Settings that change where or how fast the work runs, not what it makes.
 _NOT_IN_KEY = ("threads", "device", "n_gpu_layers", "gram_budget_mb")
 
-CALIBRATIONS = ("auto", "llama", "torch")
-#: How whole experts of a mixture-of-experts model are ranked (experts.py).
-EXPERT_METHODS = ("reap", "frequency", "random")
-RECOVER_CORPORA = ("calib", "wide")
-
-
-#: Recovery where the torch parts run on a CUDA GPU, for the settings a caller leaves unset
-#: (PruneConfig's own defaults are the CPU's): the setting measured to reach the recovery targets on
-#: SmolLM2-135M, on code and on prose from another source (docs/pruning.md); about 8 minutes on an H200.
-GPU_RECOVERY = {"recover_steps": 2000, "recover_batch": 32, "recover_seq_len": 512, "recover_corpus": "wide"}
-
 
 def with_device_defaults(settings: dict) -> dict:
     """`settings` (PruneConfig fields; None or absent = unset) with GPU_RECOVERY filled in for the unset
@@ -50,7 +43,7 @@ def with_device_defaults(settings: dict) -> dict:
     is pruned (keep and heads_keep 1) nothing is recovered: no device is looked for."""
     def given(name: str):
         v = settings.get(name)
-        return getattr(PruneConfig, name) if v is None else v
+        return BY_NAME[name].default if v is None else v
 
     unset = [k for k in GPU_RECOVERY if settings.get(k) is None]
     if (not unset or settings.get("recover_steps") == 0 or given("device") == "cpu"
@@ -65,97 +58,44 @@ def with_device_defaults(settings: dict) -> dict:
     return {**settings, **{k: GPU_RECOVERY[k] for k in unset}}
 
 
-#: The keep ratios, declared once: PruneConfig checks them, and the A3BLoader's widgets (where 1 means
-#: no pruning) take their bounds.
-KEEP = Option("keep", float, 0.63, "Fraction of the FFN neurons kept in every layer.", min=0.0, low_open=True,
-              max=1.0, step=0.05, label="keep ratio",
-              hint="it is the fraction of FFN neurons kept in every layer (e.g. 0.63).")
-HEADS_KEEP = Option("heads_keep", float, 1.0, "Fraction of the query heads of every KV group kept.", min=0.0,
-                    low_open=True, max=1.0, step=0.01, label="heads keep ratio",
-                    hint="it is the fraction of query heads kept in every KV group (e.g. 0.67 keeps 2 of 3).")
-EXPERTS_KEEP = Option("experts_keep", float, 1.0, "Fraction of the routed experts kept in every layer of a "
-                      "mixture-of-experts model.", min=0.0, low_open=True, max=1.0, step=0.05,
-                      label="experts keep ratio", hint="it is the fraction of routed experts kept in every "
-                      "layer of a mixture-of-experts model (e.g. 0.5).")
-
-
 @dataclass
 class PruneConfig:
+    """The settings of one pruning run; each field is its declaration in settings.py."""
+
     keep: float = KEEP.default
-    method: str = "a3b"
-    heads_keep: float = HEADS_KEEP.default   # fraction of the query heads of every KV group kept (heads.py)
-    recover_steps: int = 160   # the measured setting (docs/pruning.md); the A3BLoader's default too
-    calib_windows: int = 64
-    seq_len: int = 256
-    recover_seq_len: int = 128
-    recover_batch: int = 8
-    recover_train: str = "all"
-    recover_code_share: float = 0.5
-    qat: bool = True
-    lr: float = 5e-4
-    seed: int = 0
-    gate_sparsity: float = 0.5
-    gate_windows: int = 8
-    align: int | None = None
-    calib_files: tuple[str, ...] = ()
-    calib_dirs: tuple[str, ...] = ()
-    threads: int = 0
-    # where the statistics come from: llama.cpp's graph evaluation (any architecture it runs, streamed,
-    # bounded memory), the torch reference forward (llama/qwen2/qwen3; sequential a3b, recovery, head
-    # pruning), or auto (torch where one of those needs it, else llama.cpp)
-    calibration: str = "auto"
-    device: str = "auto"          # torch parts: cuda, cpu or auto
-    n_gpu_layers: int = 0         # llama.cpp calibration: layers offloaded to the GPU (-1: all)
-    # memory for the Gram matrices held during a llama.cpp calibration pass; None: half the model
-    # file (dense/llama_path.py), so that the run's memory follows the model's size
-    gram_budget_mb: int | None = None
-    recover_corpus: str = "calib"  # recovery text: the calibration corpus, or the wide corpus (corpus.py)
-    # mixture-of-experts models (experts.py): the share of routed experts kept in every layer, and how
+    method: str = METHOD.default
+    heads_keep: float = HEADS_KEEP.default
+    recover_steps: int = RECOVER_STEPS.default
+    calib_windows: int = CALIB_WINDOWS.default
+    seq_len: int = SEQ_LEN.default
+    recover_seq_len: int = RECOVER_SEQ_LEN.default
+    recover_batch: int = RECOVER_BATCH.default
+    recover_train: str = RECOVER_TRAIN_OPTION.default
+    recover_code_share: float = RECOVER_CODE_SHARE.default
+    qat: bool = QAT.default
+    lr: float = LR.default
+    seed: int = SEED.default
+    gate_sparsity: float = GATE_SPARSITY.default
+    gate_windows: int = GATE_WINDOWS.default
+    align: int | None = ALIGN.default
+    calib_files: tuple[str, ...] = CALIB_FILES.default
+    calib_dirs: tuple[str, ...] = CALIB_DIRS.default
+    threads: int = THREADS.default
+    calibration: str = CALIBRATION.default
+    device: str = DEVICE.default
+    n_gpu_layers: int = N_GPU_LAYERS.default
+    gram_budget_mb: int | None = GRAM_BUDGET_MB.default
+    recover_corpus: str = RECOVER_CORPUS.default
+    # mixture-of-experts models (experts/): the share of routed experts kept in every layer, and how
     # they are ranked; `keep` then narrows every kept expert's FFN
     experts_keep: float = EXPERTS_KEEP.default
-    expert_method: str = "reap"
+    expert_method: str = EXPERT_METHOD.default
 
     def validate(self) -> None:
-        for name in ("lr", "gate_sparsity", "recover_code_share"):  # keep ratios: range checks below
-            check_finite(name.replace("_", " "), getattr(self, name))
-        for option in (KEEP, HEADS_KEEP, EXPERTS_KEEP):
-            check(option, getattr(self, option.name))
-        if self.expert_method not in EXPERT_METHODS:
-            raise InvalidRequest(f"unknown expert ranking {self.expert_method!r}; choose one of "
-                                 f"{', '.join(EXPERT_METHODS)}")
-        if not self.lr > 0:
-            raise InvalidRequest(f"learning rate must be > 0, got {self.lr}")
-        if self.method not in METHODS:
-            raise InvalidRequest(f"unknown pruning method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.recover_steps < 0:
-            raise InvalidRequest(f"recover steps must be >= 0, got {self.recover_steps}")
-        if self.recover_train not in ("all", "ffn"):
-            raise InvalidRequest(f"recovery trains 'all' or 'ffn', got {self.recover_train!r}")
-        if not 0.0 < self.recover_code_share < 1.0:
-            raise InvalidRequest(f"the code share of recovery batches must be in (0, 1), got {self.recover_code_share}")
-        if self.recover_batch < 1 or self.recover_seq_len < 8:
-            raise InvalidRequest("recovery needs batches of at least 1 window of at least 8 tokens")
-        if self.calib_windows < 1 or self.seq_len < 8:
-            raise InvalidRequest("calibration needs at least 1 window of at least 8 tokens")
-        if not 0.0 <= self.gate_sparsity < 1.0:
-            raise InvalidRequest(f"gate sparsity must be in [0, 1), got {self.gate_sparsity}")
-        for f in self.calib_files:
-            if not Path(f).is_file():
-                raise InvalidRequest(f"calibration file not found: {f}")
-        for d in self.calib_dirs:
-            if not Path(d).is_dir():
-                raise InvalidRequest(f"calibration folder not found: {d}")
-        if self.calibration not in CALIBRATIONS:
-            raise InvalidRequest(f"calibration is one of {', '.join(CALIBRATIONS)}, got {self.calibration!r}")
-        if self.recover_corpus not in RECOVER_CORPORA:
-            raise InvalidRequest(f"recovery corpus is one of {', '.join(RECOVER_CORPORA)}, got {self.recover_corpus!r}")
-        if self.device not in DEVICES:
-            raise InvalidRequest(f"device is one of {', '.join(DEVICES)}, got {self.device!r}")
-        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
-            raise InvalidRequest("n_gpu_layers must be -1 (all), 0 (CPU only) or a layer count, "
-                                 f"got {self.n_gpu_layers!r}")
-        if self.gram_budget_mb is not None and (isinstance(self.gram_budget_mb, bool) or self.gram_budget_mb < 1):
-            raise InvalidRequest(f"gram budget must be at least 1 MB, got {self.gram_budget_mb}")
+        """InvalidRequest naming the first setting its declaration refuses, or a calibration path not there."""
+        for f in fields(self):
+            check_setting(BY_NAME[f.name], getattr(self, f.name))
+        check_paths(self.calib_files, self.calib_dirs)
 
     def key(self) -> str:
         """Hash of every setting that shapes the output (threads do not), naming cached files."""

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from comfyui_a3b.prune import corpus
+from comfyui_a3b.prune import corpus, wide
 
 
 def _word_tokens(text: str) -> list[int]:
@@ -47,7 +47,7 @@ def test_windows_from_prefixes_are_the_whole_texts_windows(n, bos):
 
 @pytest.mark.slow
 def test_wide_corpus_keeps_held_out_sources_out_of_recovery():
-    w = corpus.wide_corpus(max_chars=4_000_000)
+    w = wide.wide_corpus(max_chars=4_000_000)
     digest = {hashlib.sha256(t.encode()).hexdigest() for c in w.recovery.values() for _, t in c.items}
     for name, c in w.heldout.items():
         assert c.items, name

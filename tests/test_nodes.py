@@ -468,14 +468,15 @@ def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
 def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(tmp_path, monkeypatch):
     """-1 (the widget's default) reaches cached_variant as "unset" (None), which takes the CPU's or the
     GPU's recovery setting (prune.config.with_device_defaults); a number the user sets passes as is."""
+    from tinygguf import write_tiny_gguf
+
     from comfyui_a3b import prune
 
     assert defs.PRUNE.defaults()["recover_steps"] == -1
     seen = []
     monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
     core.VARIANTS.reset()
-    src = tmp_path / "m.gguf"
-    src.write_bytes(b"GGUF")
+    src = write_tiny_gguf(tmp_path / "m.gguf", "llama")   # dense: read to tell it from a mixture of experts
     core.pruned_variant(src, 0.5, None, -1)
     core.pruned_variant(src, 0.5, None, 40)
     core.pruned_variant(src, 1.0, None, -1, 1.0, 0.5)   # expert pruning is one-shot

@@ -22,6 +22,7 @@ from comfyui_a3b.nodes import core as node_core
 from comfyui_a3b.nodes import embeddings as node_embeddings
 from comfyui_a3b.nodes import defs
 from comfyui_a3b.prune import config as prune_config
+from comfyui_a3b.prune import settings as prune_settings
 from comfyui_a3b.runtime import options as opt
 from comfyui_a3b.runtime.core import Runtime
 from comfyui_a3b.runtime.errors import InvalidRequest
@@ -192,14 +193,16 @@ def test_the_prune_flags_take_prune_configs_defaults_and_bounds():
 
 # -- the ComfyUI nodes --------------------------------------------------------------------------------------
 #: widgets that are their node's own and have no declaration elsewhere
-NODE_OWN = {("A3BLoader", "model"), ("A3BLoader", "lora"), ("A3BPrune", "prune_method"),
-            ("A3BPrune", "recover_steps"), ("A3BGenerate", "prompt"), ("A3BGenerate", "system"),
+NODE_OWN = {("A3BLoader", "model"), ("A3BLoader", "lora"), ("A3BGenerate", "prompt"), ("A3BGenerate", "system"),
             ("A3BGenerate", "stop"), ("A3BGenerate", "confidence_aware"), ("A3BEmbed", "text"),
             ("A3BTopK", "top_k"), ("A3BTopK", "separator"), ("A3BUnload", "unload_all"), ("A3BLoader", "mmproj"),
             ("A3BGenerate", "image_mode")}
 #: the loader's pruning widgets: 1 (no pruning) by default, PruneConfig's bounds
 NODE_RATIOS = {defs.KEEP_RATIO.name: prune_config.KEEP, defs.HEADS_KEEP.name: prune_config.HEADS_KEEP,
                defs.EXPERTS_KEEP.name: prune_config.EXPERTS_KEEP}
+#: the A3B Prune node's other widgets: the pruning declarations (the default first among the methods;
+#: recover_steps' -1 leaves it unset, and its widget stops at 10000)
+NODE_PRUNE = {"prune_method": prune_settings.METHOD, "recover_steps": prune_settings.RECOVER_STEPS}
 
 
 def test_every_node_widget_is_its_declaration():
@@ -213,10 +216,14 @@ def test_every_node_widget_is_its_declaration():
             if o is None:
                 assert (node.node_id, i.name) in NODE_OWN, f"{where}: make it with nodes.defs.widget(option)"
                 continue
-            if id(o) not in runtime_options:
+            if id(o) not in runtime_options and o.name in NODE_RATIOS:
                 base = NODE_RATIOS[o.name]
                 assert _bounds(o) == _bounds(base), f"{where}: PruneConfig's bounds"
                 assert o.default == 1.0, f"{where}: 1.0, no pruning"
+            elif id(o) not in runtime_options:
+                base = NODE_PRUNE[i.name]
+                assert (o.type, o.min, o.low_open, set(o.choices or ())) == \
+                    (base.type, base.min, base.low_open, set(base.choices or ())), f"{where}: the pruning declaration"
             lo, hi = o.widget_bounds()
             default = o.default
             if o.words:   # the number below the minimum stands for the word

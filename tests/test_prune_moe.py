@@ -274,11 +274,13 @@ def test_the_loader_serves_an_expert_pruned_variant_made_once(planted, tmp_path,
     assert defs.PRUNE.defaults()["experts_keep"] == 1.0
     monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
     core.VARIANTS.reset()
-    # the loader's default recover_steps would be refused by expert pruning: experts_keep < 1 runs one-shot
-    path = core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5)
+    # the widget's -1 (unset) means no recovery with expert pruning, which is one-shot; 0 says the same
+    path = core.pruned_variant(planted["qwen3moe"], 1.0, None, -1, 1.0, 0.5)
     assert path.is_relative_to(tmp_path / "cache") and inspect_gguf(path).expert_count == 4
     core.VARIANTS.reset()
-    assert core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5) == path  # from the disk cache
+    assert core.pruned_variant(planted["qwen3moe"], 1.0, None, 0, 1.0, 0.5) == path  # from the disk cache
+    with pytest.raises(core.NodeError, match="one-shot. Set recover_steps to 0"):   # a count is not dropped unsaid
+        core.pruned_variant(planted["qwen3moe"], 1.0, None, 160, 1.0, 0.5)
     with pytest.raises(core.NodeError, match="experts_keep must be in"):
         core.pruned_variant(planted["qwen3moe"], 1.0, None, 0, 1.0, 0.0)
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from ...runtime.llama.weights import Weights
 from .. import corpus as corpusmod
+from ..textfiles import dir_items
+from ..wide import wide_corpus
 from ..config import DATA_FREE, PruneConfig
 from ..errors import CorpusTooSmall
 from ..source import SourceModel
@@ -38,7 +40,7 @@ def _files_corpus(cfg: PruneConfig) -> corpusmod.Corpus:
     for calibration and recovery."""
     items = [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace")) for f in cfg.calib_files]
     for d in cfg.calib_dirs:
-        items += [(f"{Path(d).name}/{n}", t) for n, t in corpusmod.dir_items(d)]
+        items += [(f"{Path(d).name}/{n}", t) for n, t in dir_items(d)]
     return corpusmod.Corpus("files", "calibration", items)
 
 
@@ -76,7 +78,7 @@ def recovery_windows(tokenize, bos, cfg: PruneConfig) -> tuple[list[np.ndarray],
     if cfg.calib_files or cfg.calib_dirs:
         kinds = {"files": corpusmod.windows(tokenize, _files_corpus(cfg), cfg.recover_seq_len, ALL, bos)}
     elif cfg.recover_corpus == "wide":
-        wide = corpusmod.wide_corpus()
+        wide = wide_corpus()
         kinds = {k: corpusmod.windows(tokenize, c, cfg.recover_seq_len, ALL, bos) for k, c in wide.recovery.items()}
         extra = wide.describe()
     else:
