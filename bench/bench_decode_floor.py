@@ -44,7 +44,7 @@ def floor_run(weights, spec, n: int, gen: int) -> dict:
     from comfyui_a3b.runtime.llama.backend import context_params
     from comfyui_a3b.runtime.llama.binding import fill_batch, llama, sequence
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     L = llama()
     ctx = L.llama_init_from_model(weights.ptr, context_params(spec))

@@ -142,9 +142,9 @@ def run_prune(model: Path, out: Path, args: list[str], cache: Path, block_torch:
 def speeds(paths: dict[str, Path], n_gpu_layers: int, decode_tokens: int, prefill_tokens: int, reps: int,
            threads: int) -> dict[str, dict[str, float]]:
     """Decode and prefill tokens/s of every file, loaded together and measured alternately (best of reps)."""
-    from comfyui_a3b.runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     n_ctx = max(prefill_tokens, 64 + decode_tokens) + 8
     evs, load_s = {}, {}
@@ -235,7 +235,7 @@ def draw_png(r: dict, path: Path) -> Path | None:
 
 
 def main(argv=None) -> int:
-    from .bench_gpu import SHAPES
+    from .models import SHAPES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="folder for the results (and the model files, unless --work)")
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
         ap.error("--out is required")
     from comfyui_a3b.runtime.llama.devices import gpus
 
-    from .bench_gpu import write_model
+    from .models import write_model
     from .common import machine
 
     out = Path(args.out)

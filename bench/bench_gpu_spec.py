@@ -32,8 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from .bench_gpu import SHAPES, batched_bench, concurrent, gpu_layers, write_model
+from .bench_gpu import batched_bench, concurrent, gpu_layers
 from .common import device_label
+from .models import SHAPES, write_model
 
 MODES = ("off", "ngram", "self-draft")
 CONCURRENCY = (1, 4, 16)

@@ -124,7 +124,7 @@ def planner_table(path: Path, budgets: list[float], args) -> list[dict]:
 
 
 def prompt(n: int, offset: int = 0) -> list[int]:
-    from .bench_gpu import prompt as p
+    from .models import prompt as p
 
     return p(n, offset)
 
@@ -163,14 +163,14 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
 def threads_used(backend) -> dict:
     """The threads of one token and of 4 requests' tokens (the tuner's pick from what it measured),
     the tuner's milliseconds per token by thread count, and the threadpools attached."""
-    from comfyui_a3b.runtime.llama import threadpool
+    from comfyui_a3b.runtime.llama import system_info
     from comfyui_a3b.runtime.llama.threadtune import size_class
 
     tuner, pools = backend.tuner, getattr(backend, "pools", None)
     four = {t: c for (size, t), c in tuner.cost.items() if size == size_class(4)}
     return {"decode": tuner.decode, "batch_4": min(four, key=four.__getitem__) if four else tuner.decode,
             "prompt": tuner.prompt, "ms_per_token_4": {str(t): round(c * 1e3, 3) for t, c in four.items()},
-            "pools": list(pools.sizes) if pools else None, "openmp": threadpool.openmp()}
+            "pools": list(pools.sizes) if pools else None, "openmp": "OPENMP = 1" in system_info()["system_info"]}
 
 
 def handover_run(rt, spec, args) -> dict:
@@ -405,7 +405,7 @@ def draw_png(res: dict, path: Path) -> Path | None:
 
 
 def main(argv=None) -> int:
-    from .bench_gpu import SHAPES, write_model
+    from .models import SHAPES, write_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)

@@ -33,7 +33,7 @@ GIB = 1 << 30
 def _decode(rt, spec, n: int = 32) -> float:
     from comfyui_a3b.runtime import ConfidenceConfig, preset
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     t = time.perf_counter()
     r = rt.generate(prompt_tokens=prompt(16, 9), model=spec, chat=False, max_tokens=n, sampling=preset("greedy"),

@@ -38,7 +38,7 @@ def decode_ratio(base_path, path, prompt: list[int], n_tokens: int = 64, reps: i
     On a shared machine other processes steal cores at random, so each side's best of `reps` runs
     estimates its undisturbed speed, and one thread keeps llama.cpp's thread barriers out of it.
     """
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
 
     with LlamaEval(base_path, n_ctx=256, n_threads=threads) as a, LlamaEval(path, n_ctx=256, n_threads=threads) as b:
         a.decode_speed(prompt, 8)
@@ -92,7 +92,7 @@ def agreement(path, windows: list[list[int]], stepwise: bool = True) -> dict:
     """
     import torch
 
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
     from ..prune.numerics import Emulation
     from ..prune.reference import RefModel
     from ..prune.source import SourceModel
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     from ..runtime import default_model_path, inspect_gguf
     from ..prune import cached_variant
     from ..prune.cache import variant_path
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
 
     base = default_model_path()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))

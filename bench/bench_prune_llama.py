@@ -168,7 +168,7 @@ def main(argv=None) -> int:
                     [[k, v["median"], v["max"], v["min"]] for k, v in ag["summary"].items()])
         print(f"seconds: llama.cpp {ag['llama_s']:.1f}, torch {ag['torch_s']:.1f}")
         return 0
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
     from ..runtime.models.locate import default_model_path
     from .bench_prune import decode_ratio
     from .gemma import gemma_path

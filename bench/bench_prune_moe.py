@@ -17,7 +17,6 @@ Writes bench/results/bench_prune_moe.{json,png}.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tempfile
 import time
 from pathlib import Path
@@ -25,16 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import plot, print_table, write_results
-
-
-def _tinygguf():
-    path = Path(__file__).resolve().parents[1] / "tests" / "tinygguf.py"
-    if not path.is_file():
-        raise SystemExit("bench_prune_moe writes its models with tests/tinygguf.py: run it from a source checkout")
-    spec = importlib.util.spec_from_file_location("tinygguf", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from .models import tinygguf
 
 
 def planted_hook(n_expert: int, seed: int):
@@ -90,7 +80,7 @@ def compare(ref: np.ndarray, other: np.ndarray) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     from ..prune import PruneConfig, prune
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experts-keep", type=float, default=0.5)
@@ -104,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-windows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
-    tg = _tinygguf()
+    tg = tinygguf("bench_prune_moe")
     source_name, text = heldout_text(400_000)
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as tmp:

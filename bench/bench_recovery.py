@@ -55,7 +55,7 @@ def main(argv=None) -> int:
 
     from ..runtime import default_model_path, inspect_gguf
     from ..prune import cached_variant
-    from ..runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
     from .bench_prune_llama import heldout
 
     base = Path(args.model) if args.model else default_model_path()

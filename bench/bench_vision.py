@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_gpu import SHAPES as TEXT_SHAPES
-from .bench_gpu import write_model
+from .models import SHAPES as TEXT_SHAPES
+from .models import write_model
 from .common import device_label, median
 from .mmproj import SHAPES as PROJECTOR_SHAPES
 from .mmproj import write_mmproj

@@ -1,12 +1,15 @@
-"""Shared benchmark plumbing: a printed table, a JSON file and a PNG plot under bench/results/, and
-the servers benchmarks and tests compare against (llama_cpp.server; llama.cpp's llama-server, built
-once from the sources in llama-cpp-python's source distribution).
+"""The benchmarks' harness: their command lines (a parser described by the benchmark's docstring,
+the model option, --name and --report), their output (a printed table, a JSON file with the
+machine's description and a PNG plot under bench/results/), and the servers benchmarks and tests
+compare against (llama_cpp.server; llama.cpp's llama-server, built once from the sources in
+llama-cpp-python's source distribution). Random-weight models are written by models.py.
 
 Machines here are shared and noisy, so every benchmark measures its baseline in the same run and
 reports ratios; absolute figures are for orientation only.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -88,20 +91,90 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-def results_options(ap, name: str) -> None:
+# -- command lines --------------------------------------------------------------------------------------
+def arguments(doc: str, name: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by the first paragraph of its docstring; with `name`, its
+    results options (--name, defaulting to `name`, and --report)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if name is not None:
+        results_options(ap, name)
+    return ap
+
+
+def model_option(ap: argparse.ArgumentParser, *, positional: bool = False, default: str | None = None,
+                 help: str = "the GGUF to measure (default: the embedded model)", **kw) -> None:
+    """The GGUF a benchmark measures: `model` (positional, optional) or --model."""
+    if positional:
+        ap.add_argument("model", nargs="?", default=default, help=help, **kw)
+    else:
+        ap.add_argument("--model", default=default, help=help, **kw)
+
+
+def model_path(given: str | os.PathLike | None) -> Path:
+    """The model given, or the embedded default model."""
+    if given:
+        return Path(given)
+    from ..runtime import default_model_path
+
+    return default_model_path()
+
+
+def report_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+
+
+def results_options(ap: argparse.ArgumentParser, name: str) -> None:
     """A benchmark's --name (its results under bench/results) and --report (an earlier run again)."""
     ap.add_argument("--name", default=name, help="results name under bench/results")
-    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+    report_option(ap)
+
+
+def earlier(args) -> dict | None:
+    """With --report: the earlier run's results (its "name" filled in from --name where it has none)."""
+    if not getattr(args, "report", None):
+        return None
+    res = json.loads(Path(args.report).read_text())
+    if hasattr(args, "name"):
+        res["name"] = res.get("name", args.name)
+    return res
 
 
 def reported(args, report: Callable[[dict], None]) -> bool:
     """With --report: the earlier run's table and plot (`report`), and True."""
-    if not args.report:
+    res = earlier(args)
+    if res is None:
         return False
-    res = json.loads(Path(args.report).read_text())
-    res["name"] = res.get("name", args.name)
     report(res)
     return True
+
+
+def command(module: str, argv: Sequence[str] | None) -> str:
+    """The command line of this run of `module` (bench_...), for its results."""
+    given = sys.argv[1:] if argv is None else argv
+    return " ".join([f"python -m comfyui_a3b.bench.{module}", *given])
+
+
+def run(ap: argparse.ArgumentParser, argv: Sequence[str] | None, measure: Callable[[argparse.Namespace], dict],
+        report: Callable[[dict], None]) -> int:
+    """A benchmark with --name and --report: an earlier run shown again, or `measure(args)` written to
+    bench/results/<name>.json and shown by `report` (its table and plot); 0."""
+    args = ap.parse_args(argv)
+    if reported(args, report):
+        return 0
+    return publish(args.name, measure(args), report)
+
+
+# -- output -------------------------------------------------------------------------------------------
+def publish(name: str, res: dict, report: Callable[[dict], None]) -> int:
+    """`res` written to bench/results/<name>.json, then shown by `report` (which finds `name` in it); 0."""
+    write_results(name, res)
+    report({**res, "name": res.get("name", name)})
+    return 0
+
+
+def ratio(value: float, baseline: float) -> float:
+    """`value` over the same run's `baseline` (nan without a baseline)."""
+    return value / baseline if baseline else float("nan")
 
 
 def plot(name: str, draw: Callable[[Any], None], size=(7, 4)) -> Path:
