@@ -26,14 +26,13 @@ bench_gpu_spec.json, bench_gpu_spec.md and bench_gpu_spec.png into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 from .bench_gpu import batched_bench, concurrent, gpu_layers
-from .common import device_label
+from .common import arguments, device_label
 from .models import SHAPES, write_model
 
 MODES = ("off", "ngram", "self-draft")
@@ -195,7 +194,7 @@ def report(res: dict, out_dir: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True, help="folder for the results (and the model, unless --model)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
     ap.add_argument("--model", help="an existing GGUF instead of writing a random one")

@@ -30,7 +30,6 @@ bench_offload.json, .md and (with matplotlib) .png into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -40,6 +39,8 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from .common import arguments, machine
 
 GIB = 1 << 30
 #: the child that takes all device memory but `budget` bytes and holds it until its stdin closes
@@ -407,7 +408,7 @@ def draw_png(res: dict, path: Path) -> Path | None:
 def main(argv=None) -> int:
     from .models import SHAPES, write_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", default=os.environ.get("BIN"), help="folder with llama-batched-bench")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-30b-a3b")
@@ -442,8 +443,6 @@ def main(argv=None) -> int:
         say(f"writing {path} ...")
         write_model(path, SHAPES[args.shape])
         say(f"wrote {path.stat().st_size / GIB:.1f} GiB in {time.perf_counter() - t:.0f} s")
-    from .common import machine
-
     res = {"shape": args.shape, "machine": machine(), "args": vars(args), "file_bytes": path.stat().st_size}
     try:
         res["planner_table"] = planner_table(path, budgets, args)

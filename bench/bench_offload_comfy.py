@@ -20,12 +20,13 @@ GPU, ComfyUI runs with --cpu and never asks our model for memory: the path is ch
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from .common import arguments
 
 GIB = 1 << 30
 
@@ -126,7 +127,7 @@ def run(comfyui: Path, model: Path, gb: float, n_ctx: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_DIR"), required=os.environ.get("COMFYUI_DIR") is None)
     ap.add_argument("--model", required=True)
     ap.add_argument("--diffusion-gb", type=float, default=5.1, help="SDXL's UNet in fp16: 2.6B parameters")

@@ -14,11 +14,10 @@ Writes bench/results/<name>.{json,png}.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from .common import plot, print_table, write_results
+from .common import arguments, plot, print_table, write_results
 
 
 def torch_device(asked: str) -> str:
@@ -37,7 +36,7 @@ def main(argv=None) -> int:
     from ..prune.device import DEVICES
 
     d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--keep", type=float, default=0.63)
     ap.add_argument("--method", default="a3b")
     ap.add_argument("--steps", default="0,40,80,160", help="distillation step counts (comma list)")

@@ -10,7 +10,6 @@ Every figure is compared with a baseline measured in the same run:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import textwrap
 import threading
 import time
 
-from .common import median, plot, print_table, write_results
+from .common import arguments, median, plot, print_table, write_results
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 
@@ -178,7 +177,7 @@ def prompt_beside_generation(rt, rounds: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = arguments(__doc__)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)

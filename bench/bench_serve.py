@@ -17,7 +17,6 @@ the in-process rows of the same run. Writes bench/results/serve.json and serve.p
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 
 import httpx
 
-from .common import free_port, llama_cpp_server, median, plot, print_table, write_results
+from .common import arguments, free_port, llama_cpp_server, median, plot, print_table, write_results
 
 PROMPT = ("Request {i}. The following is a long, detailed story about a lighthouse keeper who finds a "
           "message in a bottle, told chapter by chapter.\n\nChapter 1\n\n")
@@ -136,7 +135,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
     ap.add_argument("--rounds", type=int, default=9, help="single-client requests per way (the median is reported)")
     ap.add_argument("--threads", type=int, default=0,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from .common import (free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
+from .common import (arguments, free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
                      print_table, results_options, write_results)
 
 TEXT_PROMPT = ("Request {i}: write a long, detailed report about the history of lighthouses on the northern "
@@ -264,7 +264,7 @@ def server_arguments(ap: argparse.ArgumentParser, gen: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     server_arguments(ap, gen=128)
     ap.add_argument("--llama-server", default=None, help="llama-server binary (default: built from the vendored "
                                                          "llama.cpp of the installed llama-cpp-python, once)")

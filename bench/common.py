@@ -123,9 +123,14 @@ def report_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
 
 
+def name_option(ap: argparse.ArgumentParser, name: str) -> None:
+    """--name: the benchmark's results file name under bench/results (default `name`)."""
+    ap.add_argument("--name", default=name, help="results name under bench/results")
+
+
 def results_options(ap: argparse.ArgumentParser, name: str) -> None:
     """A benchmark's --name (its results under bench/results) and --report (an earlier run again)."""
-    ap.add_argument("--name", default=name, help="results name under bench/results")
+    name_option(ap, name)
     report_option(ap)
 
 
@@ -154,7 +159,7 @@ def command(module: str, argv: Sequence[str] | None) -> str:
     return " ".join([f"python -m comfyui_a3b.bench.{module}", *given])
 
 
-def run(ap: argparse.ArgumentParser, argv: Sequence[str] | None, measure: Callable[[argparse.Namespace], dict],
+def execute(ap: argparse.ArgumentParser, argv: Sequence[str] | None, measure: Callable[[argparse.Namespace], dict],
         report: Callable[[dict], None]) -> int:
     """A benchmark with --name and --report: an earlier run shown again, or `measure(args)` written to
     bench/results/<name>.json and shown by `report` (its table and plot); 0."""
