@@ -37,7 +37,7 @@ from pathlib import Path
 
 from . import gpu_memory
 from .common import arguments, device_label, free_port, in_threads, model_option, report_option, reported
-from .models import SHAPES, prompt, write_model
+from .models import SHAPES, prompt, random_model
 
 
 # -- 1. a random model: models.write_model -----------------------------------------------------------
@@ -242,11 +242,9 @@ def measure(args, out_dir: Path) -> dict:
     res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
     res["device"] = device_label()
 
-    path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
-    if not path.exists():
-        t0 = time.perf_counter()
-        write_model(path, SHAPES[args.shape])
-        res["write_model_s"] = time.perf_counter() - t0
+    path, took = random_model(args.model, out_dir / f"random-{args.shape}.q4_0.gguf", args.shape)
+    if took is not None:
+        res["write_model_s"] = took
     res["model_bytes"] = path.stat().st_size
 
     def step(name, fn):

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from .common import arguments, command, machine, model_option
-from .models import SHAPES, write_model
+from .models import SHAPES, random_model
 
 #: run in the child: `a3b prune` with a sampler of its own memory (RSS and anonymous RSS, /proc)
 CHILD = r"""
@@ -263,16 +263,6 @@ def options() -> argparse.ArgumentParser:
     return ap
 
 
-def source_model(args, work: Path) -> tuple[Path, float | None]:
-    """The random model of --shape: --model, or written now into `work` (and the seconds that took)."""
-    if args.model:
-        return Path(args.model), None
-    model = work / f"random-{args.shape}-q4_0.gguf"
-    t0 = time.perf_counter()
-    write_model(model, SHAPES[args.shape])
-    return model, time.perf_counter() - t0
-
-
 def prune_commands(args, moe: bool, ngl: int) -> list[tuple[str, list[str]]]:
     """(row name, `a3b prune` options) of each pruning run."""
     shared = ["--calibration", "llama", "--recover-steps", "0", "--n-gpu-layers", str(ngl), "--calib-windows",
@@ -340,7 +330,7 @@ def main(argv=None) -> int:
     dims = SHAPES[args.shape]
     moe = "n_expert" in dims
     base_name = "bench_gpu_prune_moe" if moe else "bench_gpu_prune"
-    model, write_s = source_model(args, work)
+    model, write_s = random_model(args.model, work / f"random-{args.shape}-q4_0.gguf", args.shape)
     print(f"{'wrote' if write_s is not None else 'using'} {model.name}: {model.stat().st_size / 1e9:.2f} GB"
           + (f" in {write_s:.0f} s" if write_s is not None else "") + f"; device {device}, n_gpu_layers {ngl}",
           flush=True)

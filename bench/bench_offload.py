@@ -40,7 +40,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .common import arguments, machine
+from .common import arguments, machine, model_option
 
 GIB = 1 << 30
 #: the child that takes all device memory but `budget` bytes and holds it until its stdin closes
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", default=os.environ.get("BIN"), help="folder with llama-batched-bench")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-30b-a3b")
-    ap.add_argument("--model", help="an existing GGUF of that shape instead of writing one")
+    model_option(ap, help="an existing GGUF of that shape instead of writing one")
     ap.add_argument("--budgets", default="4,8,12,24", help="free device memory per run, GB")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=1)

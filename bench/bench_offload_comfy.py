@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import arguments
+from .common import arguments, model_option
 
 GIB = 1 << 30
 
@@ -129,7 +129,7 @@ def run(comfyui: Path, model: Path, gb: float, n_ctx: int) -> dict:
 def main(argv=None) -> int:
     ap = arguments(__doc__)
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_DIR"), required=os.environ.get("COMFYUI_DIR") is None)
-    ap.add_argument("--model", required=True)
+    model_option(ap, help="the GGUF to load", required=True)
     ap.add_argument("--diffusion-gb", type=float, default=5.1, help="SDXL's UNet in fp16: 2.6B parameters")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--out", required=True)

@@ -15,9 +15,8 @@ Writes bench/results/<name>.{json,png}.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from .common import arguments, plot, print_table, write_results
+from .common import arguments, model_option, model_path, name_option, plot, print_table, write_results
 
 
 def torch_device(asked: str) -> str:
@@ -46,18 +45,18 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-windows", type=int, default=16, help="windows of 256 tokens per held-out corpus")
     ap.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus)
     ap.add_argument("--keeps", default=None, help="several keep ratios (comma list) instead of --keep")
-    ap.add_argument("--name", default="bench_recovery", help="results file name under bench/results/")
-    ap.add_argument("--model", help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
+    name_option(ap, "bench_recovery")
+    model_option(ap, help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
     ap.add_argument("--device", choices=DEVICES, default=d.device,
                     help="where distillation runs (auto: the GPU when torch sees one)")
     args = ap.parse_args(argv)
 
-    from ..runtime import default_model_path, inspect_gguf
+    from ..runtime import inspect_gguf
     from ..prune import cached_variant
     from .evaluate import LlamaEval
     from .bench_prune_llama import heldout
 
-    base = Path(args.model) if args.model else default_model_path()
+    base = model_path(args.model)
     with LlamaEval(base, n_ctx=256) as ev:
         H = heldout(ev, args.heldout_windows, 256)
         base_ppl = {k: ev.perplexity(v) for k, v in H.items()}

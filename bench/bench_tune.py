@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import arguments, plot, print_table, write_results
+from .common import arguments, name_option, plot, print_table, write_results
 
 
 def package_dir(name: str) -> Path:
@@ -81,7 +81,7 @@ def options() -> argparse.ArgumentParser:
     ap.add_argument("--docstring-pairs", action="store_true", help="add docstring -> body pairs")
     ap.add_argument("--prose", type=int, default=4, help="prose texts")
     ap.add_argument("--prose-rows", type=int, default=16, help="prose windows evaluated (a seeded choice)")
-    ap.add_argument("--name", default="bench_tune", help="results file name under bench/results")
+    name_option(ap, "bench_tune")
     ap.add_argument("--out", default=None, help="the adapter (default: a temporary file)")
     return ap
 

@@ -6,6 +6,7 @@ random model's text would tokenize to bytes); and the tiny models of the test su
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,19 @@ def write_model(path: Path, shape: dict, seed: int = 0, arch: str = "qwen3") -> 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_model(given: str | None, path: Path, shape: str) -> tuple[Path, float | None]:
+    """The model a benchmark runs: the file `given`, else the random model of `shape` at `path`,
+    written now unless it is there (and the seconds the writing took, None if nothing was written)."""
+    if given:
+        return Path(given), None
+    if path.exists():
+        return path, None
+    print(f"writing {path}", flush=True)
+    t0 = time.perf_counter()
+    write_model(path, SHAPES[shape])
+    return path, time.perf_counter() - t0
 
 
 def _hyperparameters(w, arch: str, s: dict) -> None:
