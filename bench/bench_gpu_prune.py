@@ -5,7 +5,7 @@
     python -m comfyui_a3b.bench.bench_gpu_prune --out DIR --shape tiny       # a check on the CPU
     sh bench/gpu_prune.sh DIR                                                # the same, with checks first
 
-1. Writes a random-weight Qwen3-8B-shape GGUF (36 layers, 4096 wide, FFN 12288, Q4_0; bench_gpu's
+1. Writes a random-weight Qwen3-8B-shape GGUF (36 layers, 4096 wide, FFN 12288, Q4_0; models.py's
    `write_model`), or with `--shape qwen3-30b-a3b` a qwen3moe one at Qwen3-30B-A3B's shape (48
    layers, 2048 wide, 128 experts of width 768, 8 routed per token, 32 query / 4 KV heads; about
    17 GB). Random weights are fine for memory and speed, not for quality.
@@ -242,7 +242,7 @@ def options() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="folder for the results (and the model files, unless --work)")
     ap.add_argument("--work", help="folder for the model files (default: a temporary folder, removed at the end)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    model_option(ap, help="a random model of --shape written earlier (bench_gpu.write_model), "
+    model_option(ap, help="a random model of --shape written earlier (models.write_model), "
                           "e.g. while llama-cpp-python was building; default: written now")
     ap.add_argument("--keeps", default=None, help="FFN neuron keep ratios (default: 0.8,0.63 for a dense shape, "
                                                  "none for a mixture-of-experts shape)")

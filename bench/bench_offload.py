@@ -3,7 +3,7 @@
     python3 -m comfyui_a3b.bench.bench_offload --out DIR --bin BIN                 # Qwen3-30B-A3B shape
     python3 -m comfyui_a3b.bench.bench_offload --out DIR --shape tiny-moe          # a check on the CPU
 
-1. Writes a random-weight Q4_0 qwen3moe GGUF at Qwen3-30B-A3B's shape (bench_gpu's `write_model`,
+1. Writes a random-weight Q4_0 qwen3moe GGUF at Qwen3-30B-A3B's shape (models.write_model,
    about 17 GB; `--model FILE` reuses one).
 2. The planner's table (pure, no load): for each budget, what the planner chooses for the file, what
    layer-only offload would keep on the GPU, and the same for the file with 0.75 of its experts (as
