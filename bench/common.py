@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .llama_server import BuildToolsMissing, llama_server_binary, llama_server_command  # noqa: F401 - benchmarks and tests take them from the harness
+# benchmarks and tests take llama-server from the harness
+from .llama_server import BuildToolsMissing, llama_server_binary, llama_server_command  # noqa: F401
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,8 +97,8 @@ def command(module: str, argv: Sequence[str] | None) -> str:
     return " ".join([f"python -m comfyui_a3b.bench.{module}", *given])
 
 
-def execute(ap: argparse.ArgumentParser, argv: Sequence[str] | None, measure: Callable[[argparse.Namespace], dict],
-        report: Callable[[dict], None]) -> int:
+def execute(ap: argparse.ArgumentParser, argv: Sequence[str] | None,
+            measure: Callable[[argparse.Namespace], dict], report: Callable[[dict], None]) -> int:
     """A benchmark with --name and --report: an earlier run shown again, or `measure(args)` written to
     bench/results/<name>.json and shown by `report` (its table and plot); 0."""
     args = ap.parse_args(argv)
