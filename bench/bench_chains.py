@@ -22,7 +22,7 @@ import argparse
 import sys
 
 from .bench_serving import Proc, a3b_cmd, a3b_stats, body_of, cell, server_arguments, steps, warm_up
-from .common import free_port, median, plot, print_table, write_results
+from .common import arguments, free_port, median, model_path, name_option, plot, print_table, write_results
 
 LSP = {"temperature": 0.25, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 0, "repeat_penalty": 1.0}
 SHARED_TEXT = "".join(f"def handler_{i}(request):\n    return respond(request, code={i})\n\n" for i in range(24))
@@ -53,16 +53,13 @@ def measure(base: str, kind: str, spans: bool, args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     server_arguments(ap, gen=32)
     ap.add_argument("--requests", type=int, default=12, help="requests per block")
     ap.add_argument("--reps", type=int, default=2, help="blocks of each kind")
-    ap.add_argument("--name", default="chains", help="results name under bench/results")
+    name_option(ap, "chains")
     args = ap.parse_args(argv)
-    if args.model is None:
-        from comfyui_a3b.runtime import default_model_path
-
-        args.model = str(default_model_path())
+    args.model = str(model_path(args.model))
     args.threads, args.cpus = 0, None
     port = free_port()
     proc = Proc(a3b_cmd(args, port), f"http://127.0.0.1:{port}")

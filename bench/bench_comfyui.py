@@ -12,14 +12,13 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from comfyui_a3b.bench.common import median, plot, print_table, write_results
+from comfyui_a3b.bench.common import arguments, median, plot, print_table, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -113,7 +112,7 @@ def second_run(server) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     if not os.environ.get("COMFYUI_DIR"):

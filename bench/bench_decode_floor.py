@@ -19,11 +19,12 @@ Writes decode_floor.json, .md and .png into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+
+from .common import arguments, earlier, model_option, report_option
 
 CONCURRENCY = (1, 4, 16)
 
@@ -44,7 +45,7 @@ def floor_run(weights, spec, n: int, gen: int) -> dict:
     from comfyui_a3b.runtime.llama.backend import context_params
     from comfyui_a3b.runtime.llama.binding import fill_batch, llama, sequence
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     L = llama()
     ctx = L.llama_init_from_model(weights.ptr, context_params(spec))
@@ -137,16 +138,17 @@ def write(res: dict, out: Path, stem: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", nargs="?", help="the GGUF to measure")
+    ap = arguments(__doc__)
+    model_option(ap, positional=True, help="the GGUF to measure")
     ap.add_argument("--gen", type=int, default=128, help="tokens per request")
     ap.add_argument("--ngl", type=int, default=-1, help="n_gpu_layers (-1: all; 0 on a CPU-only build)")
     ap.add_argument("--out", default=".", help="folder for decode_floor.json/.md/.png")
-    ap.add_argument("--report", help="a decode_floor JSON written before: its table and plot again")
+    report_option(ap)
     args = ap.parse_args(argv)
-    if args.report:
+    res = earlier(args)
+    if res is not None:   # written again beside the earlier file
         p = Path(args.report)
-        write(json.loads(p.read_text()), p.parent, p.stem)
+        write(res, p.parent, p.stem)
         return 0
     if not args.model:
         ap.error("a model is needed (or --report)")

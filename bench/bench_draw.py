@@ -12,14 +12,12 @@ bench/results/bench_draw.json and .png.
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
-import sys
 import time
 
 import numpy as np
 
-from .common import plot, print_table, reported, results_options, write_results
+from .common import arguments, command, execute, plot, print_table, results_options
 
 #: (name, SamplingParams fields): the default chain at temperature 0.7 (penalty after top-k), the
 #: chain at temperature 0 with the default penalty (penalty before the likeliest token), llama.vim's
@@ -102,19 +100,13 @@ def report(res: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--vocab", default="151936,49152", help="vocabulary sizes (comma list)")
     ap.add_argument("--draws", type=int, default=400, help="draws per chain and size")
     results_options(ap, "bench_draw")
-    args = ap.parse_args(argv)
-    if reported(args, report):
-        return 0
-    given = sys.argv[1:] if argv is None else argv
-    res = {"name": args.name, "command": " ".join(["python -m comfyui_a3b.bench.bench_draw", *given]),
-           "rows": [r for n in map(int, args.vocab.split(",")) for r in measure(n, args.draws)]}
-    write_results(args.name, res)
-    report(res)
-    return 0
+    return execute(ap, argv, lambda args: {
+        "name": args.name, "command": command("bench_draw", argv),
+        "rows": [r for n in map(int, args.vocab.split(",")) for r in measure(n, args.draws)]}, report)
 
 
 if __name__ == "__main__":

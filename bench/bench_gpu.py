@@ -25,7 +25,6 @@ Writes bench_gpu.json into --out and prints a table.
 """
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -35,136 +34,18 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 
 from . import gpu_memory
-from .common import device_label, free_port, in_threads
-
-SHAPES = {
-    # Qwen3-8B: https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
-    "qwen3-8b": dict(n_layer=36, n_embd=4096, n_ff=12288, n_head=32, n_head_kv=8, head_dim=128, n_vocab=151936),
-    "tiny": dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64, n_vocab=2048),
-    # Qwen3-30B-A3B: https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (every layer a
-    # mixture of experts: 128 experts of width 768 (moe_intermediate_size), 8 routed per token)
-    "qwen3-30b-a3b": dict(n_layer=48, n_embd=2048, n_ff=768, n_head=32, n_head_kv=4, head_dim=128, n_vocab=151936,
-                          n_expert=128, n_expert_used=8),
-    "tiny-moe": dict(n_layer=2, n_embd=256, n_ff=128, n_head=4, n_head_kv=2, head_dim=64, n_vocab=2048,
-                     n_expert=16, n_expert_used=4),
-}
-#: prompts are token ids (the random model's text would tokenize to bytes)
-PROMPT_IDS = [(i * 7919) % 1500 + 300 for i in range(4000)]
+from .common import arguments, device_label, free_port, in_threads, model_option, report_option, reported
+from .models import SHAPES, prompt, random_model
 
 
-# -- 1. a random model ------------------------------------------------------------------------------
-def q4_0_blocks(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
-    """`n` weights as Q4_0 blocks (an f16 scale, then 16 bytes of nibbles per 32 weights)."""
-    blocks = np.empty((n // 32, 18), dtype=np.uint8)
-    blocks[:, :2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
-    blocks[:, 2:] = rng.integers(0, 256, size=(n // 32, 16), dtype=np.uint8)
-    return blocks.reshape(-1)
-
-
-def write_model(path: Path, shape: dict, seed: int = 0, arch: str = "qwen3") -> Path:
-    """A random Q4_0 model of `shape`: qwen3, or qwen3moe where the shape has experts (`n_expert`;
-    `n_ff` is then each expert's width), or qwen2vl (Qwen2-VL's text model: qwen2's layers with
-    biases, M-RoPE). Tensors are held until written (about the file's size in RAM)."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    s = shape
-    moe = "n_expert" in s
-    arch = "qwen3moe" if moe else arch
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"random-{arch}")
-    w.add_context_length(8192)
-    w.add_embedding_length(s["n_embd"])
-    w.add_block_count(s["n_layer"])
-    w.add_feed_forward_length(s["n_ff"])
-    if moe:
-        w.add_expert_count(s["n_expert"])
-        w.add_expert_used_count(s["n_expert_used"])
-        w.add_expert_feed_forward_length(s["n_ff"])
-    w.add_head_count(s["n_head"])
-    w.add_head_count_kv(s["n_head_kv"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
-    if arch == "qwen2vl":   # M-RoPE: temporal, height and width sections of the rotary half (Qwen2-VL's 16/24/24 of 64)
-        half = s["head_dim"] // 2
-        w.add_array(f"{arch}.rope.dimension_sections", [half // 4, half * 3 // 8, half * 3 // 8, 0])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    tokens += [f"\u2581w{i}" for i in range(s["n_vocab"] - len(tokens))]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
-    types += [gguf.TokenType.NORMAL] * (s["n_vocab"] - len(types))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([int(t) for t in types])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-
-    def quant(name: str, rows: int, cols: int, scale: float = 0.002, zero_rows: int = 0, n: int = 0):
-        # raw quantised bytes, one row of blocks per matrix row (n > 0: n such matrices, one per
-        # expert); gguf derives the shape from them
-        blocks = q4_0_blocks(rng, max(n, 1) * rows * cols, scale).reshape(*((n,) if n else ()), rows, -1)
-        blocks[..., :zero_rows, :] = 0   # scale 0: these rows compute 0
-        w.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-
-    def ones(name: str, n: int):
-        w.add_tensor(name, np.ones(n, dtype=np.float32))
-
-    e, f, hd = s["n_embd"], s["n_ff"], s["head_dim"]
-    quant("token_embd.weight", s["n_vocab"], e, 0.01)
-    ones("output_norm.weight", e)
-    # the control tokens' logits are 0, below the largest of the others, so greedy decoding never
-    # ends early at </s> and every request generates the tokens it asks for
-    quant("output.weight", s["n_vocab"], e, zero_rows=3)
-    for i in range(s["n_layer"]):
-        p = f"blk.{i}."
-        ones(p + "attn_norm.weight", e)
-        quant(p + "attn_q.weight", s["n_head"] * hd, e)
-        quant(p + "attn_k.weight", s["n_head_kv"] * hd, e)
-        quant(p + "attn_v.weight", s["n_head_kv"] * hd, e)
-        quant(p + "attn_output.weight", e, s["n_head"] * hd)
-        if arch == "qwen2vl":
-            for name, heads in (("attn_q", s["n_head"]), ("attn_k", s["n_head_kv"]), ("attn_v", s["n_head_kv"])):
-                w.add_tensor(p + name + ".bias", np.zeros(heads * hd, dtype=np.float32))
-        else:
-            ones(p + "attn_q_norm.weight", hd)
-            ones(p + "attn_k_norm.weight", hd)
-        ones(p + "ffn_norm.weight", e)
-        if moe:
-            # the router: random rows with a spread of norms, so that some experts win more often
-            # than others (as trained routers do)
-            n_exp = s["n_expert"]
-            router = rng.standard_normal((n_exp, e)).astype(np.float32) * 0.02
-            router *= np.linspace(0.5, 1.5, n_exp, dtype=np.float32)[rng.permutation(n_exp), None]
-            w.add_tensor(p + "ffn_gate_inp.weight", router)
-            quant(p + "ffn_gate_exps.weight", f, e, n=n_exp)
-            quant(p + "ffn_up_exps.weight", f, e, n=n_exp)
-            quant(p + "ffn_down_exps.weight", e, f, n=n_exp)
-        else:
-            quant(p + "ffn_gate.weight", f, e)
-            quant(p + "ffn_up.weight", f, e)
-            quant(p + "ffn_down.weight", e, f)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
+# -- 1. a random model: models.write_model -----------------------------------------------------------
 def gpu_layers() -> int:
     """-1 (everything) where a GPU is, 0 on a CPU-only build (the --shape tiny check here)."""
     from comfyui_a3b.runtime.llama.devices import gpus
 
     return -1 if gpus() else 0
-
-
-def prompt(n_tokens: int, offset: int = 0) -> list[int]:
-    return [1] + PROMPT_IDS[offset:offset + n_tokens]
 
 
 def concurrent(rt, spec, n: int, gen: int, sampling, confidence=None) -> tuple[list, float, float]:
@@ -337,30 +218,33 @@ def llama_server(binary: Path, path: Path, gen: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True, help="folder for bench_gpu.json (and the model, unless --model)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    ap.add_argument("--model", help="an existing GGUF instead of writing a random one")
+    model_option(ap, help="an existing GGUF instead of writing a random one")
     ap.add_argument("--bin", help="folder with llama-batched-bench and llama-server")
     ap.add_argument("--gen", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--only", default="raw,runtime,tools,memory", help="which parts to run (comma list)")
-    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
+    report_option(ap)
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
-    if args.report:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        report(json.loads(Path(args.report).read_text()), out_dir)
-        return 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    if reported(args, lambda res: report(res, out_dir)):
+        return 0
+    res = measure(args, out_dir)
+    report(res, out_dir)
+    return 0
+
+
+def measure(args, out_dir: Path) -> dict:
+    """The parts of --only, each written into bench_gpu.json as soon as it is measured."""
     parts = set(args.only.split(","))
     res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
     res["device"] = device_label()
 
-    path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
-    if not path.exists():
-        t0 = time.perf_counter()
-        write_model(path, SHAPES[args.shape])
-        res["write_model_s"] = time.perf_counter() - t0
+    path, took = random_model(args.model, out_dir / f"random-{args.shape}.q4_0.gguf", args.shape)
+    if took is not None:
+        res["write_model_s"] = took
     res["model_bytes"] = path.stat().st_size
 
     def step(name, fn):
@@ -386,8 +270,7 @@ def main(argv=None) -> int:
         step("llama_server", lambda: llama_server(b / "llama-server", path, args.gen))
     if "memory" in parts:
         step("memory", lambda: gpu_memory.memory_rows(path, gpu_layers, prompt))
-    report(res, out_dir)
-    return 0
+    return res
 
 
 def report(res: dict, out_dir: Path) -> list[list[str]]:

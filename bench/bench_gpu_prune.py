@@ -5,7 +5,7 @@
     python -m comfyui_a3b.bench.bench_gpu_prune --out DIR --shape tiny       # a check on the CPU
     sh bench/gpu_prune.sh DIR                                                # the same, with checks first
 
-1. Writes a random-weight Qwen3-8B-shape GGUF (36 layers, 4096 wide, FFN 12288, Q4_0; bench_gpu's
+1. Writes a random-weight Qwen3-8B-shape GGUF (36 layers, 4096 wide, FFN 12288, Q4_0; models.py's
    `write_model`), or with `--shape qwen3-30b-a3b` a qwen3moe one at Qwen3-30B-A3B's shape (48
    layers, 2048 wide, 128 experts of width 768, 8 routed per token, 32 query / 4 KV heads; about
    17 GB). Random weights are fine for memory and speed, not for quality.
@@ -40,6 +40,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from .common import arguments, command, machine, model_option
+from .models import SHAPES, random_model
 
 #: run in the child: `a3b prune` with a sampler of its own memory (RSS and anonymous RSS, /proc)
 CHILD = r"""
@@ -142,9 +145,9 @@ def run_prune(model: Path, out: Path, args: list[str], cache: Path, block_torch:
 def speeds(paths: dict[str, Path], n_gpu_layers: int, decode_tokens: int, prefill_tokens: int, reps: int,
            threads: int) -> dict[str, dict[str, float]]:
     """Decode and prefill tokens/s of every file, loaded together and measured alternately (best of reps)."""
-    from comfyui_a3b.runtime.llama.evaluate import LlamaEval
+    from .evaluate import LlamaEval
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     n_ctx = max(prefill_tokens, 64 + decode_tokens) + 8
     evs, load_s = {}, {}
@@ -234,15 +237,13 @@ def draw_png(r: dict, path: Path) -> Path | None:
     return path
 
 
-def main(argv=None) -> int:
-    from .bench_gpu import SHAPES
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options() -> argparse.ArgumentParser:
+    ap = arguments(__doc__)
     ap.add_argument("--out", help="folder for the results (and the model files, unless --work)")
     ap.add_argument("--work", help="folder for the model files (default: a temporary folder, removed at the end)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    ap.add_argument("--model", help="a random model of --shape written earlier (bench_gpu.write_model), "
-                                    "e.g. while llama-cpp-python was building; default: written now")
+    model_option(ap, help="a random model of --shape written earlier (models.write_model), "
+                          "e.g. while llama-cpp-python was building; default: written now")
     ap.add_argument("--keeps", default=None, help="FFN neuron keep ratios (default: 0.8,0.63 for a dense shape, "
                                                  "none for a mixture-of-experts shape)")
     ap.add_argument("--experts-keeps", default="0.75,0.5",
@@ -259,6 +260,55 @@ def main(argv=None) -> int:
     ap.add_argument("--block-torch", action="store_true", help="run the pruning with torch made unimportable")
     ap.add_argument("--keep-files", action="store_true", help="leave the model files in the work folder")
     ap.add_argument("--plot", metavar="JSON", help="only draw the PNG of an earlier run's JSON")
+    return ap
+
+
+def prune_commands(args, moe: bool, ngl: int) -> list[tuple[str, list[str]]]:
+    """(row name, `a3b prune` options) of each pruning run."""
+    shared = ["--calibration", "llama", "--recover-steps", "0", "--n-gpu-layers", str(ngl), "--calib-windows",
+              str(args.calib_windows), "--seq-len", str(args.seq_len)] + \
+        (["--threads", str(args.threads)] if args.threads else [])
+    runs = [(f"{args.method}@{float(k):g}", ["--keep", k, "--method", args.method])
+            for k in (args.keeps or ("" if moe else "0.8,0.63")).split(",") if k]
+    if moe:
+        runs += [(f"{args.expert_method}@experts {float(k):g}", ["--experts-keep", k, "--expert-method",
+                                                                 args.expert_method])
+                 for k in args.experts_keeps.split(",") if k]
+    return [(name, how + shared) for name, how in runs]
+
+
+def prune_all(r: dict, model: Path, work: Path, args, ngl: int) -> dict[str, Path]:
+    """Each pruning run in a child, its figures in r["prunes"]; the files by row name, the source's first."""
+    paths = {"unpruned": model}
+    for i, (name, cli) in enumerate(prune_commands(args, "n_expert" in SHAPES[args.shape], ngl)):
+        dst = work / f"pruned-{i}.gguf"
+        res = run_prune(model, dst, cli, work / "cache", args.block_torch)
+        s = res.pop("summary")
+        n_expert = s.get("n_expert")
+        r["prunes"][name] = {**res, "n_ff": s["n_ff"], "n_expert": n_expert, "bytes": dst.stat().st_size,
+                             "seconds": s.get("seconds"), "args": cli}
+        paths[name] = dst
+        vr = "n/a" if res["peak_vram"] is None else f"{res['peak_vram'] / 1e9:.2f} GB"
+        print(f"{name}: FFN {s['n_ff']}, experts {n_expert}, {res['wall_s']:.0f} s, "
+              f"peak RSS {res['peak_rss'] / 1e9:.2f} GB "
+              f"(anonymous {res['peak_anon'] / 1e9:.2f} GB), peak VRAM {vr}; stages {s.get('seconds')}", flush=True)
+    return paths
+
+
+def write_all(r: dict, out: Path, base_name: str) -> None:
+    """<base_name>.json, .md (the table, printed too) and .png into `out`."""
+    md = table(r)
+    print(md)
+    (out / f"{base_name}.json").write_text(json.dumps(r, indent=2, default=float))
+    (out / f"{base_name}.md").write_text(md + "\n")
+    png = draw_png(r, out / f"{base_name}.png")
+    print(f"wrote {out / base_name}.json, .md" + (", .png" if png else " (no matplotlib: no PNG; "
+          "python -m comfyui_a3b.bench.bench_gpu_prune --plot FILE.json draws it elsewhere)")
+          + f"; total {r['total_s']:.0f} s")
+
+
+def main(argv=None) -> int:
+    ap = options()
     args = ap.parse_args(argv)
     if args.plot:
         r = json.loads(Path(args.plot).read_text())
@@ -267,9 +317,6 @@ def main(argv=None) -> int:
     if not args.out:
         ap.error("--out is required")
     from comfyui_a3b.runtime.llama.devices import gpus
-
-    from .bench_gpu import write_model
-    from .common import machine
 
     out = Path(args.out)
     # the model files (about 13 GB at the real shape) stay out of --out, which holds only results
@@ -282,56 +329,21 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     dims = SHAPES[args.shape]
     moe = "n_expert" in dims
-    method = args.expert_method if moe else args.method
     base_name = "bench_gpu_prune_moe" if moe else "bench_gpu_prune"
-    model = Path(args.model) if args.model else work / f"random-{args.shape}-q4_0.gguf"
-    t0 = time.perf_counter()
-    if not args.model:
-        write_model(model, dims)
-    write_s = time.perf_counter() - t0 if not args.model else None
+    model, write_s = random_model(args.model, work / f"random-{args.shape}-q4_0.gguf", args.shape)
     print(f"{'wrote' if write_s is not None else 'using'} {model.name}: {model.stat().st_size / 1e9:.2f} GB"
           + (f" in {write_s:.0f} s" if write_s is not None else "") + f"; device {device}, n_gpu_layers {ngl}",
           flush=True)
     r = {"benchmark": base_name, "machine": machine(), "device": device, "shape": args.shape,
-         "shape_dims": dims, "method": method, "n_gpu_layers": ngl,
+         "shape_dims": dims, "method": args.expert_method if moe else args.method, "n_gpu_layers": ngl,
          "calib_windows": args.calib_windows, "seq_len": args.seq_len, "model_bytes": model.stat().st_size,
-         "n_ff": SHAPES[args.shape]["n_ff"], "write_model_s": write_s, "prunes": {},
-         "command": "python -m comfyui_a3b.bench.bench_gpu_prune " + " ".join(argv if argv is not None
-                                                                              else sys.argv[1:])}
-    paths = {"unpruned": model}
-    common = ["--calibration", "llama", "--recover-steps", "0", "--n-gpu-layers", str(ngl), "--calib-windows",
-              str(args.calib_windows), "--seq-len", str(args.seq_len)] + \
-        (["--threads", str(args.threads)] if args.threads else [])
-    runs = [(f"{args.method}@{float(k):g}", ["--keep", k, "--method", args.method])
-            for k in (args.keeps or ("" if moe else "0.8,0.63")).split(",") if k]
-    if moe:
-        runs += [(f"{args.expert_method}@experts {float(k):g}", ["--experts-keep", k, "--expert-method",
-                                                                 args.expert_method])
-                 for k in args.experts_keeps.split(",") if k]
-    for i, (name, how) in enumerate(runs):
-        dst = work / f"pruned-{i}.gguf"
-        cli = how + common
-        res = run_prune(model, dst, cli, work / "cache", args.block_torch)
-        s = res.pop("summary")
-        n_expert = s.get("n_expert")
-        r["prunes"][name] = {**res, "n_ff": s["n_ff"], "n_expert": n_expert, "bytes": dst.stat().st_size,
-                             "seconds": s.get("seconds"), "args": cli}
-        paths[name] = dst
-        vr = "n/a" if res["peak_vram"] is None else f"{res['peak_vram'] / 1e9:.2f} GB"
-        print(f"{name}: FFN {s['n_ff']}, experts {n_expert}, {res['wall_s']:.0f} s, "
-              f"peak RSS {res['peak_rss'] / 1e9:.2f} GB "
-              f"(anonymous {res['peak_anon'] / 1e9:.2f} GB), peak VRAM {vr}; stages {s.get('seconds')}", flush=True)
+         "n_ff": dims["n_ff"], "write_model_s": write_s, "prunes": {},
+         "command": command("bench_gpu_prune", argv)}
+    paths = prune_all(r, model, work, args, ngl)
     with _vetting_off():
         r["speed"] = speeds(paths, ngl, args.decode_tokens, args.prefill_tokens, args.reps, args.threads)
     r["total_s"] = time.perf_counter() - t_start
-    md = table(r)
-    print(md)
-    (out / f"{base_name}.json").write_text(json.dumps(r, indent=2, default=float))
-    (out / f"{base_name}.md").write_text(md + "\n")
-    png = draw_png(r, out / f"{base_name}.png")
-    print(f"wrote {out / base_name}.json, .md" + (", .png" if png else " (no matplotlib: no PNG; "
-          "python -m comfyui_a3b.bench.bench_gpu_prune --plot FILE.json draws it elsewhere)")
-          + f"; total {r['total_s']:.0f} s")
+    write_all(r, out, base_name)
     if not args.keep_files:
         shutil.rmtree(work, ignore_errors=True)
     return 0

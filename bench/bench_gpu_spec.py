@@ -26,14 +26,14 @@ bench_gpu_spec.json, bench_gpu_spec.md and bench_gpu_spec.png into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from .bench_gpu import SHAPES, batched_bench, concurrent, gpu_layers, write_model
-from .common import device_label
+from .bench_gpu import batched_bench, concurrent, gpu_layers
+from .common import arguments, device_label, model_option
+from .models import SHAPES, random_model
 
 MODES = ("off", "ngram", "self-draft")
 CONCURRENCY = (1, 4, 16)
@@ -194,10 +194,10 @@ def report(res: dict, out_dir: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True, help="folder for the results (and the model, unless --model)")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    ap.add_argument("--model", help="an existing GGUF instead of writing a random one")
+    model_option(ap, help="an existing GGUF instead of writing a random one")
     ap.add_argument("--bin", help="folder with llama-batched-bench")
     ap.add_argument("--gen", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--only", default="speculation,sampling,tools", help="which parts to run (comma list)")
@@ -207,12 +207,9 @@ def main(argv=None) -> int:
     parts = set(args.only.split(","))
     res: dict = {"shape": args.shape, "gen": args.gen, "command": " ".join(sys.argv)}
     res["device"] = device_label()
-    path = Path(args.model) if args.model else out_dir / f"random-{args.shape}.q4_0.gguf"
-    if not path.exists():
-        t0 = time.perf_counter()
-        print(f"writing {path}", flush=True)
-        write_model(path, SHAPES[args.shape])
-        res["write_model_s"] = time.perf_counter() - t0
+    path, took = random_model(args.model, out_dir / f"random-{args.shape}.q4_0.gguf", args.shape)
+    if took is not None:
+        res["write_model_s"] = took
 
     def step(name, fn):
         t0 = time.perf_counter()

@@ -18,13 +18,14 @@ matplotlib) .png into --out. About 2 minutes at the real shape on an H200.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from .common import arguments
 
 SHAPES = ("qwen3-8b", "tiny")
 #: (seq_len, batch, gradient checkpointing) measured at each shape
@@ -116,10 +117,59 @@ def draw_png(r: dict, path: Path) -> Path | None:
     return path
 
 
+def configs(r: dict, model, torch, device: str, hp, args) -> None:
+    """Each configuration of the shape measured into r["configs"]; one that fails (out of memory) is a result."""
+    for seq_len, batch, ckpt in CONFIGS[args.shape]:
+        say(f"config: batch {batch} x {seq_len} tokens, gradient checkpointing {'on' if ckpt else 'off'}")
+        try:
+            c = measure(model, torch, device, seq_len, batch, ckpt, args.warm, args.steps, hp.n_vocab)
+            peak = f", peak {c['peak_gib']:.1f} GiB" if "peak_gib" in c else ""
+            say(f"  -> {c['tokens_per_s']:.0f} tokens/s{peak}")
+        except Exception as e:  # noqa: BLE001 - an out-of-memory configuration is a result; the run goes on
+            c = {"seq_len": seq_len, "batch": batch, "grad_checkpointing": ckpt,
+                 "error": f"{type(e).__name__}: {e}"[:500]}
+            say(f"  -> failed: {c['error']}")
+            traceback.print_exc(file=sys.stdout)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        r["configs"].append(c)
+
+
+def adapter_file(model, hp, rank: int) -> dict:
+    """The adapter written and read back: its size, its tensor pairs, the seconds."""
+    try:
+        from ..tune import adapter
+
+        with tempfile.TemporaryDirectory() as d:
+            t1 = time.perf_counter()
+            p = adapter.write(Path(d) / "bench.lora.gguf", hp.arch, 2.0 * rank, model.tensors(), {"a3b.bench": 1})
+            _, back = adapter.read(p)
+            return {"bytes": p.stat().st_size, "pairs": len(back), "write_s": time.perf_counter() - t1}
+    except Exception as e:  # noqa: BLE001 - the writer check is one more result
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def markdown(r: dict) -> str:
+    rows = ["| batch x seq | checkpointing | tokens/s | step s | peak GiB | reserved GiB | note |",
+            "|---|---|---|---|---|---|---|"]
+    for c in r["configs"]:
+        if "error" in c:
+            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | - | - | - | - | "
+                        f"{c['error'][:80]} |")
+        else:
+            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | {c['tokens_per_s']:.0f} | "
+                        f"{c['step_s']:.3f} | {c.get('peak_gib', float('nan')):.2f} | "
+                        f"{c.get('reserved_gib', float('nan')):.2f} | |")
+    return (f"# LoRA training at {r['shape']} shape, random weights ({r['device_name']}, torch {r['torch']})\n\n"
+            f"rank {r['rank']}, alpha {2 * r['rank']}, all seven matrices of every block; base "
+            f"{r['base_params'] / 1e9:.2f} B parameters, LoRA {r['lora_params'] / 1e6:.1f} M\n\n"
+            + "\n".join(rows) + "\n")
+
+
 def main(argv=None) -> int:
     from ..prune.device import DEVICES
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True, help="folder for the results")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
     ap.add_argument("--device", choices=DEVICES, default="auto")
@@ -153,47 +203,12 @@ def main(argv=None) -> int:
         r["base_gib"] = torch.cuda.memory_allocated() / 2**30
     say(f"built in {r['build_s']:.1f} s: {r['base_params'] / 1e9:.2f} B base parameters, "
         f"{r['lora_params'] / 1e6:.1f} M LoRA parameters")
-    for seq_len, batch, ckpt in CONFIGS[args.shape]:
-        say(f"config: batch {batch} x {seq_len} tokens, gradient checkpointing {'on' if ckpt else 'off'}")
-        try:
-            c = measure(model, torch, device, seq_len, batch, ckpt, args.warm, args.steps, hp.n_vocab)
-            peak = f", peak {c['peak_gib']:.1f} GiB" if "peak_gib" in c else ""
-            say(f"  -> {c['tokens_per_s']:.0f} tokens/s{peak}")
-        except Exception as e:  # noqa: BLE001 - an out-of-memory configuration is a result; the run goes on
-            c = {"seq_len": seq_len, "batch": batch, "grad_checkpointing": ckpt,
-                 "error": f"{type(e).__name__}: {e}"[:500]}
-            say(f"  -> failed: {c['error']}")
-            traceback.print_exc(file=sys.stdout)
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        r["configs"].append(c)
-    try:
-        from ..tune import adapter
-
-        with tempfile.TemporaryDirectory() as d:
-            t1 = time.perf_counter()
-            p = adapter.write(Path(d) / "bench.lora.gguf", hp.arch, 2.0 * args.rank, model.tensors(), {"a3b.bench": 1})
-            _, back = adapter.read(p)
-            r["adapter"] = {"bytes": p.stat().st_size, "pairs": len(back), "write_s": time.perf_counter() - t1}
-    except Exception as e:  # noqa: BLE001 - the writer check is one more result
-        r["adapter"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    configs(r, model, torch, device, hp, args)
+    r["adapter"] = adapter_file(model, hp, args.rank)
     say(f"adapter: {r['adapter']}")
     r["total_s"] = time.perf_counter() - t0
     (out / "bench_gpu_tune.json").write_text(json.dumps(r, indent=2, default=float))
-    rows = ["| batch x seq | checkpointing | tokens/s | step s | peak GiB | reserved GiB | note |",
-            "|---|---|---|---|---|---|---|"]
-    for c in r["configs"]:
-        if "error" in c:
-            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | - | - | - | - | "
-                        f"{c['error'][:80]} |")
-        else:
-            rows.append(f"| {c['batch']} x {c['seq_len']} | {c['grad_checkpointing']} | {c['tokens_per_s']:.0f} | "
-                        f"{c['step_s']:.3f} | {c.get('peak_gib', float('nan')):.2f} | "
-                        f"{c.get('reserved_gib', float('nan')):.2f} | |")
-    md = (f"# LoRA training at {args.shape} shape, random weights ({r['device_name']}, torch {r['torch']})\n\n"
-          f"rank {args.rank}, alpha {2 * args.rank}, all seven matrices of every block; base "
-          f"{r['base_params'] / 1e9:.2f} B parameters, LoRA {r['lora_params'] / 1e6:.1f} M\n\n"
-          + "\n".join(rows) + "\n")
+    md = markdown(r)
     (out / "bench_gpu_tune.md").write_text(md)
     png = draw_png(r, out / "bench_gpu_tune.png")
     say(md)

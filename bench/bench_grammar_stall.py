@@ -19,7 +19,6 @@ Writes bench/results/grammar_stall.json, grammar_stall.md and grammar_stall.png.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from .common import RESULTS, free_port, median, plot, print_table, write_results
+from .common import RESULTS, arguments, free_port, median, plot, print_table, write_results
 
 HERE = Path(__file__).resolve().parent.parent
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
@@ -129,7 +128,7 @@ def one_case(tree: Path, body: dict, timeout: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--before", type=Path, default=None, help="another checkout of the package to measure first")
     ap.add_argument("--case-timeout", type=float, default=45.0, help="seconds a request may take (default 45)")
     ap.add_argument("--only", action="append", default=None, help="run only these cases (repeatable)")

@@ -16,15 +16,13 @@ bench/results/bench_graph_topk.json (.png with matplotlib).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .common import plot, print_table, reported, results_options, write_results
+from .common import arguments, command, execute, model_option, plot, print_table, results_options
 
 VARIANTS = ("decode only", "CPU over every row", "graph top-k + CPU chain", "whole chain in the graph")
 
@@ -175,25 +173,21 @@ def report(res: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", nargs="?", help="the GGUF to measure")
+    ap = arguments(__doc__)
+    model_option(ap, positional=True, help="the GGUF to measure")
     ap.add_argument("--ngl", type=int, default=-1, help="n_gpu_layers (-1: all; 0 on a CPU-only build)")
     ap.add_argument("--steps", type=int, default=96, help="timed steps per variant")
     ap.add_argument("--rounds", type=int, default=2, help="rounds over the variants")
     ap.add_argument("--k", type=int, default=48, help="tokens the graph's top-k chain keeps (the CPU chain's: 40)")
     results_options(ap, "bench_graph_topk")
-    args = ap.parse_args(argv)
-    if reported(args, report):
-        return 0
-    if not args.model:
-        ap.error("a model is needed (or --report)")
-    given = sys.argv[1:] if argv is None else argv
-    res = {"name": args.name, "model": Path(args.model).name,
-           "command": " ".join(["python3 -m comfyui_a3b.bench.bench_graph_topk", *given]),
-           "graph_top_k": args.k, "rows": measure(args.model, args.ngl, args.steps, args.rounds, args.k)}
-    write_results(args.name, res)
-    report(res)
-    return 0
+
+    def measured(args) -> dict:
+        if not args.model:
+            ap.error("a model is needed (or --report)")
+        return {"name": args.name, "model": Path(args.model).name,
+                "command": command("bench_graph_topk", argv).replace("python ", "python3 ", 1),
+                "graph_top_k": args.k, "rows": measure(args.model, args.ngl, args.steps, args.rounds, args.k)}
+    return execute(ap, argv, measured, report)
 
 
 if __name__ == "__main__":

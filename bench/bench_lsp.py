@@ -18,7 +18,6 @@ and wasted decode work (decoded tokens whose result nobody saw, over all decoded
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib
 import inspect
@@ -29,7 +28,7 @@ import time
 
 from lsprotocol import types as T
 
-from .common import percentile, plot, print_table, write_results
+from .common import arguments, percentile, plot, print_table, write_results
 
 DEBOUNCE_S = 0.075     # client-side pause before asking, like an editor's inline-suggest debounce
 
@@ -227,26 +226,8 @@ def summarize(latencies: list[float]) -> dict:
             "p99": percentile(latencies, 0.99)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--files", default="textwrap,shlex,fnmatch", help="standard-library modules to type")
-    ap.add_argument("--chars", type=int, default=260, help="characters typed per file")
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args(argv)
-    from ..lsp_server.config import Settings
-
-    files = [(mod, *pick_region(mod, args.chars)) for mod in args.files.split(",")]
-    files = [(name, before, typed, after) for name, before, typed, after in files]
-    server_cmd = [sys.executable, "-m", "comfyui_a3b.cli", "lsp", "--stdio"]
-    print(f"typing {sum(len(f[2]) for f in files)} characters of {', '.join(f[0] + '.py' for f in files)}; "
-          f"client debounce {DEBOUNCE_S * 1000:.0f} ms", flush=True)
-    srv = asyncio.run(replay_server(files, args.seed, server_cmd))
-    by_file: dict[str, list] = {}
-    for req, rec in zip(srv["requests"], srv["records"]):
-        by_file.setdefault(rec["file"], []).append(req)
-    base = replay_runtime(files, list(by_file.items()), Settings())
-    alone = isolated_runtime(list(by_file.items()), Settings())
-
+def server_figures(srv: dict) -> dict:
+    """The language server's replay: latencies, its cache and the tokens it decoded in vain."""
     recs = srv["records"]
     answered = [r for r in recs if "latency_ms" in r and not r.get("cancelled")]
     c0 = srv["status_before"]["server"]["counters"]
@@ -257,35 +238,29 @@ def main(argv=None) -> int:
     useful = c1.get("useful_decode_tokens", 0) - c0.get("useful_decode_tokens", 0)
     cache = srv["status_after"]["server"]["cache"]
     hits = cache["hits_exact"] + cache["hits_typed_ahead"]
-    server = {
+    return {
         "requests": len(recs), "answered": len(answered), "cancelled_by_client": len(recs) - len(answered),
         "with_suggestion": sum(1 for r in answered if r.get("suggestion")),
-        "single_line": summarize([r["latency_ms"] for r in answered if not r["multiline"]]),
-        "multi_line": summarize([r["latency_ms"] for r in answered if r["multiline"]]),
-        "all": summarize([r["latency_ms"] for r in answered]),
+        **latencies(answered),
         "cache_hit_rate": hits / max(1, hits + cache["misses"]), "cache": cache,
         "decoded_tokens": decoded, "wasted_decode_fraction": 1 - useful / decoded if decoded else 0.0,
         "counters": {k: c1.get(k, 0) - c0.get(k, 0) for k in c1},
     }
-    brecs = base["records"]
-    baseline = {
-        "requests": len(brecs),
-        "single_line": summarize([r["latency_ms"] for r in brecs if not r["multiline"]]),
-        "multi_line": summarize([r["latency_ms"] for r in brecs if r["multiline"]]),
-        "all": summarize([r["latency_ms"] for r in brecs]),
-        "cache_hit_rate": 0.0, "decoded_tokens": base["decoded_tokens"],
-        "wasted_decode_fraction": (1 - base["useful_decode_tokens"] / base["decoded_tokens"]
-                                   if base["decoded_tokens"] else 0.0),
-        "late_answers": sum(1 for r in brecs if r["arrived"] > r["deadline"]),
-    }
 
-    isolated = {
-        "requests": len(alone),
-        "single_line": summarize([r["latency_ms"] for r in alone if not r["multiline"]]),
-        "multi_line": summarize([r["latency_ms"] for r in alone if r["multiline"]]),
-        "all": summarize([r["latency_ms"] for r in alone]),
-        "cache_hit_rate": 0.0, "decoded_tokens": None, "wasted_decode_fraction": None,
-    }
+
+def latencies(records: list[dict]) -> dict:
+    return {"single_line": summarize([r["latency_ms"] for r in records if not r["multiline"]]),
+            "multi_line": summarize([r["latency_ms"] for r in records if r["multiline"]]),
+            "all": summarize([r["latency_ms"] for r in records])}
+
+
+def single_line(records: list[dict]) -> list[float]:
+    return sorted(r["latency_ms"] for r in records if not r["multiline"])
+
+
+def report(res: dict, curves: dict[str, list[float]]) -> None:
+    """The table, the ratios to the server and the plot of single-line latencies (`curves`, by row)."""
+    server, baseline, isolated = res["server"], res["baseline"], res["isolated"]
 
     def row(name, d):
         s, m = d["single_line"], d["multi_line"]
@@ -299,29 +274,15 @@ def main(argv=None) -> int:
                  "decoded tok", "wasted"],
                 [row("language server", server), row("runtime, no cache", baseline),
                  row("runtime, one at a time", isolated)])
-    def ratios(ref):
-        return {k: (ref["single_line"][k] / server["single_line"][k]) if server["single_line"][k] else None
-                for k in ("p50", "p95", "p99")}
-
-    ratio, ratio_alone = ratios(baseline), ratios(isolated)
+    ratio, ratio_alone = res["single_line_ratio_baseline_over_server"], res["single_line_ratio_isolated_over_server"]
     print(f"single-line latency, runtime without cache at the same moments / server: p50 {ratio['p50']:.2f}x, "
           f"p95 {ratio['p95']:.2f}x, p99 {ratio['p99']:.2f}x; "
-          f"decoded tokens {base['decoded_tokens'] / max(1, decoded):.2f}x")
+          f"decoded tokens {baseline['decoded_tokens'] / max(1, server['decoded_tokens']):.2f}x")
     print(f"single-line latency, runtime one request at a time / server: p50 {ratio_alone['p50']:.2f}x, "
           f"p95 {ratio_alone['p95']:.2f}x, p99 {ratio_alone['p99']:.2f}x")
-    write_results("lsp", {"files": [f[0] for f in files], "chars": args.chars, "seed": args.seed,
-                          "client_debounce_ms": DEBOUNCE_S * 1000, "server": server, "baseline": baseline,
-                          "isolated": isolated, "single_line_ratio_baseline_over_server": ratio,
-                          "single_line_ratio_isolated_over_server": ratio_alone,
-                          "command": "python -m comfyui_a3b.bench.bench_lsp " + " ".join(argv or sys.argv[1:])})
 
     def draw(ax):
-        for name, xs, style in (("language server",
-                                 sorted(r["latency_ms"] for r in answered if not r["multiline"]), "-"),
-                                ("runtime, no cache",
-                                 sorted(r["latency_ms"] for r in brecs if not r["multiline"]), "--"),
-                                ("runtime, one at a time",
-                                 sorted(r["latency_ms"] for r in alone if not r["multiline"]), ":")):
+        for (name, xs), style in zip(curves.items(), ("-", "--", ":")):
             if xs:
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], style, label=name)
         ax.axvline(150, color="grey", lw=0.8, ls=":")
@@ -333,6 +294,52 @@ def main(argv=None) -> int:
         ax.legend()
 
     plot("lsp", draw)
+
+
+def main(argv=None) -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--files", default="textwrap,shlex,fnmatch", help="standard-library modules to type")
+    ap.add_argument("--chars", type=int, default=260, help="characters typed per file")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    from ..lsp_server.config import Settings
+
+    files = [(mod, *pick_region(mod, args.chars)) for mod in args.files.split(",")]
+    server_cmd = [sys.executable, "-m", "comfyui_a3b.cli", "lsp", "--stdio"]
+    print(f"typing {sum(len(f[2]) for f in files)} characters of {', '.join(f[0] + '.py' for f in files)}; "
+          f"client debounce {DEBOUNCE_S * 1000:.0f} ms", flush=True)
+    srv = asyncio.run(replay_server(files, args.seed, server_cmd))
+    by_file: dict[str, list] = {}
+    for req, rec in zip(srv["requests"], srv["records"]):
+        by_file.setdefault(rec["file"], []).append(req)
+    base = replay_runtime(files, list(by_file.items()), Settings())
+    alone = isolated_runtime(list(by_file.items()), Settings())
+
+    server = server_figures(srv)
+    brecs = base["records"]
+    baseline = {
+        "requests": len(brecs), **latencies(brecs), "cache_hit_rate": 0.0, "decoded_tokens": base["decoded_tokens"],
+        "wasted_decode_fraction": (1 - base["useful_decode_tokens"] / base["decoded_tokens"]
+                                   if base["decoded_tokens"] else 0.0),
+        "late_answers": sum(1 for r in brecs if r["arrived"] > r["deadline"]),
+    }
+    isolated = {"requests": len(alone), **latencies(alone), "cache_hit_rate": 0.0, "decoded_tokens": None,
+                "wasted_decode_fraction": None}
+
+    def ratios(ref):
+        return {k: (ref["single_line"][k] / server["single_line"][k]) if server["single_line"][k] else None
+                for k in ("p50", "p95", "p99")}
+
+    res = {"files": [f[0] for f in files], "chars": args.chars, "seed": args.seed,
+           "client_debounce_ms": DEBOUNCE_S * 1000, "server": server, "baseline": baseline,
+           "isolated": isolated, "single_line_ratio_baseline_over_server": ratios(baseline),
+           "single_line_ratio_isolated_over_server": ratios(isolated),
+           "command": "python -m comfyui_a3b.bench.bench_lsp " + " ".join(argv or sys.argv[1:])}
+    answered = [r for r in srv["records"] if "latency_ms" in r and not r.get("cancelled")]
+    curves = {"language server": single_line(answered), "runtime, no cache": single_line(brecs),
+              "runtime, one at a time": single_line(alone)}
+    write_results("lsp", res)
+    report(res, curves)
     return 0
 
 

@@ -3,7 +3,7 @@
     python3 -m comfyui_a3b.bench.bench_offload --out DIR --bin BIN                 # Qwen3-30B-A3B shape
     python3 -m comfyui_a3b.bench.bench_offload --out DIR --shape tiny-moe          # a check on the CPU
 
-1. Writes a random-weight Q4_0 qwen3moe GGUF at Qwen3-30B-A3B's shape (bench_gpu's `write_model`,
+1. Writes a random-weight Q4_0 qwen3moe GGUF at Qwen3-30B-A3B's shape (models.write_model,
    about 17 GB; `--model FILE` reuses one).
 2. The planner's table (pure, no load): for each budget, what the planner chooses for the file, what
    layer-only offload would keep on the GPU, and the same for the file with 0.75 of its experts (as
@@ -30,7 +30,6 @@ bench_offload.json, .md and (with matplotlib) .png into --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -40,6 +39,8 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from .common import arguments, machine, model_option
 
 GIB = 1 << 30
 #: the child that takes all device memory but `budget` bytes and holds it until its stdin closes
@@ -124,7 +125,7 @@ def planner_table(path: Path, budgets: list[float], args) -> list[dict]:
 
 
 def prompt(n: int, offset: int = 0) -> list[int]:
-    from .bench_gpu import prompt as p
+    from .models import prompt as p
 
     return p(n, offset)
 
@@ -163,14 +164,14 @@ def runtime_run(path: Path, n_gpu_layers, args) -> dict:
 def threads_used(backend) -> dict:
     """The threads of one token and of 4 requests' tokens (the tuner's pick from what it measured),
     the tuner's milliseconds per token by thread count, and the threadpools attached."""
-    from comfyui_a3b.runtime.llama import threadpool
+    from comfyui_a3b.runtime.llama import system_info
     from comfyui_a3b.runtime.llama.threadtune import size_class
 
     tuner, pools = backend.tuner, getattr(backend, "pools", None)
     four = {t: c for (size, t), c in tuner.cost.items() if size == size_class(4)}
     return {"decode": tuner.decode, "batch_4": min(four, key=four.__getitem__) if four else tuner.decode,
             "prompt": tuner.prompt, "ms_per_token_4": {str(t): round(c * 1e3, 3) for t, c in four.items()},
-            "pools": list(pools.sizes) if pools else None, "openmp": threadpool.openmp()}
+            "pools": list(pools.sizes) if pools else None, "openmp": "OPENMP = 1" in system_info()["system_info"]}
 
 
 def handover_run(rt, spec, args) -> dict:
@@ -405,13 +406,13 @@ def draw_png(res: dict, path: Path) -> Path | None:
 
 
 def main(argv=None) -> int:
-    from .bench_gpu import SHAPES, write_model
+    from .models import SHAPES, write_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--bin", default=os.environ.get("BIN"), help="folder with llama-batched-bench")
     ap.add_argument("--shape", choices=SHAPES, default="qwen3-30b-a3b")
-    ap.add_argument("--model", help="an existing GGUF of that shape instead of writing one")
+    model_option(ap, help="an existing GGUF of that shape instead of writing one")
     ap.add_argument("--budgets", default="4,8,12,24", help="free device memory per run, GB")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=1)
@@ -442,8 +443,6 @@ def main(argv=None) -> int:
         say(f"writing {path} ...")
         write_model(path, SHAPES[args.shape])
         say(f"wrote {path.stat().st_size / GIB:.1f} GiB in {time.perf_counter() - t:.0f} s")
-    from .common import machine
-
     res = {"shape": args.shape, "machine": machine(), "args": vars(args), "file_bytes": path.stat().st_size}
     try:
         res["planner_table"] = planner_table(path, budgets, args)

@@ -20,12 +20,13 @@ GPU, ComfyUI runs with --cpu and never asks our model for memory: the path is ch
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from .common import arguments, model_option
 
 GIB = 1 << 30
 
@@ -33,7 +34,7 @@ GIB = 1 << 30
 def _decode(rt, spec, n: int = 32) -> float:
     from comfyui_a3b.runtime import ConfidenceConfig, preset
 
-    from .bench_gpu import prompt
+    from .models import prompt
 
     t = time.perf_counter()
     r = rt.generate(prompt_tokens=prompt(16, 9), model=spec, chat=False, max_tokens=n, sampling=preset("greedy"),
@@ -126,9 +127,9 @@ def run(comfyui: Path, model: Path, gb: float, n_ctx: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_DIR"), required=os.environ.get("COMFYUI_DIR") is None)
-    ap.add_argument("--model", required=True)
+    model_option(ap, help="the GGUF to load", required=True)
     ap.add_argument("--diffusion-gb", type=float, default=5.1, help="SDXL's UNet in fp16: 2.6B parameters")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--out", required=True)

@@ -13,13 +13,12 @@ process's threads after the load. On a CPU without AMX no team is left and the t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import textwrap
 
-from .common import median, plot, print_table, write_results
+from .common import arguments, execute, median, model_option, plot, print_table, results_options
 
 CHILD = textwrap.dedent("""
     import dataclasses, json, os, sys, time
@@ -64,7 +63,7 @@ def child(model: str, variant: str, threads: int) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def report(res: dict, name: str) -> None:
+def report(res: dict) -> None:
     rows = []
     for v, label in VARIANTS.items():
         runs = [r for c in res["children"][v] for r in c["runs"]]
@@ -77,29 +76,25 @@ def report(res: dict, name: str) -> None:
         ax.bar([r[0].split(" (")[0] for r in rows], [float(r[1]) for r in rows], color=["tab:green", "tab:gray"])
         ax.set_ylabel("decode tokens/s, one request")
         ax.set_title(f"OpenMP threads of the load, {res['threads']} threads")
-    plot(name, draw)
+    plot(res["name"], draw)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="", help="GGUF file (default: the embedded model)")
+    ap = arguments(__doc__)
+    model_option(ap, default="", help="GGUF file (default: the embedded model)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=2, help="processes per variant, alternating")
-    ap.add_argument("--name", default="bench_openmp_team")
-    ap.add_argument("--report", metavar="JSON", help="only print the table and draw the plot of an earlier run")
-    args = ap.parse_args(argv)
-    if args.report:
-        res = json.loads(open(args.report).read())
-        report(res, args.name)
-        return 0
+    results_options(ap, "bench_openmp_team")
+    return execute(ap, argv, measure, report)
+
+
+def measure(args) -> dict:
     res = {"model": args.model or "embedded", "threads": args.threads, "command": " ".join(sys.argv),
            "children": {v: [] for v in VARIANTS}}
     for _ in range(args.pairs):
         for v in VARIANTS:
             res["children"][v].append(child(args.model, v, args.threads))
-    write_results(args.name, res)
-    report(res, args.name)
-    return 0
+    return res
 
 
 if __name__ == "__main__":

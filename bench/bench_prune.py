@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import plot, print_table, write_results
+from .common import arguments, plot, print_table, write_results
+from .evaluate import LlamaEval
 
 
 def heldout_windows(ev, n: int, seq_len: int) -> dict[str, list[list[int]]]:
@@ -38,7 +39,6 @@ def decode_ratio(base_path, path, prompt: list[int], n_tokens: int = 64, reps: i
     On a shared machine other processes steal cores at random, so each side's best of `reps` runs
     estimates its undisturbed speed, and one thread keeps llama.cpp's thread barriers out of it.
     """
-    from ..runtime.llama.evaluate import LlamaEval
 
     with LlamaEval(base_path, n_ctx=256, n_threads=threads) as a, LlamaEval(path, n_ctx=256, n_threads=threads) as b:
         a.decode_speed(prompt, 8)
@@ -92,7 +92,6 @@ def agreement(path, windows: list[list[int]], stepwise: bool = True) -> dict:
     """
     import torch
 
-    from ..runtime.llama.evaluate import LlamaEval
     from ..prune.numerics import Emulation
     from ..prune.reference import RefModel
     from ..prune.source import SourceModel
@@ -168,11 +167,10 @@ def gate_curve(path, windows: list[list[int]], sparsities: list[float], calib: n
     return out
 
 
-def main(argv=None) -> int:
-    from ..prune import PruneConfig, prune
-    from ..prune.config import default_cache_dir
+def options() -> argparse.ArgumentParser:
+    from ..prune import PruneConfig
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--keeps", default="1.0,0.9,0.8,0.63,0.5")
     ap.add_argument("--methods", default="random,magnitude,wanda,flap,a3b", help="also: obs")
     ap.add_argument("--recover", default="a3b@0.8,a3b@0.63,flap@0.63,random@0.63,wanda@0.63,a3b+h0.67@0.8",
@@ -199,187 +197,217 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations already in bench/results/bench_prune.json (their kept files "
                          "must be in --work) and run only the stages still missing")
-    args = ap.parse_args(argv)
+    return ap
 
-    from ..runtime import default_model_path, inspect_gguf
-    from ..prune import cached_variant
-    from ..prune.cache import variant_path
-    from ..runtime.llama.evaluate import LlamaEval
 
-    base = default_model_path()
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))
-    work.mkdir(parents=True, exist_ok=True)
-    keeps = [float(k) for k in args.keeps.split(",") if k]
-    methods = [m for m in args.methods.split(",") if m]
+#: what the decode speed is measured after
+DECODE_PROMPT = "import os\n\ndef main():\n    \"\"\"Walk a folder and print the largest files.\"\"\"\n"
 
-    def row(spec: str) -> tuple[str, float, float]:
-        """METHOD[+hHEADS_KEEP]@KEEP -> (method, heads_keep, keep)"""
-        m, _, k = spec.partition("@")
-        m, _, h = m.partition("+h")
-        return m, float(h or 1.0), float(k)
 
-    rec = {row(c) for c in args.recover.split(",") if c}
-    head_rows = [(float(h), float(k)) for h, _, k in (c.partition("@") for c in args.heads.split(",") if c)]
-    he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
+def _row(spec: str) -> tuple[str, float, float]:
+    """METHOD[+hHEADS_KEEP]@KEEP -> (method, heads_keep, keep)"""
+    m, _, k = spec.partition("@")
+    m, _, h = m.partition("+h")
+    return m, float(h or 1.0), float(k)
 
-    def recovered_config(keep: float, method: str, heads_keep: float = 1.0) -> PruneConfig:
-        return PruneConfig(keep=keep, method=method, heads_keep=heads_keep, recover_steps=args.recover_steps,
-                           lr=args.recover_lr, recover_batch=args.recover_batch, recover_seq_len=args.recover_seq_len,
-                           recover_train=args.recover_train, qat=args.qat)
 
-    results: dict = {"model": base.name, "settings": {k: v for k, v in vars(args).items() if k != "work"},
-                     "configs": []}
+class Run:
+    """One run of the grid: the unpruned file's figures, then each configuration's, then HumanEval and
+    the dynamic gate; `results` is what bench_prune.json holds, written after every configuration."""
 
-    if args.agreement_only:
-        with LlamaEval(base, n_ctx=256) as ev:
+    def __init__(self, args):
+        from ..runtime import default_model_path
+
+        self.args = args
+        self.base = default_model_path()
+        self.work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="a3b-bench-prune-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.methods = [m for m in args.methods.split(",") if m]
+        self.he_cfgs = {c for c in args.humaneval_configs.split(",") if c}
+        self.results: dict = {"model": self.base.name,
+                              "settings": {k: v for k, v in vars(args).items() if k != "work"}, "configs": []}
+        self.kept: dict[str, Path] = {}   # files kept for the gate curve and HumanEval
+
+    def recovered_config(self, keep: float, method: str, heads_keep: float = 1.0):
+        from ..prune import PruneConfig
+
+        a = self.args
+        return PruneConfig(keep=keep, method=method, heads_keep=heads_keep, recover_steps=a.recover_steps,
+                           lr=a.recover_lr, recover_batch=a.recover_batch, recover_seq_len=a.recover_seq_len,
+                           recover_train=a.recover_train, qat=a.qat)
+
+    def grid(self) -> list[tuple[str, object, bool]]:
+        """Every configuration measured: (row name, PruneConfig, recovered), one-shot rows first."""
+        from ..prune import PruneConfig
+
+        a = self.args
+        rec = {_row(c) for c in a.recover.split(",") if c}
+        head_rows = [(float(h), float(k)) for h, _, k in (c.partition("@") for c in a.heads.split(",") if c)]
+        grid: list[tuple[str, PruneConfig, bool]] = []
+        for keep in [float(k) for k in a.keeps.split(",") if k]:
+            for method in self.methods:
+                if keep >= 1.0 and method != self.methods[-1]:
+                    continue  # keep 1.0 is the same file for every method
+                grid.append((f"{method}@{keep:g}", PruneConfig(keep=keep, method=method, recover_steps=0), False))
+                if (method, 1.0, keep) in rec and keep < 1.0:
+                    grid.append((f"{method}+r@{keep:g}", self.recovered_config(keep, method), True))
+            for hk, hkeep in head_rows:
+                if hkeep == keep:
+                    grid.append((f"a3b+h{hk:g}@{keep:g}",
+                                 PruneConfig(keep=keep, method="a3b", heads_keep=hk, recover_steps=0), False))
+                    if ("a3b", hk, keep) in rec:
+                        grid.append((f"a3b+h{hk:g}+r@{keep:g}", self.recovered_config(keep, "a3b", hk), True))
+        # one-shot rows first: the table is complete without the slow recovered ones, which may also be
+        # in the making elsewhere (cached_variant waits for a variant another process is making)
+        grid.sort(key=lambda g: g[2])
+        return grid
+
+    def agreement_only(self) -> None:
+        with LlamaEval(self.base, n_ctx=256) as ev:
             H = heldout_windows(ev, 2, 256)
-        res = agreement_report(base, work, [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]])
+        res = agreement_report(self.base, self.work, [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]])
         print_agreement(res)
-        write_results("bench_prune_agreement", {"model": base.name, "agreement": res})
-        return 0
+        write_results("bench_prune_agreement", {"model": self.base.name, "agreement": res})
 
-    with LlamaEval(base, n_ctx=256) as ev:
-        H = heldout_windows(ev, args.heldout_windows, 256)
-        base_ppl = {k: ev.perplexity(v) for k, v in H.items()}
-        prompt = ev.tokenize("import os\n\ndef main():\n    \"\"\"Walk a folder and print the largest files.\"\"\"\n")
-    results["base"] = {"perplexity": base_ppl, "size": base.stat().st_size,
-                       "heldout_tokens": {k: sum(len(w) for w in v) for k, v in H.items()}}
-    print(f"unpruned: perplexity code {base_ppl['code']:.2f}, prose {base_ppl['prose']:.2f}")
+    def unpruned(self) -> None:
+        """Held-out windows, the unpruned file's perplexity, the decode prompt."""
+        with LlamaEval(self.base, n_ctx=256) as ev:
+            self.H = heldout_windows(ev, self.args.heldout_windows, 256)
+            self.base_ppl = {k: ev.perplexity(v) for k, v in self.H.items()}
+            self.prompt = ev.tokenize(DECODE_PROMPT)
+        self.results["base"] = {"perplexity": self.base_ppl, "size": self.base.stat().st_size,
+                                "heldout_tokens": {k: sum(len(w) for w in v) for k, v in self.H.items()}}
+        print(f"unpruned: perplexity code {self.base_ppl['code']:.2f}, prose {self.base_ppl['prose']:.2f}")
 
-    done: dict[str, dict] = {}
-    from ..prune.source import SourceModel
-
-    n_head = SourceModel(base).hp.n_head  # files made before head pruning existed kept every head
-    if args.resume:
+    def resumed(self, n_head: int) -> dict[str, dict]:
+        """With --resume: the rows of the earlier bench_prune.json still valid, by name (and its
+        agreement and unpruned HumanEval in `results`)."""
         import json
 
-        from .common import RESULTS
+        from . import common
 
-        old = json.loads((RESULTS / "bench_prune.json").read_text())
+        old = json.loads((common.RESULTS / "bench_prune.json").read_text())
         # a recovered row is reused only if its file was made with this run's settings (same config key;
         # re-measuring one is cheap when its variant is cached)
         done = {c["name"]: c for c in old.get("configs", [])
                 if not c["recovered"]
-                or c.get("config") == recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
+                or c.get("config") == self.recovered_config(c["keep"], c["method"], c.get("heads_keep", 1.0)).key()}
         for c in done.values():  # rows measured before head pruning existed kept every head
             c.setdefault("heads_keep", 1.0)
             c.setdefault("n_head", n_head)
             c.setdefault("n_head_source", n_head)
-        for key in ("agreement",):
-            if key in old:
-                results[key] = old[key]
+        if "agreement" in old:
+            self.results["agreement"] = old["agreement"]
         if "humaneval" in old.get("base", {}):
-            results["base"]["humaneval"] = old["base"]["humaneval"]
-    if not args.skip_agreement and "agreement" not in results:
-        probe = [H["code"][0], H["prose"][0], H["code"][1], H["prose"][1]]
-        results["agreement"] = agreement_report(base, work, probe)
-        print_agreement(results["agreement"])
+            self.results["base"]["humaneval"] = old["base"]["humaneval"]
+        return done
 
-    # every configuration measured: (row name, settings, recovered)
-    grid: list[tuple[str, PruneConfig, bool]] = []
-    for keep in keeps:
-        for method in methods:
-            if keep >= 1.0 and method != methods[-1]:
-                continue  # keep 1.0 is the same file for every method
-            grid.append((f"{method}@{keep:g}", PruneConfig(keep=keep, method=method, recover_steps=0), False))
-            if (method, 1.0, keep) in rec and keep < 1.0:
-                grid.append((f"{method}+r@{keep:g}", recovered_config(keep, method), True))
-        for hk, hkeep in head_rows:
-            if hkeep == keep:
-                grid.append((f"a3b+h{hk:g}@{keep:g}",
-                             PruneConfig(keep=keep, method="a3b", heads_keep=hk, recover_steps=0), False))
-                if ("a3b", hk, keep) in rec:
-                    grid.append((f"a3b+h{hk:g}+r@{keep:g}", recovered_config(keep, "a3b", hk), True))
+    def configuration(self, name: str, cfg, recovered: bool, n_head: int) -> Path:
+        """Prune (or take the cached recovered variant), measure, add the row; the file."""
+        from ..prune import cached_variant, prune
+        from ..prune.config import default_cache_dir
+        from ..runtime import inspect_gguf
 
-    # one-shot rows first: the table is complete without the slow recovered ones, which may also be
-    # in the making elsewhere (cached_variant waits for a variant another process is making)
-    grid.sort(key=lambda g: g[2])
-
-    rows: list = []
-    kept: dict[str, Path] = {}
-    for name, cfg, recovered in grid:
-        keep, method = cfg.keep, cfg.method
-        out = work / f"{name}.gguf"
-        if name in done:
-            results["configs"].append(done[name])
-            if recovered and variant_path(base, cfg).is_file():
-                out = variant_path(base, cfg)  # for the gate curve and HumanEval
-            if out.is_file():
-                kept[name] = out
-            continue
+        out = self.work / f"{name}.gguf"
         t0 = time.perf_counter()
         if recovered:
             # Recovered variants come from the on-disk variant cache (what the A3BLoader uses),
             # so one made earlier with the same settings, e.g. by a long run in the
             # background, is measured here rather than trained again.
-            out = cached_variant(base, progress=True, **asdict(cfg))
+            out = cached_variant(self.base, progress=True, **asdict(cfg))
         else:
-            prune(base, out, cfg, force=True, progress=False, cache_dir=default_cache_dir())
+            prune(self.base, out, cfg, force=True, progress=False, cache_dir=default_cache_dir())
         prune_s = time.perf_counter() - t0
         meta = inspect_gguf(out).a3b
         n_ff = int(meta["a3b.n_ff"])
         with LlamaEval(out, n_ctx=256) as ev:
-            ppl = {k: ev.perplexity(v) for k, v in H.items()}
-        sb, sp, ratio = decode_ratio(base, out, prompt)
-        c = {"name": name, "keep": keep, "method": method, "recovered": recovered, "n_ff": n_ff,
+            ppl = {k: ev.perplexity(v) for k, v in self.H.items()}
+        sb, sp, ratio = decode_ratio(self.base, out, self.prompt)
+        size = out.stat().st_size
+        c = {"name": name, "keep": cfg.keep, "method": cfg.method, "recovered": recovered, "n_ff": n_ff,
              "keep_actual": n_ff / int(meta["a3b.n_ff_source"]), "heads_keep": cfg.heads_keep,
              "n_head": int(meta.get("a3b.n_head", n_head)), "n_head_source": n_head,
-             "size": out.stat().st_size,
-             "size_ratio": out.stat().st_size / base.stat().st_size, "perplexity": ppl,
-             "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
+             "size": size, "size_ratio": size / self.base.stat().st_size, "perplexity": ppl,
+             "ppl_ratio": {k: ppl[k] / self.base_ppl[k] for k in ppl}, "decode_tps": sp, "decode_tps_base": sb,
              "decode_ratio": ratio, "prune_seconds": prune_s,
              "recover": {k[len("a3b.recover."):]: v for k, v in meta.items() if k.startswith("a3b.recover.")},
              "final_kl": meta.get("a3b.recover.final_kl", 0.0), "config": meta.get("a3b.config"),
              "file_type": inspect_gguf(out).file_type}
-        results["configs"].append(c)
+        self.results["configs"].append(c)
         print_table("so far", ["config", "n_ff", "MB", "ppl code x", "ppl prose x", "decode x"],
-                    [[name, n_ff, f"{c['size'] / 1e6:.1f}", c["ppl_ratio"]["code"],
-                      c["ppl_ratio"]["prose"], ratio]])
-        write_results("bench_prune", results)
-        if recovered or name in he_cfgs:
-            kept[name] = out
-        else:
-            out.unlink()
+                    [[name, n_ff, f"{size / 1e6:.1f}", c["ppl_ratio"]["code"], c["ppl_ratio"]["prose"], ratio]])
+        write_results("bench_prune", self.results)
+        return out
 
-    # HumanEval last: it is the slowest part, and the table above is complete without it.
-    if args.humaneval:
-        if "base" in he_cfgs and "humaneval" not in results["base"]:
-            results["base"]["humaneval"] = humaneval(base, args.humaneval)
-            print("unpruned HumanEval:", results["base"]["humaneval"])
-            write_results("bench_prune", results)
-        for c in results["configs"]:
-            if c["name"] in he_cfgs and c["name"] in kept and "humaneval" not in c:
-                c["humaneval"] = humaneval(kept[c["name"]], args.humaneval)
+    def configurations(self) -> None:
+        from ..prune.cache import variant_path
+        from ..prune.source import SourceModel
+
+        n_head = SourceModel(self.base).hp.n_head  # files made before head pruning existed kept every head
+        done = self.resumed(n_head) if self.args.resume else {}
+        if not self.args.skip_agreement and "agreement" not in self.results:
+            probe = [self.H["code"][0], self.H["prose"][0], self.H["code"][1], self.H["prose"][1]]
+            self.results["agreement"] = agreement_report(self.base, self.work, probe)
+            print_agreement(self.results["agreement"])
+        for name, cfg, recovered in self.grid():
+            if name in done:
+                self.results["configs"].append(done[name])
+                out = self.work / f"{name}.gguf"
+                if recovered and variant_path(self.base, cfg).is_file():
+                    out = variant_path(self.base, cfg)  # for the gate curve and HumanEval
+                if out.is_file():
+                    self.kept[name] = out
+                continue
+            out = self.configuration(name, cfg, recovered, n_head)
+            if recovered or name in self.he_cfgs:
+                self.kept[name] = out
+            else:
+                out.unlink()
+
+    def humaneval(self) -> None:
+        """HumanEval last: it is the slowest part, and the table is complete without it."""
+        if not self.args.humaneval:
+            return
+        res = self.results
+        if "base" in self.he_cfgs and "humaneval" not in res["base"]:
+            res["base"]["humaneval"] = humaneval(self.base, self.args.humaneval)
+            print("unpruned HumanEval:", res["base"]["humaneval"])
+            write_results("bench_prune", res)
+        for c in res["configs"]:
+            if c["name"] in self.he_cfgs and c["name"] in self.kept and "humaneval" not in c:
+                c["humaneval"] = humaneval(self.kept[c["name"]], self.args.humaneval)
                 print(c["name"], "HumanEval:", c["humaneval"])
-                write_results("bench_prune", results)
+                write_results("bench_prune", res)
+
+    def gate(self) -> None:
+        """The dynamic gate's quality vs sparsity, unpruned and on a3b+r@0.63 (torch reference)."""
+        from ..prune import PruneConfig
+        from ..prune.calibration.windows import calibration_windows
+
+        sp = [float(s) for s in self.args.gate_sparsities.split(",") if s]
+        if not sp:
+            return
+        with LlamaEval(self.base, n_ctx=256) as ev:
+            calib, _ = calibration_windows(ev.tokenize, ev.bos, PruneConfig(calib_windows=8))
+        probe = self.H["code"][:2] + self.H["prose"][:2]
+        self.results["gate"] = {"unpruned": gate_curve(self.base, probe, sp, np.array(calib[:8]))}
+        if any(c["name"] == "a3b+r@0.63" for c in self.results["configs"]) and "a3b+r@0.63" in self.kept:
+            self.results["gate"]["a3b+r@0.63"] = gate_curve(self.kept["a3b+r@0.63"], probe, sp, np.array(calib[:8]))
+
+
+def report(results: dict, methods: list[str]) -> None:
+    rows = []
     for c in results["configs"]:
         he = c.get("humaneval")
         rows.append([c["name"], c["n_ff"], f"{c['n_head']}/{c['n_head_source']}", f"{c['size'] / 1e6:.1f}",
                      c["ppl_ratio"]["code"], c["ppl_ratio"]["prose"],
                      c["decode_ratio"], f"{he['passed']}/{he['n']}" if he else "-"])
-
-    best = next((c for c in results["configs"] if c["name"] == "a3b+r@0.63"), None)
-    sp = [float(s) for s in args.gate_sparsities.split(",") if s]
-    if sp:
-        from ..prune import corpus
-        from ..prune.calibration.windows import calibration_windows
-
-        with LlamaEval(base, n_ctx=256) as ev:
-            calib, _ = calibration_windows(ev.tokenize, ev.bos, PruneConfig(calib_windows=8))
-        probe = H["code"][:2] + H["prose"][:2]
-        results["gate"] = {"unpruned": gate_curve(base, probe, sp, np.array(calib[:8]))}
-        if best is not None and "a3b+r@0.63" in kept:
-            results["gate"]["a3b+r@0.63"] = gate_curve(kept["a3b+r@0.63"], probe, sp, np.array(calib[:8]))
-        _ = corpus
-
-    print_table(f"A3B pruning of {base.name} (ratios vs the unpruned file, same run)",
+    print_table(f"A3B pruning of {results['model']} (ratios vs the unpruned file, same run)",
                 ["config", "n_ff", "q heads", "MB", "ppl code x", "ppl prose x", "decode x", "HumanEval"], rows)
-    if "gate" in results:
-        for k, curve in results["gate"].items():
-            print_table(f"dynamic gate on {k} (torch reference; llama.cpp cannot use it for speed)",
-                        ["target", "measured", "ppl x"],
-                        [[g["target_sparsity"], g["measured_sparsity"], g["ratio"]] for g in curve])
-    write_results("bench_prune", results)
+    for k, curve in results.get("gate", {}).items():
+        print_table(f"dynamic gate on {k} (torch reference; llama.cpp cannot use it for speed)",
+                    ["target", "measured", "ppl x"],
+                    [[g["target_sparsity"], g["measured_sparsity"], g["ratio"]] for g in curve])
 
     def draw(ax):
         series = sorted({(c["method"], c["recovered"], c["heads_keep"]) for c in results["configs"]},
@@ -398,10 +426,23 @@ def main(argv=None) -> int:
         ax.set_yscale("log")
         ax.set_xlabel("decode speed vs unpruned (llama.cpp, same run)")
         ax.set_ylabel("held-out perplexity ratio (geo. mean code/prose)")
-        ax.set_title(f"A3B pruning, {base.name}")
+        ax.set_title(f"A3B pruning, {results['model']}")
         ax.legend(fontsize=7)
 
     plot("bench_prune", draw, size=(8, 5))
+
+
+def main(argv=None) -> int:
+    run = Run(options().parse_args(argv))
+    if run.args.agreement_only:
+        run.agreement_only()
+        return 0
+    run.unpruned()
+    run.configurations()
+    run.humaneval()
+    run.gate()
+    write_results("bench_prune", run.results)
+    report(run.results, run.methods)
     return 0
 
 

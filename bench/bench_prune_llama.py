@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import RESULTS, machine, plot, print_table, write_results
+from .common import RESULTS, arguments, machine, plot, print_table, write_results
+from .evaluate import LlamaEval
 
 HELDOUT_SETS = ("code", "code-packages", "prose", "prose-man")
 
@@ -135,8 +136,8 @@ def configs(model: str, keeps: list[float]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options() -> argparse.ArgumentParser:
+    ap = arguments(__doc__)
     ap.add_argument("--models", default="smollm2,gemma")
     ap.add_argument("--keeps", default="0.9,0.8,0.63")
     ap.add_argument("--heldout-windows", type=int, default=8)
@@ -154,30 +155,68 @@ def main(argv=None) -> int:
                     help="only compare llama.cpp's and the torch reference's statistics on SmolLM2 "
                          "(bench/results/bench_prune_llama_agreement.json)")
     ap.add_argument("--plot-only", action="store_true", help="only draw the PNG from bench_prune_llama.json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def agreement_only() -> None:
+    from ..runtime.models.locate import default_model_path
+
+    ag = agreement(default_model_path())
+    write_results("bench_prune_llama_agreement", {"model": default_model_path().name, **ag})
+    print_table("llama.cpp vs torch reference statistics, SmolLM2 (per layer: median / max; overlap: min)",
+                ["quantity", "median", "max", "min"],
+                [[k, v["median"], v["max"], v["min"]] for k, v in ag["summary"].items()])
+    print(f"seconds: llama.cpp {ag['llama_s']:.1f}, torch {ag['torch_s']:.1f}")
+
+
+def row(model: str, name: str, c: dict) -> list:
+    return [model, name, f"{c['n_ff']}/{c['n_ff_source']}", f"{c['bytes'] / 1e6:.1f}",
+            *(f"{c['ratio'][k]:.3g}" for k in HELDOUT_SETS), f"{c['decode_ratio']:.2f}",
+            f"{c['peak_rss'] / 1e6:.0f} ({c['rss_over_file']:.1f}x)", f"{c['wall_s']:.0f}"]
+
+
+def unpruned(path: Path, args) -> tuple[dict, dict, list[int]]:
+    """The model's entry (its file, size and held-out perplexity), the held-out windows, the decode prompt."""
+    with LlamaEval(path, n_ctx=args.seq_len) as ev:
+        sets = heldout(ev, args.heldout_windows, args.seq_len)
+        base = {k: ev.perplexity(w) for k, w in sets.items()}
+        prompt = ev.tokenize("def fibonacci(n):\n    ")
+    size = path.stat().st_size
+    m = {"file": path.name, "bytes": size, "ppl": base, "tokens": {k: sum(map(len, w)) for k, w in sets.items()},
+         "configs": {}}
+    return m, sets, prompt
+
+
+def pruned(path: Path, out: Path, cli: list[str], cache: Path, m: dict, sets: dict, prompt: list[int], args) -> dict:
+    """One configuration: pruned in a child, its held-out perplexity and decode speed as ratios."""
+    from .bench_prune import decode_ratio
+
+    r = run_prune(path, out, cli, cache)
+    with LlamaEval(out, n_ctx=args.seq_len) as ev:
+        ppl = {k: ev.perplexity(w) for k, w in sets.items()}
+    sa, sb, ratio = decode_ratio(path, out, prompt, reps=args.decode_reps)
+    s = r["summary"]
+    return {"args": cli, "n_ff": s["n_ff"], "n_ff_source": s["n_ff_source"], "bytes": out.stat().st_size,
+            "ppl": ppl, "ratio": {k: ppl[k] / m["ppl"][k] for k in ppl}, "decode_tps": [sa, sb],
+            "decode_ratio": ratio, "peak_rss": r["peak_rss"], "rss_over_file": r["peak_rss"] / m["bytes"],
+            "wall_s": r["wall_s"], "seconds": s["seconds"]}
+
+
+def main(argv=None) -> int:
+    from ..runtime.models.locate import default_model_path
+    from .gemma import gemma_path
+
+    args = options().parse_args(argv)
     if args.plot_only:
         draw_plot(json.loads((RESULTS / "bench_prune_llama.json").read_text()))
         return 0
     if args.agreement_only:
-        from ..runtime.models.locate import default_model_path
-
-        ag = agreement(default_model_path())
-        write_results("bench_prune_llama_agreement", {"model": default_model_path().name, **ag})
-        print_table("llama.cpp vs torch reference statistics, SmolLM2 (per layer: median / max; overlap: min)",
-                    ["quantity", "median", "max", "min"],
-                    [[k, v["median"], v["max"], v["min"]] for k, v in ag["summary"].items()])
-        print(f"seconds: llama.cpp {ag['llama_s']:.1f}, torch {ag['torch_s']:.1f}")
+        agreement_only()
         return 0
-    from ..runtime.llama.evaluate import LlamaEval
-    from ..runtime.models.locate import default_model_path
-    from .bench_prune import decode_ratio
-    from .gemma import gemma_path
-
     keeps = [float(x) for x in args.keeps.split(",")]
     only = set(filter(None, args.only.split(",")))
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-prune-llama-"))
     work.mkdir(parents=True, exist_ok=True)
-    cache = work / "cache"
     results: dict = {"machine": machine(), "models": {}, "baseline_rss": baseline_rss(),
                      "command": "python -m comfyui_a3b.bench.bench_prune_llama " + " ".join(argv or sys.argv[1:])}
     old = {}
@@ -188,16 +227,10 @@ def main(argv=None) -> int:
     rows = []
     for model in args.models.split(","):
         path = default_model_path() if model == "smollm2" else gemma_path()
-        size = path.stat().st_size
-        with LlamaEval(path, n_ctx=args.seq_len) as ev:
-            sets = heldout(ev, args.heldout_windows, args.seq_len)
-            base = {k: ev.perplexity(w) for k, w in sets.items()}
-            prompt = ev.tokenize("def fibonacci(n):\n    ")
-        m = {"file": path.name, "bytes": size, "ppl": base, "tokens": {k: sum(map(len, w)) for k, w in sets.items()},
-             "configs": {}}
+        m, sets, prompt = unpruned(path, args)
         results["models"][model] = m
-        print(f"{model}: {path.name} {size / 1e6:.1f} MB, held-out perplexity "
-              + ", ".join(f"{k} {v:.2f}" for k, v in base.items()), flush=True)
+        print(f"{model}: {path.name} {m['bytes'] / 1e6:.1f} MB, held-out perplexity "
+              + ", ".join(f"{k} {v:.2f}" for k, v in m["ppl"].items()), flush=True)
         for name, cli in configs(model, keeps):
             was = old.get(model, {}).get("configs", {}).get(name)
             if only and name not in only and was is None:
@@ -205,25 +238,11 @@ def main(argv=None) -> int:
             if (was is not None and was.get("args") == cli and old[model].get("tokens") == m["tokens"]
                     and not (only and name in only)):
                 m["configs"][name] = was  # ratios against the unpruned file of that run
-                c = was
-                rows.append([model, name, f"{c['n_ff']}/{c['n_ff_source']}", f"{c['bytes'] / 1e6:.1f}",
-                             *(f"{c['ratio'][k]:.3g}" for k in HELDOUT_SETS), f"{c['decode_ratio']:.2f}",
-                             f"{c['peak_rss'] / 1e6:.0f} ({c['rss_over_file']:.1f}x)", f"{c['wall_s']:.0f}"])
+                rows.append(row(model, name, was))
                 continue
             out = work / f"{model}-{name.replace(':', '-').replace('@', '-').replace('/', '-')}.gguf"
-            r = run_prune(path, out, cli, cache)
-            with LlamaEval(out, n_ctx=args.seq_len) as ev:
-                ppl = {k: ev.perplexity(w) for k, w in sets.items()}
-            sa, sb, ratio = decode_ratio(path, out, prompt, reps=args.decode_reps)
-            s = r["summary"]
-            c = {"args": cli, "n_ff": s["n_ff"], "n_ff_source": s["n_ff_source"], "bytes": out.stat().st_size,
-                 "ppl": ppl, "ratio": {k: ppl[k] / base[k] for k in ppl}, "decode_tps": [sa, sb],
-                 "decode_ratio": ratio, "peak_rss": r["peak_rss"], "rss_over_file": r["peak_rss"] / size,
-                 "wall_s": r["wall_s"], "seconds": s["seconds"]}
-            m["configs"][name] = c
-            rows.append([model, name, f"{s['n_ff']}/{s['n_ff_source']}", f"{c['bytes'] / 1e6:.1f}",
-                         *(f"{c['ratio'][k]:.3g}" for k in HELDOUT_SETS), f"{ratio:.2f}",
-                         f"{r['peak_rss'] / 1e6:.0f} ({c['rss_over_file']:.1f}x)", f"{r['wall_s']:.0f}"])
+            m["configs"][name] = pruned(path, out, cli, work / "cache", m, sets, prompt, args)
+            rows.append(row(model, name, m["configs"][name]))
             print(" | ".join(map(str, rows[-1])), flush=True)
             write_results("bench_prune_llama", results)
     print_table("One-shot pruning: llama.cpp calibration vs the torch path (ppl x = held-out perplexity ratio)",
@@ -231,7 +250,6 @@ def main(argv=None) -> int:
                  "peak RSS MB (x file)", "s"], rows)
     print(f"baseline RSS (python + torch + package imported): {results['baseline_rss'] / 1e6:.0f} MB")
     write_results("bench_prune_llama", results)
-
     draw_plot(results)
     return 0
 

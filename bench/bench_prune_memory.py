@@ -19,7 +19,6 @@ table. Writes bench/results/bench_prune_memory.{json,png}.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import plot, print_table, write_results
+from .common import arguments, plot, print_table, write_results
 
 HWM = ("def hwm():\n"
        "    with open('/proc/self/status') as f:\n"
@@ -79,7 +78,7 @@ def measure(tree: str, pythonpath: str | None, model: Path, steps: int, sizes: d
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--steps", type=int, default=3, help="recovery steps of the recovery run, 0 = none (default: 3)")
     ap.add_argument("--compare", metavar="DIR", default=None,
                     help="also run the commands with the package imported from DIR (another checkout's link folder)")

@@ -17,24 +17,15 @@ Writes bench/results/bench_prune_moe.{json,png}.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .common import plot, print_table, write_results
-
-
-def _tinygguf():
-    path = Path(__file__).resolve().parents[1] / "tests" / "tinygguf.py"
-    if not path.is_file():
-        raise SystemExit("bench_prune_moe writes its models with tests/tinygguf.py: run it from a source checkout")
-    spec = importlib.util.spec_from_file_location("tinygguf", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from .common import arguments, plot, print_table, write_results
+from .evaluate import LlamaEval
+from .models import tinygguf
 
 
 def planted_hook(n_expert: int, seed: int):
@@ -88,11 +79,8 @@ def compare(ref: np.ndarray, other: np.ndarray) -> tuple[float, float]:
     return kl, float((ref.argmax(-1) == other.argmax(-1)).mean())
 
 
-def main(argv=None) -> int:
-    from ..prune import PruneConfig, prune
-    from ..runtime.llama.evaluate import LlamaEval
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options() -> argparse.ArgumentParser:
+    ap = arguments(__doc__)
     ap.add_argument("--experts-keep", type=float, default=0.5)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--used", type=int, default=4)
@@ -103,64 +91,62 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--heldout-windows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0)
-    args = ap.parse_args(argv)
-    tg = _tinygguf()
-    source_name, text = heldout_text(400_000)
-    rows, results = [], {}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        models = {}
-        hook, roles = planted_hook(args.experts, 7)
-        for kind, h in (("random", None), ("planted", hook)):
-            models[kind] = tg.write_tiny_gguf(
-                tmp / f"{kind}.gguf", "qwen3moe", n_embd=args.embd, n_layer=args.layers, n_head=4, n_head_kv=2,
-                n_ff=args.ff, n_ctx=max(256, args.seq_len), n_expert=args.experts, n_expert_used=args.used, seed=3,
-                tensor_hook=h)
-        with LlamaEval(models["random"], n_ctx=args.seq_len) as ev:
-            toks = ev.tokenize(text)
-        wins = [[1] + toks[i:i + args.seq_len - 1] for i in range(0, len(toks), args.seq_len - 1)]
-        wins = [w for w in wins if len(w) == args.seq_len][: args.heldout_windows]
+    return ap
 
-        def logits(path):
-            with LlamaEval(path, n_ctx=args.seq_len, n_threads=args.threads) as ev:
-                return np.concatenate([ev.logits(w) for w in wins])
-        for kind, path in models.items():
-            base = logits(path)
-            for method, seeds in (("reap", [0]), ("frequency", [0]), ("random", [0, 1, 2])):
-                kls, agree, secs, removed = [], [], [], None
-                for seed in seeds:
-                    out = tmp / f"{kind}-{method}-{seed}.gguf"
-                    cfg = PruneConfig(keep=1.0, experts_keep=args.experts_keep, expert_method=method, recover_steps=0,
-                                      calib_windows=args.calib_windows, seq_len=args.seq_len, seed=seed,
-                                      threads=args.threads)
-                    t = time.perf_counter()
-                    res = prune(path, out, cfg, progress=False, cache_dir=tmp / "cache")
-                    secs.append(time.perf_counter() - t)
-                    kl, ag = compare(base, logits(out))
-                    kls.append(kl)
-                    agree.append(ag)
-                    removed = removed or [res.metadata[f"experts.removed.{il}"] for il in range(args.layers)]
-                    size = out.stat().st_size / path.stat().st_size
-                    out.unlink()
-                r = {"kl": float(np.mean(kls)), "top1": float(np.mean(agree)), "size_ratio": size,
-                     "seconds": float(np.mean(secs)), "seeds": seeds, "removed_layer0": removed[0]}
-                if kind == "planted":
-                    dead, weak = roles[0]
-                    r["removed_dead_weak_layer0"] = [sum(e in dead for e in removed[0]),
-                                                     sum(e in weak for e in removed[0])]
-                results[f"{kind}/{method}"] = r
-                rows.append([kind, method, r["kl"], f"{100 * r['top1']:.1f}%", r["size_ratio"],
-                             str(r.get("removed_dead_weak_layer0", "-"))])
+
+def write_models(tmp: Path, args) -> tuple[dict[str, Path], dict]:
+    """The random and the planted model; the planted experts' roles by layer."""
+    tg = tinygguf("bench_prune_moe")
+    hook, roles = planted_hook(args.experts, 7)
+    models = {kind: tg.write_tiny_gguf(
+        tmp / f"{kind}.gguf", "qwen3moe", n_embd=args.embd, n_layer=args.layers, n_head=4, n_head_kv=2,
+        n_ff=args.ff, n_ctx=max(256, args.seq_len), n_expert=args.experts, n_expert_used=args.used, seed=3,
+        tensor_hook=h) for kind, h in (("random", None), ("planted", hook))}
+    return models, roles
+
+
+def windows(path: Path, text: str, args) -> list[list[int]]:
+    """Held-out windows of --seq-len tokens (BOS first) of `text`."""
+    with LlamaEval(path, n_ctx=args.seq_len) as ev:
+        toks = ev.tokenize(text)
+    wins = [[1] + toks[i:i + args.seq_len - 1] for i in range(0, len(toks), args.seq_len - 1)]
+    return [w for w in wins if len(w) == args.seq_len][: args.heldout_windows]
+
+
+def ranking(path: Path, method: str, seeds: list[int], logits, tmp: Path, args) -> dict:
+    """The model at `path` pruned with one expert ranking (averaged over `seeds`), against its source."""
+    from ..prune import PruneConfig, prune
+
+    base = logits(path)
+    kls, agree, secs, removed = [], [], [], None
+    for seed in seeds:
+        out = tmp / f"{path.stem}-{method}-{seed}.gguf"
+        cfg = PruneConfig(keep=1.0, experts_keep=args.experts_keep, expert_method=method, recover_steps=0,
+                          calib_windows=args.calib_windows, seq_len=args.seq_len, seed=seed, threads=args.threads)
+        t = time.perf_counter()
+        res = prune(path, out, cfg, progress=False, cache_dir=tmp / "cache")
+        secs.append(time.perf_counter() - t)
+        kl, ag = compare(base, logits(out))
+        kls.append(kl)
+        agree.append(ag)
+        removed = removed or [res.metadata[f"experts.removed.{il}"] for il in range(args.layers)]
+        size = out.stat().st_size / path.stat().st_size
+        out.unlink()
+    return {"kl": float(np.mean(kls)), "top1": float(np.mean(agree)), "size_ratio": size,
+            "seconds": float(np.mean(secs)), "seeds": seeds, "removed_layer0": removed[0]}
+
+
+def report(res: dict, n_windows: int) -> None:
+    args, results, source_name = argparse.Namespace(**res["args"]), res["results"], res["heldout"]
+    rows = [[*key.split("/"), r["kl"], f"{100 * r['top1']:.1f}%", r["size_ratio"],
+             str(r.get("removed_dead_weak_layer0", "-"))] for key, r in results.items()]
     title = (f"expert pruning, experts-keep {args.experts_keep:g} of {args.experts} ({args.used} routed), "
-             f"{args.layers} layers; vs the source on {len(wins)} x {args.seq_len} tokens of {source_name}")
+             f"{args.layers} layers; vs the source on {n_windows} x {args.seq_len} tokens of {source_name}")
     print_table(title, ["model", "ranking", "KL nats/token", "top-1 agree", "size x", "layer 0 dead/weak removed"],
                 rows)
-    if "planted" in models:
-        q = args.experts // 4
-        print(f"(planted: {q} dead and {q} weak experts per layer; keep {args.experts_keep:g} removes "
-              f"{args.experts - max(1, round(args.experts_keep * args.experts))})")
-    write_results("bench_prune_moe", {"args": vars(args), "heldout": source_name, "results": results,
-                                      "planted_roles_layer0": {"dead": roles[0][0], "weak": roles[0][1]}})
+    q = args.experts // 4
+    print(f"(planted: {q} dead and {q} weak experts per layer; keep {args.experts_keep:g} removes "
+          f"{args.experts - max(1, round(args.experts_keep * args.experts))})")
 
     def draw(ax):
         kinds = ["random", "planted"]
@@ -173,6 +159,32 @@ def main(argv=None) -> int:
         ax.set_title(f"experts-keep {args.experts_keep:g}: tiny random qwen3moe, held-out {source_name}")
         ax.legend(title="ranking")
     plot("bench_prune_moe", draw)
+
+
+def main(argv=None) -> int:
+    args = options().parse_args(argv)
+    source_name, text = heldout_text(400_000)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        models, roles = write_models(tmp, args)
+        wins = windows(models["random"], text, args)
+
+        def logits(path):
+            with LlamaEval(path, n_ctx=args.seq_len, n_threads=args.threads) as ev:
+                return np.concatenate([ev.logits(w) for w in wins])
+        for kind, path in models.items():
+            for method, seeds in (("reap", [0]), ("frequency", [0]), ("random", [0, 1, 2])):
+                r = ranking(path, method, seeds, logits, tmp, args)
+                if kind == "planted":
+                    dead, weak = roles[0]
+                    r["removed_dead_weak_layer0"] = [sum(e in dead for e in r["removed_layer0"]),
+                                                     sum(e in weak for e in r["removed_layer0"])]
+                results[f"{kind}/{method}"] = r
+    res = {"args": vars(args), "heldout": source_name, "results": results,
+           "planted_roles_layer0": {"dead": roles[0][0], "weak": roles[0][1]}}
+    write_results("bench_prune_moe", res)
+    report(res, len(wins))
     return 0
 
 

@@ -15,12 +15,11 @@ Writes bench/results/reasoning.json and reasoning.png.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 from pathlib import Path
 
-from .common import median, plot, print_table, with_chat_template, write_results
+from .common import arguments, median, plot, print_table, with_chat_template, write_results
 
 PROMPT = "Write a storyboard for a comic about a lighthouse keeper who finds a message in a bottle."
 #: six panels, so that the constrained answer is as long as the free one (the rates compare like with like)
@@ -80,7 +79,7 @@ def overshoot(rt, model: str, rounds: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)

@@ -14,11 +14,10 @@ Writes bench/results/<name>.{json,png}.
 """
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
-from .common import plot, print_table, write_results
+from .common import arguments, model_option, model_path, name_option, plot, print_table, write_results
+from .evaluate import LlamaEval
 
 
 def torch_device(asked: str) -> str:
@@ -37,7 +36,7 @@ def main(argv=None) -> int:
     from ..prune.device import DEVICES
 
     d = PruneConfig()  # the recovery `a3b prune` and the A3BLoader use, unless told otherwise
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     ap.add_argument("--keep", type=float, default=0.63)
     ap.add_argument("--method", default="a3b")
     ap.add_argument("--steps", default="0,40,80,160", help="distillation step counts (comma list)")
@@ -47,43 +46,51 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-windows", type=int, default=16, help="windows of 256 tokens per held-out corpus")
     ap.add_argument("--recover-corpus", choices=("calib", "wide"), default=d.recover_corpus)
     ap.add_argument("--keeps", default=None, help="several keep ratios (comma list) instead of --keep")
-    ap.add_argument("--name", default="bench_recovery", help="results file name under bench/results/")
-    ap.add_argument("--model", help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
+    name_option(ap, "bench_recovery")
+    model_option(ap, help="the source GGUF (llama/qwen2/qwen3; default: the embedded model)")
     ap.add_argument("--device", choices=DEVICES, default=d.device,
                     help="where distillation runs (auto: the GPU when torch sees one)")
     args = ap.parse_args(argv)
-
-    from ..runtime import default_model_path, inspect_gguf
-    from ..prune import cached_variant
-    from ..runtime.llama.evaluate import LlamaEval
     from .bench_prune_llama import heldout
 
-    base = Path(args.model) if args.model else default_model_path()
+    base = model_path(args.model)
     with LlamaEval(base, n_ctx=256) as ev:
         H = heldout(ev, args.heldout_windows, 256)
         base_ppl = {k: ev.perplexity(v) for k, v in H.items()}
     points = []
     keeps = [float(k) for k in args.keeps.split(",")] if args.keeps else [args.keep]
     for keep, steps in [(k, int(s)) for k in keeps for s in args.steps.split(",") if s]:
-        t0 = time.perf_counter()
-        path = cached_variant(base, keep=keep, method=args.method, recover_steps=steps, lr=args.lr,
-                              recover_batch=args.batch, recover_seq_len=args.seq_len, progress=True,
-                              recover_corpus=args.recover_corpus, device=args.device)
-        made_s = time.perf_counter() - t0
-        meta = inspect_gguf(path).a3b
-        with LlamaEval(path, n_ctx=256) as ev:
-            ppl = {k: ev.perplexity(v) for k, v in H.items()}
-        points.append({"keep": keep, "steps": steps, "tokens": int(meta.get("a3b.recover.tokens", 0)),
-                       "final_kl": float(meta.get("a3b.recover.final_kl", 0.0)),
-                       "kind": meta.get("a3b.recover.kind", "none"), "perplexity": ppl,
-                       "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "seconds_to_get": made_s})
+        points.append(point(base, keep, steps, H, base_ppl, args))
         got = ", ".join(f"{k} x{v:.3f}" for k, v in points[-1]["ppl_ratio"].items())
         print(f"keep {keep:g}, {steps} steps: {got}", flush=True)
         write_results(args.name, {"model": base.name, "settings": vars(args), "torch_device": torch_device(args.device),
                                   "base_perplexity": base_ppl,
                                   "heldout_tokens": {k: sum(len(w) for w in v) for k, v in H.items()},
                                   "points": points})
+    report(points, keeps, H, base.name, args)
+    return 0
 
+
+def point(base, keep: float, steps: int, H: dict, base_ppl: dict, args) -> dict:
+    """The variant at `keep` recovered for `steps` (from the variant cache, made if missing), measured."""
+    from ..prune import cached_variant
+    from ..runtime import inspect_gguf
+
+    t0 = time.perf_counter()
+    path = cached_variant(base, keep=keep, method=args.method, recover_steps=steps, lr=args.lr,
+                          recover_batch=args.batch, recover_seq_len=args.seq_len, progress=True,
+                          recover_corpus=args.recover_corpus, device=args.device)
+    made_s = time.perf_counter() - t0
+    meta = inspect_gguf(path).a3b
+    with LlamaEval(path, n_ctx=256) as ev:
+        ppl = {k: ev.perplexity(v) for k, v in H.items()}
+    return {"keep": keep, "steps": steps, "tokens": int(meta.get("a3b.recover.tokens", 0)),
+            "final_kl": float(meta.get("a3b.recover.final_kl", 0.0)),
+            "kind": meta.get("a3b.recover.kind", "none"), "perplexity": ppl,
+            "ppl_ratio": {k: ppl[k] / base_ppl[k] for k in ppl}, "seconds_to_get": made_s}
+
+
+def report(points: list[dict], keeps: list[float], H: dict, model: str, args) -> None:
     print_table(f"{args.method}, recovery on the {args.recover_corpus} corpus: held-out perplexity vs the unpruned "
                 "file (" + ", ".join(f"{k} {sum(len(w) for w in v)}" for k, v in H.items()) + " tokens)",
                 ["keep", "steps", "tokens", "final KL", *(f"ppl {k} x" for k in H)],
@@ -102,11 +109,10 @@ def main(argv=None) -> int:
         ax.axhline(1.0, color="black", lw=0.6)
         ax.set_xlabel(f"distillation steps ({args.batch} x {args.seq_len} tokens each)")
         ax.set_ylabel("perplexity ratio vs unpruned")
-        ax.set_title(f"recovery of {args.method} on the {args.recover_corpus} corpus, {base.name}")
+        ax.set_title(f"recovery of {args.method} on the {args.recover_corpus} corpus, {model}")
         ax.legend(fontsize=6)
 
     plot(args.name, draw, size=(7, 4.5))
-    return 0
 
 
 if __name__ == "__main__":

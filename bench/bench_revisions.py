@@ -14,7 +14,6 @@ have (`get_runtime`, `generate`, `spec`, `preset`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from .common import median, plot, print_table, write_results
+from .common import arguments, median, name_option, plot, print_table, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,11 +78,11 @@ def measure(pythonpath: Path, tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--against", required=True, help="the git revision to compare the working tree with")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (each: one process per revision)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens decoded by the single request")
-    ap.add_argument("--name", default="revisions", help="results file name under bench/results/")
+    name_option(ap, "revisions")
     args = ap.parse_args(argv)
     rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.against], capture_output=True,
                          text=True, check=True).stdout.strip()

@@ -10,7 +10,6 @@ Every figure is compared with a baseline measured in the same run:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import textwrap
 import threading
 import time
 
-from .common import median, plot, print_table, write_results
+from .common import arguments, median, plot, print_table, write_results
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 
@@ -177,17 +176,7 @@ def prompt_beside_generation(rt, rounds: int = 3) -> dict:
             "ratio": median(beside) / median(alone)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=7)
-    args = ap.parse_args(argv)
-    from comfyui_a3b.runtime import default_model_path, get_runtime
-
-    path = str(default_model_path())
-    rt = get_runtime()
-    rt.load()
-
+def decode_section(rt, path: str, args) -> dict:
     decode = decode_rounds(rt, path, args.tokens, args.rounds)
     print_table(f"Decode speed (SmolLM2-135M Q4_1, greedy, {args.tokens} tokens, "
                 f"median of {args.rounds} alternating rounds)",
@@ -195,13 +184,19 @@ def main(argv=None) -> int:
                 [["raw llama-cpp-python Llama", decode["raw_llama_cpp_tps"], 1.0],
                  ["runtime (entropy off)", decode["runtime_tps"], decode["ratio"]],
                  ["runtime (entropy monitoring on)", decode["runtime_entropy_tps"], decode["ratio_with_entropy"]]])
+    return decode
 
+
+def load_section() -> dict:
     loads = [cold_load() for _ in range(3)]
     load = {k: median([x[k] for x in loads]) for k in loads[0]}
     print_table("Load time", ["what", "seconds"],
                 [["import package", load["import_s"]], ["cold load (new process)", load["cold_load_s"]],
                  ["cache hit (median)", load["hit_median_s"]], ["cache hit (p99)", load["hit_p99_s"]]])
+    return load
 
+
+def memory_section() -> dict:
     gen_only = peak_rss(False)
     gen_embed = peak_rss(True)
     mem = {"gen_only_peak_rss_mb": gen_only["peak_rss_kb"] / 1024,
@@ -211,22 +206,24 @@ def main(argv=None) -> int:
     print_table("Peak RSS", ["process", "MB", "ratio"],
                 [["generation only", mem["gen_only_peak_rss_mb"], 1.0],
                  ["generation + embeddings", mem["gen_embed_peak_rss_mb"], mem["ratio"]]])
+    return mem
 
+
+def scheduler_sections(rt) -> tuple[list[dict], dict]:
     conc = concurrency(rt, 64)
     print_table("Concurrent generation through the scheduler (64 tokens each)",
                 ["requests", "aggregate tok/s", "x vs 1", "mean latency s", "max latency s"],
                 [[r["concurrent"], r["aggregate_tps"], r["throughput_ratio"], r["mean_latency_s"], r["max_latency_s"]]
                  for r in conc])
-
     mixed = prompt_beside_generation(rt)
     print_table("Prompt beside a running generation (time to first token, median of 3)",
                 ["prompt tokens", "alone s", "beside a generation s", "ratio"],
                 [[mixed["prompt_tokens"], mixed["alone_ttft_s"], mixed["beside_ttft_s"], mixed["ratio"]]])
+    return conc, mixed
 
-    write_results("runtime", {"decode": decode, "load": load, "memory": mem, "concurrency": conc,
-                              "prompt_beside_generation": mixed})
 
-    def draw(ax):
+def draw(decode: dict, conc: list[dict]) -> None:
+    def on(ax):
         import numpy as np
 
         fig = ax.figure
@@ -247,7 +244,25 @@ def main(argv=None) -> int:
         a2b.set_ylabel("mean latency (s)")
         a2.set_title("scheduler batching")
 
-    plot("runtime", draw, size=(10, 4))
+    plot("runtime", on, size=(10, 4))
+
+
+def main(argv=None) -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    from comfyui_a3b.runtime import default_model_path, get_runtime
+
+    rt = get_runtime()
+    rt.load()
+    decode = decode_section(rt, str(default_model_path()), args)
+    load = load_section()
+    mem = memory_section()
+    conc, mixed = scheduler_sections(rt)
+    write_results("runtime", {"decode": decode, "load": load, "memory": mem, "concurrency": conc,
+                              "prompt_beside_generation": mixed})
+    draw(decode, conc)
     return 0
 
 

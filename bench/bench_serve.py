@@ -17,7 +17,6 @@ the in-process rows of the same run. Writes bench/results/serve.json and serve.p
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 
 import httpx
 
-from .common import free_port, llama_cpp_server, median, plot, print_table, write_results
+from .common import arguments, command, free_port, llama_cpp_server, median, plot, print_table, publish, ratio
 
 PROMPT = ("Request {i}. The following is a long, detailed story about a lighthouse keeper who finds a "
           "message in a bottle, told chapter by chapter.\n\nChapter 1\n\n")
@@ -135,19 +134,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(15)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
-    ap.add_argument("--rounds", type=int, default=9, help="single-client requests per way (the median is reported)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="CPU threads of every way (0: each one's automatic choice); on a machine shared with other "
-                         "jobs, 1 avoids llama.cpp's threads spinning against each other")
-    args = ap.parse_args(argv)
-    threads = ["--threads", str(args.threads)] if args.threads else []
-    lcs_threads = ["--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)] if args.threads else []
-
+def ways(args) -> dict[str, dict]:
+    """The embedded model in-process, behind `a3b serve` and behind llama_cpp.server, one after another."""
     from comfyui_a3b.runtime import default_model_path, get_runtime
 
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    lcs_threads = ["--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)] if args.threads else []
     model = str(default_model_path())
     rt = get_runtime()
     spec = rt.spec(model, n_parallel=4, n_threads=args.threads)
@@ -160,58 +152,66 @@ def main(argv=None) -> int:
     def http_way(url: str):
         return lambda i, n, k: over_http(clients[k], url, i, n)
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    proc = start([sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http", f"127.0.0.1:{port}", "--model", model,
-                  "--parallel", "4", *threads], url)
+    servers = {"a3b serve": lambda port: [sys.executable, "-m", "comfyui_a3b.cli", "serve", "--http",
+                                          f"127.0.0.1:{port}", "--model", model, "--parallel", "4", *threads],
+               "llama_cpp.server": lambda port: [*llama_cpp_server(), "--model", model, "--host", "127.0.0.1", "--port",
+                                                 str(port), "--n_ctx", "2048", "--interrupt_requests", "false",
+                                                 "--verbose", "false", *lcs_threads]}
     try:
-        res["a3b serve"] = measure(http_way(url), args.tokens, args.rounds, 1000)
+        for (way, cmd), offset in zip(servers.items(), (1000, 2000)):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}/v1"
+            proc = start(cmd(port), url)
+            try:
+                res[way] = measure(http_way(url), args.tokens, args.rounds, offset)
+            finally:
+                stop(proc)
     finally:
-        stop(proc)
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    proc = start([*llama_cpp_server(), "--model", model, "--host", "127.0.0.1", "--port",
-                  str(port), "--n_ctx", "2048", "--interrupt_requests", "false", "--verbose", "false", *lcs_threads],
-                 url)
-    try:
-        res["llama_cpp.server"] = measure(http_way(url), args.tokens, args.rounds, 2000)
-    finally:
-        stop(proc)
         for c in clients:
             c.close()
+    return res
 
-    base = res["in-process"]
-    rows = []
-    for way, r in res.items():
-        rows.append([way, r["one"]["decode_tps"], r["one"]["decode_tps"] / base["one"]["decode_tps"],
-                     r["one"]["ttft_s"] * 1000, r["one"]["ttft_s"] / base["one"]["ttft_s"],
-                     r["four"]["aggregate_tps"], r["four"]["aggregate_tps"] / base["four"]["aggregate_tps"],
-                     r["four"]["ttft_s"] * 1000])
-    print_table(f"SmolLM2-135M Q4_1, greedy, {args.tokens} tokens a request (ratios: against in-process)",
+
+def report(data: dict) -> None:
+    res, base = data["results"], data["results"]["in-process"]
+    rows = [[way, r["one"]["decode_tps"], ratio(r["one"]["decode_tps"], base["one"]["decode_tps"]),
+             r["one"]["ttft_s"] * 1000, ratio(r["one"]["ttft_s"], base["one"]["ttft_s"]),
+             r["four"]["aggregate_tps"], ratio(r["four"]["aggregate_tps"], base["four"]["aggregate_tps"]),
+             r["four"]["ttft_s"] * 1000] for way, r in res.items()]
+    print_table(f"SmolLM2-135M Q4_1, greedy, {data['tokens']} tokens a request (ratios: against in-process)",
                 ["way", "1 client tok/s", "x", "1 client TTFT ms", "x", "4 clients aggregate tok/s", "x",
                  "4 clients TTFT ms (median)"], rows)
-    a3b, lcs = res["a3b serve"], res["llama_cpp.server"]
-    summary = {"a3b_serve_vs_in_process_1_client": a3b["one"]["decode_tps"] / base["one"]["decode_tps"],
-               "a3b_serve_vs_llama_cpp_server_4_clients": a3b["four"]["aggregate_tps"] / lcs["four"]["aggregate_tps"]}
-    print(json.dumps(summary, indent=1))
-    write_results("serve", {"tokens": args.tokens, "rounds": args.rounds, "threads": args.threads, "results": res,
-                            "summary": summary, "command": "python -m comfyui_a3b.bench.bench_serve "
-                            + " ".join(argv if argv is not None else sys.argv[1:])})
+    print(json.dumps(data["summary"], indent=1))
 
     def draw(ax):
-        ways = list(res)
-        xs = range(len(ways))
-        ax.bar([x - 0.2 for x in xs], [res[w]["one"]["decode_tps"] for w in ways], 0.4, label="1 client, tok/s")
-        ax.bar([x + 0.2 for x in xs], [res[w]["four"]["aggregate_tps"] for w in ways], 0.4,
+        names = list(res)
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [res[w]["one"]["decode_tps"] for w in names], 0.4, label="1 client, tok/s")
+        ax.bar([x + 0.2 for x in xs], [res[w]["four"]["aggregate_tps"] for w in names], 0.4,
                label="4 clients, aggregate tok/s")
-        ax.set_xticks(list(xs), ways)
+        ax.set_xticks(list(xs), names)
         ax.set_ylabel("tokens/s")
         ax.set_title("SmolLM2-135M on 2 CPU cores: in-process vs a3b serve vs llama_cpp.server")
         ax.legend()
 
     plot("serve", draw)
-    return 0
+
+
+def main(argv=None) -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
+    ap.add_argument("--rounds", type=int, default=9, help="single-client requests per way (the median is reported)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads of every way (0: each one's automatic choice); on a machine shared with other "
+                         "jobs, 1 avoids llama.cpp's threads spinning against each other")
+    args = ap.parse_args(argv)
+    res = ways(args)
+    base, a3b, lcs = res["in-process"], res["a3b serve"], res["llama_cpp.server"]
+    summary = {"a3b_serve_vs_in_process_1_client": a3b["one"]["decode_tps"] / base["one"]["decode_tps"],
+               "a3b_serve_vs_llama_cpp_server_4_clients": a3b["four"]["aggregate_tps"] / lcs["four"]["aggregate_tps"]}
+    data = {"tokens": args.tokens, "rounds": args.rounds, "threads": args.threads, "results": res,
+            "summary": summary, "command": command("bench_serve", argv)}
+    return publish("serve", data, report)
 
 
 if __name__ == "__main__":

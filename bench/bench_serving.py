@@ -32,8 +32,8 @@ from pathlib import Path
 
 import httpx
 
-from .common import (free_port, in_threads, llama_server_binary, llama_server_command, percentile, plot,
-                     print_table, results_options, write_results)
+from .common import (arguments, free_port, in_threads, llama_server_binary, llama_server_command, model_option,
+                     model_path, percentile, plot, print_table, results_options, write_results)
 
 TEXT_PROMPT = ("Request {i}: write a long, detailed report about the history of lighthouses on the northern "
                "coast, chapter by chapter, with dates.")
@@ -254,7 +254,7 @@ def passes(args) -> dict:
 
 def server_arguments(ap: argparse.ArgumentParser, gen: int) -> None:
     """The options that say what a3b serve runs (bench_chains takes them too)."""
-    ap.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
+    model_option(ap, help="GGUF file (default: the embedded model)")
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (in both servers)")
     ap.add_argument("--token-prompts", action="store_true", help="prompts as token ids (a random-weight model)")
     ap.add_argument("--parallel", type=int, default=4, help="slots (of both servers)")
@@ -264,7 +264,7 @@ def server_arguments(ap: argparse.ArgumentParser, gen: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__)
     server_arguments(ap, gen=128)
     ap.add_argument("--llama-server", default=None, help="llama-server binary (default: built from the vendored "
                                                          "llama.cpp of the installed llama-cpp-python, once)")
@@ -285,10 +285,7 @@ def main(argv=None) -> int:
         res = json.loads(Path(args.report).read_text())
         report(res, Path(args.report).stem)
         return 0
-    if args.model is None:
-        from comfyui_a3b.runtime import default_model_path
-
-        args.model = str(default_model_path())
+    args.model = str(model_path(args.model))
     log_dir = Path(args.out or "/tmp")
     log_dir.mkdir(parents=True, exist_ok=True)
     res: dict = {"args": vars(args), "command": "python -m comfyui_a3b.bench.bench_serving " +

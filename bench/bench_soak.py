@@ -45,7 +45,7 @@ import threading
 import time
 
 from . import soak_editor
-from .common import median, percentile, plot, print_table, write_results
+from .common import arguments, median, percentile, plot, print_table, write_results
 
 EDITORS = 4
 OTHER_FILES = 30
@@ -309,7 +309,7 @@ def vet_cost(runs: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--vet-runs", type=int, default=5)
     ap.add_argument("--scenario", choices=("all", "soak", "editor"), default="all",

@@ -18,12 +18,11 @@ bench/results/speculative.json and .png.
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import statistics
 import textwrap
 
-from .common import plot, print_table, write_results
+from .common import arguments, plot, print_table, write_results
 
 RENAME = ("version", "ver")
 
@@ -69,7 +68,7 @@ def measure(rt, task: dict, mode: str, serve_as: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--serve-as", default="as-is", help="the serving format (LoadSpec.serve_as) of both modes")
     ap.add_argument("--only", help="comma list of tasks (default: all)")

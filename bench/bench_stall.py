@@ -16,7 +16,6 @@ Writes bench/results/stall.json and stall.png.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import threading
@@ -24,7 +23,7 @@ import time
 
 import httpx
 
-from .common import median, percentile, plot, print_table, write_results
+from .common import arguments, median, percentile, plot, print_table, write_results
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 600, "stream": True, "temperature": 0}
 
@@ -82,7 +81,7 @@ def cancel_time(port: str, path: str, body: dict, model) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (default 3)")
     ap.add_argument("--short", type=int, default=5, help="short requests per round (default 5)")
     args = ap.parse_args(argv)

@@ -19,7 +19,6 @@ Without llama-mtmd-cli (no --bin, or not in it) its columns are recorded as skip
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -30,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_gpu import SHAPES as TEXT_SHAPES
-from .bench_gpu import write_model
-from .common import device_label, median
+from .models import SHAPES as TEXT_SHAPES
+from .models import write_model
+from .common import arguments, device_label, median
 from .mmproj import SHAPES as PROJECTOR_SHAPES
 from .mmproj import write_mmproj
 
@@ -229,7 +228,7 @@ def report(res: dict, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--out", required=True, help="folder for the files, bench_vision.{md,json,png}")
     ap.add_argument("--pair", choices=PAIRS, default="qwen2-vl")
     ap.add_argument("--bin", default=os.environ.get("BIN"), help="folder with llama-mtmd-cli (default: $BIN)")

@@ -22,7 +22,7 @@ MODEL=${3:-$OUT/random-qwen3-8b.q4_0.gguf}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 if [ ! -f "$MODEL" ]; then
-    "$PY" -c "import sys; from pathlib import Path; from comfyui_a3b.bench.bench_gpu import SHAPES, write_model; \
+    "$PY" -c "import sys; from pathlib import Path; from comfyui_a3b.bench.models import SHAPES, write_model; \
 write_model(Path(sys.argv[1]), SHAPES['qwen3-8b'])" "$MODEL"
 fi
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader

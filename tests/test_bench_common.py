@@ -1,102 +1,82 @@
-"""bench/common.py's llama-server cache: where it lives, what is missing to build it, one build at a
-time (fast tier: the build itself is replaced by a stand-in; the slow tier's test_llama_server.py
-builds the real one)."""
+"""The benchmarks' harness (bench/common.py, bench/models.py): command lines, results written and
+shown again, random models written once (fast tier: nothing here runs llama.cpp)."""
 from __future__ import annotations
 
-import os
-import threading
-import time
+import json
 
 import pytest
 
-from comfyui_a3b.bench import common
+from comfyui_a3b.bench import common, models
 
-posix_only = pytest.mark.skipif(os.name == "nt", reason="the stand-in binary is a shell script")
+DOC = """A benchmark of something.
 
-
-def test_cache_path_keyed_by_the_binding_version(monkeypatch, tmp_path):
-    import importlib.metadata
-
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path))
-    version = importlib.metadata.version("llama-cpp-python")
-    assert common.llama_server_path().parent == tmp_path / "llama-server" / version
+    python -m comfyui_a3b.bench.bench_x
+"""
 
 
-def test_missing_tools_are_named(monkeypatch, tmp_path):
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path))
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.delenv("CXX", raising=False)
-    assert common.missing_build_tools() == ["cmake", "a C compiler", "a C++ compiler"]
-    built = []
-    monkeypatch.setattr(common, "_build", built.append)
-    with pytest.raises(common.BuildToolsMissing, match="needs cmake, a C compiler and a C[+][+] compiler on PATH"):
-        common.llama_server_binary(say=lambda m: None)
-    assert not built
+@pytest.fixture
+def results(monkeypatch, tmp_path):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return tmp_path
 
 
-@posix_only
-def test_one_build_for_concurrent_callers(monkeypatch, tmp_path):
-    """Two callers at once: one builds (and says so), the other waits and takes its result; a later
-    call finds the cached binary. The binary appears only once complete."""
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path))
-    monkeypatch.setattr(common, "missing_build_tools", lambda: [])
-    builds, said, seen_partial = [], [], []
+def _bench(measured: list):
+    ap = common.arguments(DOC)
+    common.model_option(ap, positional=True)
+    ap.add_argument("--steps", type=int, default=3)
+    common.results_options(ap, "bench_x")
+    shown: list[dict] = []
 
-    def fake_build(target):
-        builds.append(target)
-        time.sleep(0.5)
-        seen_partial.append(target.exists())
-        partial = target.with_name(target.name + ".partial")
-        partial.write_text("#!/bin/sh\necho 'version: 0'\n")
-        partial.chmod(0o755)
-        os.replace(partial, target)
+    def measure(args) -> dict:
+        measured.append(args)
+        return {"model": args.model, "steps": args.steps}
 
-    monkeypatch.setattr(common, "_build", fake_build)
-    out = []
-    threads = [threading.Thread(target=lambda: out.append(common.llama_server_binary(say=said.append)))
-               for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert len(builds) == 1 and seen_partial == [False]
-    assert len(out) == 2 and out[0] == out[1] == common.llama_server_path()
-    assert len(said) == 2 and "several minutes" in said[0]
-    assert common.llama_server_binary(say=said.append) == out[0] and len(builds) == 1
+    return ap, measure, shown.append, shown
 
 
-@posix_only
-def test_a_cached_binary_that_does_not_run_is_rebuilt(monkeypatch, tmp_path):
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path))
-    monkeypatch.setattr(common, "missing_build_tools", lambda: [])
-    target = common.llama_server_path()
-    target.parent.mkdir(parents=True)
-    target.write_text("#!/bin/sh\nexit 1\n")
-    target.chmod(0o755)
-    builds = []
-
-    def fake_build(t):
-        builds.append(t)
-        t.write_text("#!/bin/sh\necho 'version: 0'\n")
-
-    monkeypatch.setattr(common, "_build", fake_build)
-    assert common.llama_server_binary(say=lambda m: None) == target and builds == [target]
+def test_a_run_is_written_with_the_machine_and_shown_under_its_name(results):
+    measured: list = []
+    ap, measure, report, shown = _bench(measured)
+    assert ap.description == "A benchmark of something."
+    assert common.execute(ap, ["m.gguf", "--steps", "5", "--name", "run1"], measure, report) == 0
+    data = json.loads((results / "run1.json").read_text())
+    assert data["benchmark"] == "run1" and data["machine"]["cpus"] and data["steps"] == 5
+    assert "name" not in data   # the JSON holds what the benchmark measured, not the report's label
+    assert shown == [{"model": "m.gguf", "steps": 5, "name": "run1"}]
 
 
-def test_only_the_vendored_tree_is_extracted(tmp_path):
-    import io
-    import tarfile
+def test_report_shows_an_earlier_run_without_measuring(results):
+    measured: list = []
+    ap, measure, report, shown = _bench(measured)
+    common.execute(ap, ["--name", "first"], measure, report)
+    shown.clear()
+    assert common.execute(ap, ["--report", str(results / "first.json"), "--name", "again"], measure, report) == 0
+    assert len(measured) == 1 and shown[0]["steps"] == 3 and shown[0]["name"] == "again"
+    assert not (results / "again.json").exists()
 
-    sdist = tmp_path / "llama_cpp_python-9.9.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        for name in ("llama_cpp_python-9.9/pyproject.toml", "llama_cpp_python-9.9/vendor/llama.cpp/CMakeLists.txt",
-                     "llama_cpp_python-9.9/vendor/llama.cpp/tools/server/server.cpp"):
-            data = name.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    src = common._extract_vendored(sdist, tmp_path / "src")
-    assert src == tmp_path / "src" / "llama_cpp_python-9.9" / "vendor" / "llama.cpp"
-    assert (src / "tools" / "server" / "server.cpp").is_file()
-    assert not (tmp_path / "src" / "llama_cpp_python-9.9" / "pyproject.toml").exists()
+
+def test_the_model_option_and_its_default(tmp_path):
+    from comfyui_a3b.runtime import default_model_path
+
+    ap = common.arguments(DOC)
+    common.model_option(ap, default="", help="the GGUF")
+    assert ap.parse_args([]).model == "" and ap.parse_args(["--model", "a.gguf"]).model == "a.gguf"
+    assert common.model_path("") == default_model_path()
+    assert common.model_path(tmp_path / "a.gguf") == tmp_path / "a.gguf"
+    assert common.command("bench_x", ["--steps", "2"]) == "python -m comfyui_a3b.bench.bench_x --steps 2"
+    assert common.ratio(3.0, 2.0) == 1.5 and common.ratio(3.0, 0.0) != common.ratio(3.0, 0.0)   # nan
+
+
+def test_a_random_model_is_written_once_and_a_given_one_never(tmp_path):
+    import gguf
+
+    path, took = models.random_model(None, tmp_path / "r.gguf", "tiny")
+    assert took is not None and path == tmp_path / "r.gguf"
+    reader = gguf.GGUFReader(str(path))
+    names = {t.name for t in reader.tensors}
+    assert {"token_embd.weight", "blk.1.ffn_down.weight", "blk.0.attn_q_norm.weight"} <= names
+    assert models.random_model(None, path, "tiny") == (path, None)
+    assert models.random_model(str(tmp_path / "given.gguf"), path, "tiny") == (tmp_path / "given.gguf", None)
+    assert not (tmp_path / "given.gguf").exists()
+    again = models.write_model(tmp_path / "again.gguf", models.SHAPES["tiny"])
+    assert again.read_bytes() == path.read_bytes()   # seeded: the same file every time

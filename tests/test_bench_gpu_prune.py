@@ -31,7 +31,7 @@ def test_gpu_prune_bench_runs_at_a_tiny_shape_without_torch(tmp_path):
 
 
 def test_gpu_prune_bench_prunes_experts_of_a_tiny_moe_shape(tmp_path):
-    from comfyui_a3b.bench.bench_gpu import SHAPES, write_model
+    from comfyui_a3b.bench.models import SHAPES, write_model
     from comfyui_a3b.bench.bench_gpu_prune import main
 
     model = write_model(tmp_path / "moe.gguf", SHAPES["tiny-moe"])

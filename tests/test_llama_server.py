@@ -2,7 +2,7 @@
 
 llama-server is the server users scale out to. It is built once from the llama.cpp sources vendored
 in the installed llama-cpp-python's source distribution and cached in the cache folder
-(bench/common.py, `llama_server_binary`); the build takes several minutes the first time, and the
+(bench/llama_server.py, `llama_server_binary`); the build takes several minutes the first time, and the
 tests skip, saying why, where cmake or a compiler is missing.
 
 For this module, two servers run on the embedded model: one for generation (4 slots, /metrics,

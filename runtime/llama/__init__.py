@@ -15,7 +15,7 @@ offload.py       n_gpu_layers="auto" and the main-memory check before a load; de
 vetchild.py      the vetting server that loads unseen files in a child process (runtime/models/vet.py)
 templates.py     chat prompts rendered by llama.cpp's named templates or the GGUF's Jinja template
 reencode.py      serving copies re-encoded in a faster format (LoadSpec.serve_as)
-evaluate.py      all-position logits, perplexity, prompt and decode speed of a file
+evaluate.py      all-position logits of a file (what the pruning tool's tests compare with)
 graph.py         observers of llama.cpp's graph evaluation (the pruning tool's statistics)
 ggml.py          the ggml functions llama-cpp-python does not bind (tensor struct, sizes)
 quantize.py      llama.cpp's quantiser, for rows of values and for whole files

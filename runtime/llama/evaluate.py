@@ -1,16 +1,14 @@
-"""What llama.cpp computes for a GGUF: all-position logits, perplexity, prompt and decode speed.
+"""What llama.cpp computes for a GGUF: the logits at every position of a sequence.
 
 `LlamaContext` is one llama_model with one single-sequence context, what evaluation here and graph
-observation (graph.py) both hold. Each `LlamaEval` owns one and asks for logits at every position,
-so perplexity here is the served file's own (quantised weights, llama.cpp kernels): the pruning
-tool's measure, its tests' and its benchmarks'.
+observation (graph.py) both hold. Each `LlamaEval` owns one and asks for logits at every position:
+the served file's own (quantised weights, llama.cpp kernels), what the pruning tool's tests compare
+with its reference forward (the benchmarks' perplexity and speed measures build on it).
 """
 from __future__ import annotations
 
 import ctypes
-import math
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -108,43 +106,6 @@ class LlamaEval(LlamaContext):
             self._decode([t], i, True)
             out[i] = self._last_logits()
         return out
-
-    def nll(self, seqs: list[list[int]]) -> tuple[float, int]:
-        total, n = 0.0, 0
-        for s in seqs:
-            lg = self.logits(s)[:-1].astype(np.float64)
-            m = lg.max(-1, keepdims=True)
-            lse = (m[:, 0] + np.log(np.exp(lg - m).sum(-1)))
-            total += float((lse - lg[np.arange(len(s) - 1), s[1:]]).sum())
-            n += len(s) - 1
-        return total, n
-
-    def perplexity(self, seqs: list[list[int]]) -> float:
-        total, n = self.nll(seqs)
-        return math.exp(total / max(n, 1))
-
-    def decode_speed(self, prompt: list[int], n_tokens: int) -> float:
-        """Tokens/s of one-token-at-a-time decoding after `prompt` (greedy, the model's own tokens)."""
-        L = llama()
-        L.llama_memory_clear(self.mem, True)
-        self._decode(prompt, 0, False)
-        tok = int(np.argmax(self._last_logits()))
-        pos = len(prompt)
-        t0 = time.perf_counter()
-        for _ in range(n_tokens):
-            self._decode([tok], pos, True)
-            pos += 1
-            tok = int(np.argmax(self._last_logits()))
-        return n_tokens / (time.perf_counter() - t0)
-
-    def prefill_speed(self, tokens: list[int]) -> float:
-        """Tokens/s of reading `tokens` as one prompt from an empty cache (logits for the last only)."""
-        L = llama()
-        L.llama_memory_clear(self.mem, True)
-        t0 = time.perf_counter()
-        self._decode(tokens, 0, False)
-        self._last_logits()  # waits for the computation (a GPU computes asynchronously)
-        return len(tokens) / (time.perf_counter() - t0)
 
     def _last_logits(self) -> np.ndarray:
         L = llama()

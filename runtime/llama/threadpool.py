@@ -61,11 +61,6 @@ def live_pools() -> int:
     return len(_live)
 
 
-def openmp() -> bool:
-    """Whether ggml's CPU backend runs its graphs in OpenMP's thread team (the default build)."""
-    return b"OPENMP = 1" in (llama().llama_print_system_info() or b"")
-
-
 def _bind():
     """The functions pools need, bound once; None when the build lacks one (logged at debug)."""
     global _api
