@@ -3,7 +3,7 @@
 What runs, for `--minutes` (default 10) on the embedded default model, in a child process (so a crash
 is counted, not fatal to the benchmark):
 
-* a workflow loop: A3BGenerate's code path (`nodes.core.generate`), 48-token answers one after
+* a workflow loop: A3BGenerate's code path (`nodes.generation.generate`), 48-token answers one after
   another at batch priority, as a ComfyUI queue would;
 * four editors, each a JSON-RPC client of the in-process language server over TCP (as with
   A3B_LSP inside ComfyUI). Each retypes functions of a standard-library module at about 65 words per
@@ -219,13 +219,13 @@ def child(minutes: float) -> dict:
     import psutil
 
     from ..lsp_server import inprocess
-    from ..nodes import core as nodes
+    from ..nodes import core as nodes, generation
     from ..runtime import A3BError, get_runtime
 
     rt = get_runtime()
     proc = psutil.Process()
     spec = nodes.load_model()
-    nodes.generate(spec, "Say hello.", max_new_tokens=8)         # warm-up
+    generation.generate(spec, "Say hello.", max_new_tokens=8)         # warm-up
     info = inprocess.maybe_start({"A3B_LSP": "tcp:127.0.0.1:0"})
     port = int(info["address"].rsplit(":", 1)[1])
     rss_start = proc.memory_info().rss
@@ -240,8 +240,8 @@ def child(minutes: float) -> dict:
         i = 0
         while not stop.is_set():
             try:
-                nodes.generate(spec, prompts[i % len(prompts)], max_new_tokens=48,
-                               sampling=nodes.sampling_params(seed=i))
+                generation.generate(spec, prompts[i % len(prompts)], max_new_tokens=48,
+                               sampling=generation.sampling_params(seed=i))
                 out["workflow"] += 1
             except A3BError as e:
                 if type(e).__name__ != "ModelUnloaded":

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .defs import NODES, In, NodeDef
+from .defs import NODES
+from .schema import In, NodeDef
 
 
 def input_options(i: In) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from comfy_api.latest import ComfyExtension, io
 
-from .defs import NODES, In, NodeDef, Out
+from .defs import NODES
+from .schema import In, NodeDef, Out
 
 
 def _input(i: In):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from comfyui_a3b import cli
-from comfyui_a3b.nodes import core
+from comfyui_a3b.nodes import generation
 from comfyui_a3b.runtime import get_runtime
 from comfyui_a3b.runtime.errors import PromptTooLong
 
@@ -87,7 +87,7 @@ def test_every_surface_reports_the_same_cut(spec, http, capsys):
     assert r.json()["a3b"]["context_full"] is True and r.json()["stop_type"] == "limit"
 
     # a chat: the nodes' A3BGenerate and the chat endpoint render the same messages
-    g = core.generate(spec, PROMPT, max_new_tokens=LONG, sampling=core.sampling_params(seed=3))
+    g = generation.generate(spec, PROMPT, max_new_tokens=LONG, sampling=generation.sampling_params(seed=3))
     chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
                                                    "max_completion_tokens": LONG, "seed": 3}).json()
     assert (g.result.finish_reason, g.result.context_full) == ("length", True)
@@ -106,7 +106,7 @@ def test_max_tokens_first_is_no_cut_anywhere(spec, http):
     o = http.post("/api/generate", json={"model": "ctx", "prompt": PROMPT, "raw": True, "stream": False,
                                          "options": {"num_predict": 5}}).json()
     assert o["done_reason"] == "length" and "a3b" not in o
-    g = core.generate(spec, PROMPT, max_new_tokens=2)   # the chat's template takes most of the 64 tokens
+    g = generation.generate(spec, PROMPT, max_new_tokens=2)   # the chat's template takes most of the 64 tokens
     assert (g.result.finish_reason, g.result.context_full, g.note) == ("length", False, "")
     r = http.post("/v1/completions", json={"prompt": "x" * N_CTX, "max_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
@@ -130,7 +130,7 @@ def test_the_real_model_reports_the_cut(capsys):
     rt = get_runtime()
     spec = rt.spec(None, n_ctx=48, n_parallel=1)
     res = rt.generate(PROMPT, model=spec, chat=False, max_tokens=LONG,
-                      sampling=core.sampling_params(ignore_eos=True))
+                      sampling=generation.sampling_params(ignore_eos=True))
     assert (res.finish_reason, res.context_full, res.n_prompt_tokens + res.n_tokens) == ("length", True, 48)
     assert cli.main(["generate", PROMPT, "--raw", "--n-ctx", "48", "--max-tokens", str(LONG), "--ignore-eos"]) == 0
     err = capsys.readouterr().err

@@ -245,7 +245,7 @@ async def test_listening_on_a_non_loopback_address_is_refused(srv):
 async def test_in_process_server_shares_the_comfyui_model(rt):
     """ComfyUI loads the pack in its own process; the server then runs on a thread beside the nodes."""
     from comfyui_a3b.lsp_server import inprocess
-    from comfyui_a3b.nodes import core as nodes
+    from comfyui_a3b.nodes import core as nodes, generation
 
     assert inprocess.maybe_start({}) is None                       # off by default
     spec = nodes.load_model()                                       # what an A3BLoader node does
@@ -258,7 +258,7 @@ async def test_in_process_server_shares_the_comfyui_model(rt):
         try:
             open_doc(client, "file:///w/inproc.py", SAMPLE)
             comfy = asyncio.get_running_loop().run_in_executor(
-                None, lambda: nodes.generate(spec, "Write a haiku about autumn.", max_new_tokens=24))
+                None, lambda: generation.generate(spec, "Write a haiku about autumn.", max_new_tokens=24))
             got = await inline(client, "file:///w/inproc.py", SINGLE)
             generated = await comfy
             assert got and generated.text

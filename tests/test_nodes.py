@@ -18,29 +18,19 @@ import numpy as np
 import pytest
 
 import comfyui_a3b
-from comfyui_a3b.nodes import core, defs, embeddings
+from comfyui_a3b.nodes import core, defs, embeddings, generation
 from comfyui_a3b.nodes.v1 import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, input_types
 from comfyui_a3b.runtime import LoadSpec, add_model_dir, get_runtime
 from comfyui_a3b.runtime.errors import (Cancelled, InvalidRequest, ModelNotFound, PathNotAllowed,
                                         PromptTooLong)
 
-GEN = dict(system="", max_new_tokens=24, temperature=0.4, top_p=0.95, top_k=40, min_p=0.05,
-           repeat_penalty=1.1, seed=7, stop="", confidence_aware=False)
-
-
-def node(name):
-    return NODE_CLASS_MAPPINGS[name]()
-
+from node_helpers import GEN, generate, loader_args, node
 
 @pytest.fixture(scope="module", params=["fake://nodes?delay_ms=1",
                                         pytest.param(core.DEFAULT_CHOICE, marks=pytest.mark.slow)],
                 ids=["fake", "real"])
 def model_choice(request, fake_engine):
     return request.param
-
-
-def loader_args(model=core.DEFAULT_CHOICE, **kw):
-    return {**defs.LOADER.defaults(), "model": model, **kw}
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +43,6 @@ def real_handle():
     return node("A3BLoader").run(unique_id="1", **defs.LOADER.defaults())["result"][0]
 
 
-def generate(handle, prompt, **kw):
-    args = {**GEN, **kw}
-    return node("A3BGenerate").run(unique_id="2", model=handle, prompt=prompt, **args)
-
-
-# -- schemas -------------------------------------------------------------------------------------------
 def test_pack_exports_v1_mappings_outside_comfyui():
     assert comfyui_a3b.NODE_CLASS_MAPPINGS is NODE_CLASS_MAPPINGS
     assert set(NODE_CLASS_MAPPINGS) == {"A3BLoader", "A3BPrune", "A3BRouter", "A3BGenerate", "A3BEmbed", "A3BTopK",
@@ -136,9 +120,9 @@ def test_loader_twice_does_not_reload(rt, handle, model_choice):
 
 def test_generate_is_deterministic_per_seed_and_streams(handle):
     seen: list[str] = []
-    hooks = core.GenerateHooks(on_text=lambda t, n: seen.append(t))
-    g = core.generate(handle, "Write one sentence about the moon.", max_new_tokens=24,
-                      sampling=core.sampling_params(seed=11, temperature=1.0), hooks=hooks)
+    hooks = generation.GenerateHooks(on_text=lambda t, n: seen.append(t))
+    g = generation.generate(handle, "Write one sentence about the moon.", max_new_tokens=24,
+                      sampling=generation.sampling_params(seed=11, temperature=1.0), hooks=hooks)
     assert g.text and "".join(seen) == g.text
     out = generate(handle, "Write one sentence about the moon.", seed=11, temperature=1.0)
     assert out["result"][0] == g.text and out["ui"] == {"text": [g.text]}
@@ -169,10 +153,10 @@ def test_generate_context_system_stop_and_spans(real_handle):
 
 def test_cancel_between_tokens_keeps_partial_and_model_clean(handle):
     seen: list[int] = []
-    hooks = core.GenerateHooks(on_text=lambda t, n: seen.append(n), should_stop=lambda: len(seen) >= 4)
+    hooks = generation.GenerateHooks(on_text=lambda t, n: seen.append(n), should_stop=lambda: len(seen) >= 4)
     with pytest.raises(Cancelled) as ei:
-        core.generate(handle, "Write a long essay about rivers.", max_new_tokens=400,
-                      sampling=core.sampling_params(temperature=0.0), hooks=hooks)
+        generation.generate(handle, "Write a long essay about rivers.", max_new_tokens=400,
+                      sampling=generation.sampling_params(temperature=0.0), hooks=hooks)
     partial = ei.value.partial
     assert 4 <= partial.n_tokens < 60 and partial.finish_reason == "cancelled"
     assert generate(handle, "Say hi.", max_new_tokens=4)["result"][0]
@@ -243,7 +227,8 @@ def test_max_new_tokens_beyond_context_ends_at_the_context(rt, model_choice, cap
     """The runtime's rule (generation.cut_by_context): max_new_tokens beyond the room is not refused;
     the answer ends at the context's end, and the node says so, in the CLI's words."""
     small = node("A3BLoader").run(unique_id="1", **loader_args(model_choice, n_ctx=256))["result"][0]
-    g = core.generate(small, "Tell a story.", max_new_tokens=1000, sampling=core.sampling_params(ignore_eos=True))
+    endless = generation.sampling_params(ignore_eos=True)
+    g = generation.generate(small, "Tell a story.", max_new_tokens=1000, sampling=endless)
     res = g.result
     assert res.finish_reason == "length" and res.context_full
     assert res.n_prompt_tokens + res.n_tokens == 256
@@ -251,7 +236,7 @@ def test_max_new_tokens_beyond_context_ends_at_the_context(rt, model_choice, cap
                              f"{res.n_prompt_tokens} prompt + {res.n_tokens} answer tokens of n_ctx 256), before "
                              "max_new_tokens; raise n_ctx for a longer answer."), g.note
     assert g.ui["note"] == [g.note] and g.note in caplog.text
-    g = core.generate(small, "Tell a story.", max_new_tokens=8, sampling=core.sampling_params(ignore_eos=True))
+    g = generation.generate(small, "Tell a story.", max_new_tokens=8, sampling=endless)
     assert (g.result.finish_reason, g.result.context_full, g.note) == ("length", False, "")   # max_new_tokens
     with pytest.raises(PromptTooLong, match="raise n_ctx in A3BLoader"):   # no room at all: refused
         generate(small, "word " * 400, max_new_tokens=8)
@@ -277,7 +262,7 @@ def test_topk_mismatch_errors(handle):
 
 def test_handle_type_checked():
     with pytest.raises(core.NodeError, match="A3BLoader"):
-        core.generate("not a handle", "hi")  # type: ignore[arg-type]
+        generation.generate("not a handle", "hi")  # type: ignore[arg-type]
 
 
 def test_gpu_layers_on_a_cpu_build_says_how_to_fix():
@@ -290,16 +275,6 @@ def test_gpu_layers_on_a_cpu_build_says_how_to_fix():
     # auto (the default) means the CPU here, with the reason in the model's status
     h = node("A3BLoader").run(unique_id="1", **defs.LOADER.defaults())["result"][0]
     assert h.n_gpu_layers == "auto" and get_runtime().load(h).info.n_gpu_layers == 0
-
-
-def test_keep_ratio_errors(monkeypatch):
-    with pytest.raises(core.NodeError, match="keep_ratio"):
-        core.load_model(core.DEFAULT_CHOICE, keep_ratio=1.5)
-    from comfyui_a3b import prune
-
-    monkeypatch.delattr(prune, "cached_variant", raising=False)
-    with pytest.raises(core.NodeError, match="keep_ratio to 1.0"):
-        core.load_model(core.DEFAULT_CHOICE, keep_ratio=0.5)
 
 
 @pytest.mark.slow
@@ -385,62 +360,6 @@ def test_loader_serves_a_reencoded_copy(rt, tmp_path, monkeypatch):
     rt.unload(h)
 
 
-def _prune(loaded, **settings):
-    """A3B Prune over A3B Loader's handle, as a workflow chains them."""
-    defaults = {k: v for k, v in defs.PRUNE.defaults().items() if k != "model"}
-    return node("A3BPrune").run(unique_id="2", model=loaded, **{**defaults, **settings})["result"][0]
-
-
-@pytest.mark.slow
-def test_keep_ratio_makes_a_pruned_variant_once(rt, tmp_path, monkeypatch, tiny_models):
-    """A3B Prune with keep_ratio < 1 loads the pruned copy (made once, cached on disk); without torch,
-    a clear error."""
-    import importlib.util
-
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
-    add_model_dir(tiny_models["llama"].parent)
-    loaded = node("A3BLoader").run(unique_id="1", **{**defs.LOADER.defaults(), "model": tiny_models["llama"].name,
-                                                      "n_ctx": 256})["result"][0]
-    args = {"keep_ratio": 0.5, "prune_method": "magnitude", "recover_steps": 0}
-    if importlib.util.find_spec("torch") is None:
-        with pytest.raises(Exception, match="(?i)torch") as ei:
-            _prune(loaded, **args)
-        assert "pip install" in str(ei.value)
-        return
-    h = _prune(loaded, **args)
-    assert "keep0.5" in os.path.basename(h.path) and str(tmp_path / "cache") in h.path and h.n_ctx == 256
-    assert rt.store.entry(h) is not None
-    assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
-    t0 = time.perf_counter()
-    assert _prune(loaded, **args) == h  # no second pruning
-    assert time.perf_counter() - t0 < 1.0
-    rt.unload(h)
-
-
-@pytest.mark.slow
-def test_heads_keep_serves_a_head_pruned_variant(rt, tmp_path, monkeypatch, tiny_models):
-    """heads_keep < 1 alone (keep_ratio 1.0) still makes a pruned copy: fewer query heads, same KV heads."""
-    pytest.importorskip("torch", reason="the prune extra (torch) is not installed")
-    from comfyui_a3b.runtime import inspect_gguf
-
-    monkeypatch.setenv("A3B_CACHE", str(tmp_path / "cache"))
-    add_model_dir(tiny_models["llama"].parent)
-    base = {**defs.LOADER.defaults(), "n_ctx": 256}
-    loaded = node("A3BLoader").run(unique_id="1", **{**base, "model": tiny_models["llama"].name})["result"][0]
-    args = {"heads_keep": 0.5, "recover_steps": 0}
-    h = _prune(loaded, **args)
-    a = inspect_gguf(h.path).a3b
-    assert (a["a3b.n_head"], a["a3b.n_head_source"], a["a3b.n_ff"], a["a3b.n_ff_source"]) == (2, 4, 128, 128)
-    assert isinstance(generate(h, "Say hi.", max_new_tokens=4)["result"][0], str)
-    rt.unload(h)
-    qwen2 = node("A3BLoader").run(unique_id="1", **{**base, "model": tiny_models["qwen2"].name})["result"][0]
-    for model, bad, match in ((loaded, dict(heads_keep=0.0), "heads_keep must be in"),
-                              (loaded, dict(keep_ratio=1.5), "keep_ratio must be in"),
-                              (qwen2, dict(heads_keep=0.5), "qwen2")):
-        with pytest.raises(Exception, match=match):
-            _prune(model, **{**args, **bad})
-
-
 def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
     from tinygguf import write_tiny_lora
 
@@ -463,24 +382,6 @@ def test_lora_from_the_lora_folder(rt, tmp_path, monkeypatch, tiny_models):
             node("A3BLoader").run(unique_id="1", **{**base_args, "lora": bad})
     rt.unload(base)
     rt.unload(tuned)
-
-
-def test_loader_recover_steps_default_means_the_default_for_where_recovery_runs(tmp_path, monkeypatch):
-    """-1 (the widget's default) reaches cached_variant as "unset" (None), which takes the CPU's or the
-    GPU's recovery setting (prune.config.with_device_defaults); a number the user sets passes as is."""
-    from tinygguf import write_tiny_gguf
-
-    from comfyui_a3b import prune
-
-    assert defs.PRUNE.defaults()["recover_steps"] == -1
-    seen = []
-    monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or tmp_path / f"v{len(seen)}")
-    core.VARIANTS.reset()
-    src = write_tiny_gguf(tmp_path / "m.gguf", "llama")   # dense: read to tell it from a mixture of experts
-    core.pruned_variant(src, 0.5, None, -1)
-    core.pruned_variant(src, 0.5, None, 40)
-    core.pruned_variant(src, 1.0, None, -1, 1.0, 0.5)   # expert pruning is one-shot
-    assert [kw["recover_steps"] for kw in seen] == [None, 40, 0]
 
 
 def test_a_missing_model_names_the_default_as_the_dropdown_shows_it(tmp_path, monkeypatch):
@@ -508,27 +409,3 @@ def test_the_in_process_language_server_start_is_one_line_with_its_address(monke
 
 
 
-def test_the_prune_node_serves_the_pruned_copy_with_the_loaders_settings(rt, tmp_path, monkeypatch, default_path):
-    """A3B Prune: model in, pruned model out (the cached copy, loaded with the loader's settings; the
-    source unloaded meanwhile), the input unchanged when every ratio is 1.0; bad ratios refused by name."""
-    from comfyui_a3b import prune
-
-    copy = tmp_path / "pruned.gguf"
-    shutil.copy(default_path, copy)
-    seen = []
-    monkeypatch.setattr(prune, "cached_variant", lambda path, **kw: seen.append(kw) or copy)
-    core.VARIANTS.reset()
-    src = node("A3BLoader").run(unique_id="1", **loader_args(n_ctx=1024, n_gpu_layers=0))["result"][0]
-    args = {**defs.PRUNE.defaults(), "model": src}
-    assert node("A3BPrune").run(unique_id="2", **args)["result"][0] is src   # 1.0 everywhere: nothing to do
-    out = node("A3BPrune").run(unique_id="2", **{**args, "keep_ratio": 0.5})
-    pruned = out["result"][0]
-    assert pruned.path == str(copy) and pruned.n_ctx == 1024 and pruned.n_gpu_layers == 0
-    assert seen[-1]["keep"] == 0.5 and seen[-1]["recover_steps"] is None
-    assert rt.loaded(pruned) is not None and rt.loaded(src) is None
-    assert "pruned.gguf, n_ctx 1024" in out["ui"]["text"][0]
-    assert generate(pruned, "Hi", max_new_tokens=2)["result"][0] is not None
-    with pytest.raises(core.NodeError, match="heads_keep"):
-        node("A3BPrune").run(unique_id="2", **{**args, "heads_keep": 1.5})
-    with pytest.raises(core.NodeError, match="A3BLoader"):
-        node("A3BPrune").run(unique_id="2", **{**args, "model": "not a handle"})

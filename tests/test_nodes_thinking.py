@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_a3b.nodes import comfy, core, defs
+from comfyui_a3b.nodes import comfy, core, defs, generation
 
 THINK = "fake://node-think?template=qwen3&think=Panel+one+first.&text=It+is+4.&eos_after=43"
 LOOP = "fake://node-loop?template=qwen3&think=Hmm.&think_loop=1&text=[1]"
@@ -37,8 +37,8 @@ def test_reasoning_is_its_own_output(spec, monkeypatch):
 def test_thinking_off_and_budget_inputs(spec):
     (text, _, reasoning), _ = run(spec, THINK, thinking="off", max_new_tokens=8)
     assert (text, reasoning) == ("It is 4.", "")
-    g = core.generate(spec(LOOP), "Storyboard?", max_new_tokens=3, reasoning_budget=2,
-                      sampling=core.sampling_params(temperature=0.0))
+    g = generation.generate(spec(LOOP), "Storyboard?", max_new_tokens=3, reasoning_budget=2,
+                      sampling=generation.sampling_params(temperature=0.0))
     assert (g.text, g.result.n_reasoning_tokens, g.result.reasoning_closed_by) == ("[1]", 2, "budget")
     (text, _, reasoning), _ = run(spec, LOOP, reasoning_budget=2, max_new_tokens=3)
     assert (text, reasoning) == ("[1]", "H")   # two tokens: the newline after <think>, then "H"
@@ -77,7 +77,7 @@ def test_a_reasoning_without_a_budget_leaves_room_for_the_answer(spec):
     n_prompt = __import__("comfyui_a3b.runtime", fromlist=["get_runtime"]).get_runtime().count_tokens(
         __import__("comfyui_a3b.runtime", fromlist=["ChatPrompt"]).ChatPrompt(
             [{"role": "user", "content": "What is 2 + 2?"}]), model=handle)
-    assert core.room_for_reasoning(256, n_prompt, 8) == 256 - n_prompt - 8 - core.CLOSE_RESERVE
+    assert generation.room_for_reasoning(256, n_prompt, 8) == 256 - n_prompt - 8 - generation.CLOSE_RESERVE
 
 
 def test_a_reasoning_that_takes_every_token_says_so_in_the_node_and_its_result(spec, monkeypatch):

@@ -19,6 +19,7 @@ import pytest
 from comfyui_a3b import cli, cliwords
 from comfyui_a3b.lsp_server import config as lsp
 from comfyui_a3b.nodes import core as node_core
+from comfyui_a3b.nodes import generation as node_generation
 from comfyui_a3b.nodes import embeddings as node_embeddings
 from comfyui_a3b.nodes import defs
 from comfyui_a3b.prune import config as prune_config
@@ -99,7 +100,7 @@ def test_the_callers_defaults_are_the_declared_ones():
     assert params["max_tokens"].default == opt.MAX_TOKENS.default == 512
     params = inspect.signature(Runtime.embed).parameters
     assert (params["pooling"].default, params["normalize"].default) == (opt.POOLING.default, opt.NORMALIZE.default)
-    assert inspect.signature(node_core.generate).parameters["max_new_tokens"].default == opt.MAX_TOKENS.default
+    assert inspect.signature(node_generation.generate).parameters["max_new_tokens"].default == opt.MAX_TOKENS.default
     assert inspect.signature(node_embeddings.embed).parameters["pooling"].default == opt.POOLING.default
     for option in PRUNE_RATIOS:
         assert getattr(prune_config.PruneConfig, option.name) == option.default
@@ -107,7 +108,7 @@ def test_the_callers_defaults_are_the_declared_ones():
 
 def test_the_seed_wraps_in_one_place():
     assert opt.wrap_seed(2**32 + 5) == 5 == opt.wrap_seed(5)
-    assert node_core.sampling_params(seed=2**64 - 1).seed == 2**32 - 1
+    assert node_generation.sampling_params(seed=2**64 - 1).seed == 2**32 - 1
     assert serve_fields.sampling_of({"seed": 2**32 + 7}).seed == 7
     with pytest.raises(InvalidRequest, match="seed must be"):
         serve_fields.sampling_of({"seed": "7"})
@@ -214,7 +215,7 @@ def test_every_node_widget_is_its_declaration():
                 continue
             o = i.option
             if o is None:
-                assert (node.node_id, i.name) in NODE_OWN, f"{where}: make it with nodes.defs.widget(option)"
+                assert (node.node_id, i.name) in NODE_OWN, f"{where}: make it with nodes.schema.widget(option)"
                 continue
             if id(o) not in runtime_options and o.name in NODE_RATIOS:
                 base = NODE_RATIOS[o.name]
