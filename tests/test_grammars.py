@@ -206,7 +206,8 @@ def test_a_client_leaving_while_its_grammar_compiles_is_noticed(server):
 
 
 def test_node_and_cli_name_the_keywords(capsys, tmp_path, fake_engine):
-    from comfyui_a3b.nodes.core import NodeError, generate, load_model
+    from comfyui_a3b.nodes.core import NodeError, load_model
+    from comfyui_a3b.nodes.generation import generate
 
     bad = {"type": "array", "uniqueItems": True, "items": {"type": "string", "format": "regex"}}
     with pytest.raises((NodeError, InvalidRequest), match=r"uniqueItems at \(the root\).*format 'regex' at /items"):
