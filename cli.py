@@ -1,7 +1,8 @@
 """The `a3b` command line: generate, embed, inspect, verify, doctor, lsp, serve, prune, tune.
 
 It sits at the package root (beside `__init__.py`) because it wires the runtime and the language
-server together, which runtime/ itself must not do. cliwords.py holds what it says around a
+server together, which runtime/ itself must not do. cli_files.py (inspect, verify), cli_doctor.py
+and cli_reasoning.py hold commands of their own; cliwords.py holds what it says around a
 command's output (help layout, version, errors in the words of its flags) and how it reads its input.
 
 Exit status: 0 on success; 2 for a user error, either a usage error argparse reports or a typed
@@ -24,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cli_doctor, cli_reasoning, cliwords
+from . import cli_doctor, cli_files, cli_reasoning, cliwords
 # prune.cli declares arguments only: importing it imports neither torch nor the pipeline.
 from .prune import cli as prune_cli
 from .runtime.errors import A3BError, InvalidRequest
@@ -173,59 +174,6 @@ def cmd_embed(args) -> int:
     return 0
 
 
-def cmd_inspect(args) -> int:
-    from .runtime import inspect_gguf
-    from .runtime.llama import llama_cpp_version
-    from .runtime.llama.weights import probe_architecture
-
-    cliwords.check_readable(args.file)
-    info = inspect_gguf(cliwords.model_file(args.file))
-    if info.architecture == "clip":   # a projector is no model of its own
-        ok, why = False, "a multimodal projector (mmproj): it is loaded beside its model (--mmproj), not alone"
-    else:
-        ok, why = probe_architecture(info.path)
-    d = info.as_dict()
-    d["llama_cpp_supports_architecture"] = ok
-    d["llama_cpp_python"] = llama_cpp_version()
-    if not ok:
-        d["llama_cpp_detail"] = why
-    if args.json:
-        print(json.dumps(d, indent=2, default=str))
-        return 0 if ok else 1
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=info.path, show_header=False)
-    rows = [("architecture", info.architecture), ("name", info.name), ("file size", f"{info.file_size / 1e6:.1f} MB"),
-            ("parameters", f"{info.n_params / 1e6:.1f} M"), ("tensors", info.n_tensors),
-            ("quantisation", info.file_type),
-            ("tensor types", ", ".join(f"{k}×{v}" for k, v in info.tensor_types.items())),
-            ("context length", info.context_length), ("embedding length", info.embedding_length),
-            ("layers", info.block_count), ("FFN width", info.feed_forward_length),
-            ("heads / KV heads", f"{info.head_count} / {info.head_count_kv}"), ("RoPE base", info.rope_freq_base),
-            ("vocabulary", info.vocab_size), ("chat template", "yes" if info.has_chat_template else "no"),
-            ("FIM tokens", ", ".join(info.fim_tokens) or "none"),
-            ("llama.cpp supports it", f"yes (llama-cpp-python {llama_cpp_version()})" if ok
-             else f"NO: {why} (llama-cpp-python {llama_cpp_version()})")]
-    if info.expert_count:
-        rows += [("experts / used per token", f"{info.expert_count} / {info.expert_used_count}"),
-                 ("expert FFN width", info.expert_feed_forward_length)]
-    rows += [(k, str(v)) for k, v in info.a3b.items()]
-    for k, v in rows:
-        t.add_row(k, str(v))
-    Console().print(t)
-    return 0 if ok else 1
-
-
-def cmd_verify(args) -> int:
-    from .runtime import verify_sha256
-
-    cliwords.check_readable(args.file)
-    digest = verify_sha256(args.file, args.sha256, progress=not args.quiet)
-    print(f"OK {digest}  {args.file}")
-    return 0
-
-
 def cmd_lsp(args) -> int:
     # The language server is an adapter over the runtime, imported only by this command.
     from .lsp_server import main as lsp_main
@@ -285,12 +233,8 @@ def _presets_epilog() -> str:
     return "sampling presets (--temperature and the options after it override single values):\n" + "\n".join(rows)
 
 
-def _command(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=summary, description=description, formatter_class=cliwords.HelpFormatter, **kwargs)
-
-
 def _add_generate(sub) -> None:
-    g = _command(sub, "generate", "stream text from a model",
+    g = cliwords.command(sub, "generate", "stream text from a model",
                  "Stream a model's answer to PROMPT (or, with --raw, its continuation of PROMPT), then print "
                  "one line on stderr: tokens, tokens/s, time to first token, prompt tokens, the seed, the "
                  "finish reason and the number of low-confidence spans. The same seed and settings give "
@@ -325,7 +269,7 @@ def _add_generate(sub) -> None:
 
 
 def _add_embed(sub) -> None:
-    e = _command(sub, "embed", "print embeddings of texts",
+    e = cliwords.command(sub, "embed", "print embeddings of texts",
                  "Embed each TEXT and each non-empty line of --file with the model: one vector per text, "
                  "printed as JSON or written as a float32 .npy array.")
     e.add_argument("texts", nargs="*", metavar="TEXT", help="a text to embed")
@@ -339,29 +283,8 @@ def _add_embed(sub) -> None:
     e.set_defaults(func=cmd_embed)
 
 
-def _add_inspect(sub) -> None:
-    i = _command(sub, "inspect", "show a GGUF's metadata and whether llama.cpp supports it",
-                 "Show a GGUF's architecture, sizes, context length, quantisation, RoPE base, chat template "
-                 "and a3b.* keys, and whether the installed llama.cpp supports its architecture (exit "
-                 "status 1 when it does not).")
-    i.add_argument("file", metavar="FILE", help="the GGUF file: a path, a name in the model folders, or default "
-                                                "(the embedded model), as --model takes it")
-    i.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    i.set_defaults(func=cmd_inspect)
-
-
-def _add_verify(sub) -> None:
-    v = _command(sub, "verify", "check a file's SHA-256",
-                 "Stream FILE's SHA-256 (constant memory, with a progress bar) and compare it with the "
-                 "expected digest; a mismatch is an error (exit status 2).")
-    v.add_argument("file", metavar="FILE", help="the file to check")
-    v.add_argument("--sha256", required=True, metavar="HEX", help="expected digest: 64 hex characters")
-    v.add_argument("--quiet", action="store_true", help="no progress bar")
-    v.set_defaults(func=cmd_verify)
-
-
 def _add_doctor(sub) -> None:
-    d = _command(sub, "doctor", "check the installation and run a minimal generation",
+    d = cliwords.command(sub, "doctor", "check the installation and run a minimal generation",
                  "Check Python, llama-cpp-python, the llama.cpp build (CPU features, GPU offload) and the "
                  "default model, then load it and run a minimal generation and embedding. Exit status 1 "
                  "when a check fails.")
@@ -369,7 +292,7 @@ def _add_doctor(sub) -> None:
 
 
 def _add_lsp(sub) -> None:
-    lsp = _command(sub, "lsp", "run the language server",
+    lsp = cliwords.command(sub, "lsp", "run the language server",
                    "Run the language server (inline completions, quick fixes, embeddings from the local model) for "
                    "VS Code, Neovim and other LSP editors: over stdin/stdout for one editor, or on a "
                    "loopback TCP or WebSocket address several editors share.")
@@ -388,7 +311,7 @@ def _add_lsp(sub) -> None:
 
 
 def _add_serve(sub) -> None:
-    sv = _command(sub, "serve", "serve the model over the OpenAI API",
+    sv = cliwords.command(sub, "serve", "serve the model over the OpenAI API",
                   "Serve the model over an OpenAI-compatible HTTP API (/v1/models, /v1/chat/completions, "
                   "/v1/completions, /v1/embeddings) and llama-server's /infill, /tokenize, /props and /health, "
                   "for Open WebUI, Continue, Zed, the openai client, llama.vim and llama.vscode. Loopback only "
@@ -418,7 +341,7 @@ def _add_serve(sub) -> None:
 
 
 def _add_prune(sub) -> None:
-    pr = _command(sub, "prune", "A3B gated-FFN pruning (needs the 'prune' extra: torch)", prune_cli.DESCRIPTION)
+    pr = cliwords.command(sub, "prune", "A3B gated-FFN pruning (needs the 'prune' extra: torch)", prune_cli.DESCRIPTION)
     prune_cli.add_arguments(pr)
     pr.set_defaults(func=cmd_prune)
 
@@ -426,7 +349,7 @@ def _add_prune(sub) -> None:
 def _add_tune(sub) -> None:
     from .tune import cli as tune_cli   # the arguments only: no torch until the command runs
 
-    tu = _command(sub, "tune", "train a LoRA adapter on a repository's code (needs the 'prune' extra: torch)",
+    tu = cliwords.command(sub, "tune", "train a LoRA adapter on a repository's code (needs the 'prune' extra: torch)",
                   tune_cli.DESCRIPTION)
     tune_cli.add_arguments(tu)
     tu.set_defaults(func=tune_cli.run)
@@ -440,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the versions of a3b, llama-cpp-python and Python, and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands",
                          help="`a3b COMMAND --help` documents its options")
-    for add in (_add_generate, _add_embed, _add_inspect, _add_verify, _add_doctor, _add_lsp, _add_serve, _add_prune,
-                _add_tune):
+    for add in (_add_generate, _add_embed, cli_files.add_inspect, cli_files.add_verify, _add_doctor, _add_lsp,
+                _add_serve, _add_prune, _add_tune):
         add(sub)
     return p
 

@@ -174,3 +174,8 @@ def read_images(paths: Sequence[str] | None) -> tuple:
         except OSError as e:
             raise InvalidRequest(f"Cannot read the image {path}: {e.strerror or e}.") from None
     return tuple(parts)
+
+
+def command(sub, name: str, summary: str, description: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand's parser, laid out as every command's help is."""
+    return sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter, **kwargs)
