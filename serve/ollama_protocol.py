@@ -23,6 +23,7 @@ from ..runtime.errors import InvalidRequest
 from ..runtime.generation import GenerationResult, SamplingParams
 from ..runtime.options import check
 from ..runtime.requests import ImagePart
+from .protocol.chat import message_list
 from .protocol.fields import int_field, stops_of
 
 #: The Ollama API version this server follows (GET /api/version): what its clients check features by.
@@ -191,13 +192,8 @@ def images_of(images: Any, where: str) -> tuple[ImagePart, ...]:
 def messages_of(body: dict) -> list[dict]:
     """The chat's messages as the runtime takes them: images before the text of their message, the
     assistant's tool calls with their arguments, a tool's answer with its tool's name."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
     out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
+    for i, m in enumerate(message_list(body)):
         content = m.get("content") or ""
         if not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string (images go in messages[{i}].images).")

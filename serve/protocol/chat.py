@@ -104,16 +104,23 @@ def tools_of(body: dict) -> tuple[dict, ...]:
     return tuple(tools)
 
 
-def messages_of(body: dict) -> list[dict]:
-    """The chat messages of a request: text content, or OpenAI's content parts (text, and images as
-    `image_url` data URLs: the server fetches nothing)."""
+def message_list(body: dict) -> list[dict]:
+    """A request's `messages`: a non-empty list of objects with a string role (OpenAI's and Ollama's
+    chats alike); what their content may be is each API's own."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects.")
-    out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidRequest(f"messages[{i}] must be an object with a string role.")
+    return msgs
+
+
+def messages_of(body: dict) -> list[dict]:
+    """The chat messages of a request: text content, or OpenAI's content parts (text, and images as
+    `image_url` data URLs: the server fetches nothing)."""
+    out = []
+    for i, m in enumerate(message_list(body)):
         content = m.get("content")
         if isinstance(content, list):
             content = content_parts_of(content, f"messages[{i}]")
