@@ -371,3 +371,26 @@ def test_a_working_repack_is_recorded_and_a_crash_with_or_without_it_is_the_file
     with pytest.raises(vet.CorruptGGUF, match="GGML_ASSERT"):
         vet.check_file(bad)
     assert asked[2:] == [("bad.gguf", True)]   # an abort is the file's: not tried again without repacking
+
+
+def test_the_verdicts_on_disk_keep_the_builds_and_forget_files_that_are_gone(tmp_path, monkeypatch, fake_vetting):
+    """Many vetted files (a test suite's, a folder of downloads) never push out what was learnt of the
+    build, which every process would otherwise learn again; deleted files' verdicts leave; a vetted
+    file's verdict holds no llama.cpp log (only a failure's message needs one)."""
+    asked = fake_vetting(lambda name, repack: {"ok": True, "loads": True, "decoded": True, "log": "x" * 4000})
+    monkeypatch.setattr(vet, "MAX_FILE_VERDICTS", 3)
+    assert vet.repack_allowed()                          # learnt from the embedded model
+    files = [write_tiny_gguf(tmp_path / f"m{i}.gguf", seed=i) for i in range(5)]
+    for f in files:
+        vet.check_file(f)
+    files[4].unlink()
+    vet.check_file(files[0])                             # known: nothing saved
+    vet.VERDICTS.save_disk()
+    saved = json.loads((tmp_path / "cache" / "vetted.json").read_text())
+    keys = [tuple(item["key"]) for item in saved]
+    assert keys[0][0] == vet.BUILD_VERDICT and sum(k[0] == vet.BUILD_VERDICT for k in keys) == 1
+    assert [Path(k[0]).name for k in keys[1:]] == ["m1.gguf", "m2.gguf", "m3.gguf"]
+    assert all("log" not in item["verdict"] for item in saved[1:])
+    vet.VERDICTS.reset()                                 # a new process
+    n = len(asked)
+    assert vet.repack_allowed() and len(asked) == n     # the build's verdict is still known

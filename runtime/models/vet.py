@@ -59,6 +59,11 @@ def decode_max_bytes() -> int:
 #: a large vision tower takes seconds); larger ones are loaded only
 MMPROJ_ENCODE_MAX_BYTES = 256 << 20
 
+#: the first item of the keys of verdicts on the llama.cpp build and processor (not on a file)
+BUILD_VERDICT = "cpu-repack"
+#: verdicts of files kept on disk (their logs are kept only for files that failed)
+MAX_FILE_VERDICTS = 2000
+
 _lock = threading.Lock()
 _server: subprocess.Popen | None = None
 #: what vetting cost, for status and the benchmark: [(path, seconds, verdict)]
@@ -99,7 +104,7 @@ def _build_key() -> tuple:
     except OSError:
         cpu = []
     digest = hashlib.sha256(repr((stamp, cpu)).encode()).hexdigest()[:16]
-    return ("cpu-repack", str(lib), 0, digest)
+    return (BUILD_VERDICT, str(lib), 0, digest)
 
 
 def repack_allowed() -> bool:
@@ -141,10 +146,16 @@ class Verdicts(dict):
             pass
 
     def save_disk(self) -> None:
+        """Write the verdicts: every verdict of the build (kept whatever the number of files, or
+        every process after many vetted files would learn them again) and the newest
+        `MAX_FILE_VERDICTS` verdicts of files that still exist."""
         try:
             f = self.disk_file()
             f.parent.mkdir(parents=True, exist_ok=True)
-            items = [{"key": list(k), "verdict": v} for k, v in list(self.items())[-2000:]]
+            kept = [(k, v) for k, v in list(self.items()) if k[0] == BUILD_VERDICT]
+            kept += [(k, v) for k, v in list(self.items()) if k[0] != BUILD_VERDICT and os.path.exists(k[0])
+                     ][-MAX_FILE_VERDICTS:]
+            items = [{"key": list(k), "verdict": v} for k, v in kept]
             tmp = f.with_name(f"{f.name}.tmp{os.getpid()}")
             tmp.write_text(json.dumps(items))
             os.replace(tmp, f)
@@ -316,7 +327,9 @@ def _vet(p: Path, key: tuple, kind: str = "model", base: Path | None = None, rep
     seconds = time.perf_counter() - t0
     history.append((p.name, seconds, "ok" if v.get("ok") else v.get("status", "?")))
     if v.get("status") != "timeout":   # a timeout may be a busy machine: try again next time
-        VERDICTS[key] = {k: v[k] for k in ("ok", "status", "signal", "log", "loads") if k in v}
+        # llama.cpp's last words are kept for the message of a file that failed; a vetted file's say nothing
+        VERDICTS[key] = {k: v[k] for k in ("ok", "status", "signal", "log", "loads")
+                         if k in v and (k != "log" or not v.get("ok"))}
         VERDICTS.save_disk()
     return v
 
