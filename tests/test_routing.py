@@ -36,7 +36,7 @@ def test_prose_has_few_code_signs(text):
 
 
 @pytest.mark.parametrize("text", ["a" * 1_000_000, "a." * 500_000, "x_" * 500_000 + ".p", "`" * 1_000_000,
-                                  "-" * 1_000_000 + ">"])
+                                  "-" * 1_000_000 + ">"], ids=lambda text: f"{text[:4]!r}x{len(text)}")
 def test_the_rules_are_linear_in_the_text(text):
     from comfyui_a3b.runtime.routing import code_signs
 

@@ -40,7 +40,7 @@ def tuned(tmp_path_factory, default_path):
     repo = d / "repo"
     repo.mkdir()
     _planted_repo(repo)
-    cfg = TuneConfig(steps=8, eval_every=4, seq_len=64, batch=2, lr=3e-3, patience=0, device="cpu")
+    cfg = TuneConfig(steps=8, eval_every=8, seq_len=64, batch=2, lr=3e-3, patience=0, device="cpu")
     return tune(repo, default_path, d / "planted.lora.gguf", cfg, bar=False, max_eval_samples=8)
 
 
