@@ -6,6 +6,7 @@ rest form the fast tier, pure logic and the real runtime over a small fake engin
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,8 +35,22 @@ class _RootIsNotATestPackage:
         return None
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker runs on its own share of the cores (and so do the processes it
+    starts). llama.cpp sizes its thread pools from the cores a process may use, and its threads spin
+    at a barrier after every operation: two workers that each took every core would preempt each
+    other's spinning threads (the slow tier took longer on two workers than on one)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker[2:]) % count::count])
+
+
 def pytest_configure(config):
     config.pluginmanager.register(_RootIsNotATestPackage(), "a3b-root-is-not-a-test-package")
+    _share_the_cores()
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,17 @@ def plain_entropy(logits: np.ndarray) -> float:
     return float(np.log(s) - (e @ z) / s)
 
 
+def four_slots_sampled_in_threads(rt, monkeypatch):
+    """The embedded model with 4 slots, loaded afresh with its rows sampled in two threads (whatever
+    the cores this process may use: a worker of a parallel test run has one)."""
+    monkeypatch.setenv("A3B_SAMPLE_THREADS", "2")
+    spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
+    rt.unload(spec)
+    m = rt.load(spec)
+    assert m.backend._pool is not None   # 4 slots and a 49k vocabulary: rows are sampled in threads
+    return m
+
+
 def decode_four_prompts(m) -> list[int]:
     """Four prompts decoded in one batch on sequences 0-3 of `m`'s context (the caller holds the
     model's lock); the batch index of each prompt's last token, whose logits row is there."""
@@ -32,14 +43,12 @@ def decode_four_prompts(m) -> list[int]:
     return [int(e) for e in np.cumsum([len(t) for t in prompts]) - 1]
 
 
-def test_rows_side_by_side_give_the_plain_formulas_entropies(rt):
+def test_rows_side_by_side_give_the_plain_formulas_entropies(rt, monkeypatch):
     from comfyui_a3b.runtime.llama.binding import llama
     from comfyui_a3b.runtime.llama.rows import entropy
 
-    spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
-    m = rt.load(spec)
+    m = four_slots_sampled_in_threads(rt, monkeypatch)
     b = m.backend
-    assert b._pool is not None   # 4 slots and a 49k vocabulary: rows are sampled in threads
     L = llama()
     with m._lock:                # the worker waits while the test drives its backend
         ends = decode_four_prompts(m)
@@ -62,4 +71,4 @@ def test_rows_side_by_side_give_the_plain_formulas_entropies(rt):
     assert [e for _, e in threaded[:4]] == plain and [e for _, e in serial[:4]] == plain
     assert [t for t, _ in threaded[:4]] == [int(x.argmax()) for x in logits] == [t for t, _ in serial[:4]]
     assert [e for _, e in threaded[4:]] == plain and [entropy(x) for x in logits] == plain
-    rt.unload(spec)
+    rt.unload(m.spec)

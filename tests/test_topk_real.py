@@ -11,7 +11,7 @@ from comfyui_a3b.runtime.generation import ConfidenceConfig
 from comfyui_a3b.runtime.llama import backend
 from comfyui_a3b.runtime.llama.binding import llama
 
-from test_entropy_real import decode_four_prompts
+from test_entropy_real import decode_four_prompts, four_slots_sampled_in_threads
 
 pytestmark = pytest.mark.slow
 CHAINS = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0),
@@ -23,13 +23,11 @@ CHAINS = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repe
           SamplingParams(temperature=0.7, top_k=20, repeat_penalty=1.5, samplers=["penalties", "top_k", "temperature"])]
 
 
-def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt):
+def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt, monkeypatch):
     """Row by row and four rows at a time, against llama_sampler_sample over the whole row with
     the same chain."""
-    spec = rt.spec(n_parallel=4, n_ctx=256, speculative="off")
-    m = rt.load(spec)
+    m = four_slots_sampled_in_threads(rt, monkeypatch)
     b = m.backend
-    assert b._pool is not None   # 4 slots and a 49k vocabulary: rows are sampled in threads
     submitted = []
     submit = b._pool.submit
     b._pool.submit = lambda fn, *a: submitted.append(fn.__name__) or submit(fn, *a)
@@ -68,7 +66,7 @@ def test_candidates_draw_llama_cpps_tokens_on_real_rows(rt):
     constrained = b.new_sampler(CHAINS[0], 0, grammar=grammar)
     assert constrained.candidates == 0   # a grammar's matcher reads the whole row (and in the threads)
     b.free_sampler(constrained)
-    rt.unload(spec)
+    rt.unload(m.spec)
 
 
 def test_the_same_text_with_and_without_candidates(rt, monkeypatch):
