@@ -253,7 +253,7 @@ class GenerationRequest:
     #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
     #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
     logprobs: int | None = LOGPROBS.default
-    #: Thinking models (options.py declares each: default, bounds, help). `max_tokens` counts the
+    #: Thinking models (runtime/options/ declares each: default, bounds, help). `max_tokens` counts the
     #: answer; `max_total_tokens` bounds reasoning and answer together.
     thinking: str = THINKING.default
     reasoning_budget: int | None = REASONING_BUDGET.default
@@ -261,7 +261,7 @@ class GenerationRequest:
     #: Structured output: a JSON schema the answer follows, or a GBNF grammar (not both)
     json_schema: dict[str, Any] | None = JSON_SCHEMA.default
     grammar: str | None = None
-    #: Speculative decoding for this request (options.py: SPECULATIVE, DRAFT_MAX); None = the model's
+    #: Speculative decoding for this request (runtime/options: SPECULATIVE, DRAFT_MAX); None = the model's
     speculative: str | None = None
     draft_max: int | None = None
     #: lines after the first must be indented at least this much, else the answer ends (options.N_INDENT)

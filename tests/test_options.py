@@ -1,4 +1,4 @@
-"""Each option is declared once (runtime/options.py) and every surface reads that declaration.
+"""Each option is declared once (runtime/options/) and every surface reads that declaration.
 
 Walks every surface, the runtime's own types, the CLI's flags, the node widgets, the language
 server's settings and `a3b serve`'s request fields, and fails where a default or a bound differs
@@ -115,14 +115,39 @@ def test_the_seed_wraps_in_one_place():
 
 
 def test_options_does_not_import_serving():
-    """options.py imported serving.py (now llama/reencode.py) for its formats, closing an import cycle
-    through llama/."""
+    """The options (then one module) imported serving.py (now llama/reencode.py) for its formats,
+    closing an import cycle through llama/. Every module of the package imports only the standard
+    library, environment.py, errors.py and its own modules."""
     from comfyui_a3b.runtime.llama import reencode as serving
 
-    tree = ast.parse((ROOT / "runtime" / "options.py").read_text(encoding="utf-8"))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "math", "dataclasses", "pathlib", "typing", "environment", "errors"}, imported
+    package = ROOT / "runtime" / "options"
+    modules = sorted(package.glob("*.py"))
+    assert {p.name for p in modules} >= {"__init__.py", "option.py", "load.py", "request.py"}
+    imported = set()
+    for path in modules:
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom):
+                imported.add(("." * n.level) + (n.module or ""))
+            elif isinstance(n, ast.Import):
+                imported.update(a.name for a in n.names)
+    stdlib = {"__future__", "argparse", "collections.abc", "dataclasses", "math", "os", "pathlib", "typing"}
+    assert imported <= stdlib | {"..environment", "..errors", ".option", ".load", ".request"}, imported
     assert tuple(serving.SERVE_AS) == opt.SERVE_AS
+
+
+
+def test_the_package_holds_every_name_its_modules_declare():
+    """Callers import every option from the package: each module's public names are in its __all__."""
+    import importlib
+
+    for path in sorted((ROOT / "runtime" / "options").glob("[!_]*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        declared |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        module = importlib.import_module(f"comfyui_a3b.runtime.options.{path.stem}")
+        public = {name for name in declared if not name.startswith("_")}
+        assert public == set(module.__all__), (path.name, public ^ set(module.__all__))
+        assert all(getattr(opt, name) is getattr(module, name) for name in public), path.name
 
 
 # -- the command line ------------------------------------------------------------------------------------------
