@@ -27,7 +27,7 @@ from .errors import InvalidRequest
 from .generation import PRIORITY_BATCH, ConfidenceConfig, SamplingParams, check_stops
 from .grammars import check_size
 from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
-                      POOLING, THINKING, check, parse_speculative)
+                      POOLING, SPECULATIVE, THINKING, check)
 
 Message = dict[str, Any]
 
@@ -300,8 +300,7 @@ class GenerationRequest:
         if self.sampling.ignore_eos and (self.grammar is not None or self.json_schema is not None):
             raise InvalidRequest("ignore_eos with a json_schema or grammar cannot work: a finished answer ends with "
                                  "the end-of-generation token the grammar allows. Leave one of them out.")
-        if self.speculative is not None:
-            parse_speculative(self.speculative)
+        check(SPECULATIVE.or_none(), self.speculative)
         check(DRAFT_MAX.or_none(), self.draft_max)
 
 

@@ -150,6 +150,53 @@ def test_the_package_holds_every_name_its_modules_declare():
         assert all(getattr(opt, name) is getattr(module, name) for name in public), path.name
 
 
+#: what every surface says to speculative=draft without a model (parse_speculative, the form of SPECULATIVE)
+NO_DRAFT_MODEL = "speculative=draft needs a model: draft:MODEL (a GGUF path or name with the same vocabulary)."
+
+
+def test_a_declared_form_is_checked_by_check_on_every_surface():
+    class Refused(Exception):
+        pass
+
+    assert opt.SPECULATIVE.form is opt.parse_speculative and opt.SPECULATIVE.or_none().form is opt.parse_speculative
+    for bad in ("draft", "draft:", " draft:  "):
+        with pytest.raises(InvalidRequest) as e:
+            check(opt.SPECULATIVE, bad)
+        assert str(e.value) == NO_DRAFT_MODEL
+        with pytest.raises(Refused) as e:   # the error type the caller gives, the form's message
+            check(opt.SPECULATIVE, bad, error=Refused)
+        assert str(e.value) == NO_DRAFT_MODEL
+        for surface in (lambda v: serve_fields.speculative_of({"speculative": v}),
+                        lambda v: LoadSpec("m.gguf", speculative=v).validate(),
+                        lambda v: GenerationRequest("hi", speculative=v).validate()):
+            with pytest.raises(InvalidRequest) as e:
+                surface(bad)
+            assert str(e.value) == NO_DRAFT_MODEL, bad
+        settings, errors = lsp.apply(lsp.Settings(), {"speculative": bad})
+        assert settings == lsp.Settings() and errors == [
+            f"A3B setting 'speculative' must be text, or null; got {bad!r}. Keeping None."]
+    with pytest.raises(InvalidRequest, match="one of off, ngram, draft:MODEL, mtp, auto; got 'ngram:3'"):
+        check(opt.SPECULATIVE, "ngram:3")
+    # the form sees values of the option's type only: the type's own message first, None where taken
+    with pytest.raises(InvalidRequest, match=r"^speculative must be text, got 5$"):
+        check(opt.SPECULATIVE, 5)
+    assert check(opt.SPECULATIVE.or_none(), None) is None
+    assert check(opt.SPECULATIVE, "draft:small.gguf") == "draft:small.gguf"
+    assert serve_fields.speculative_of({"speculative": "draft:small.gguf"}) == ("draft:small.gguf", None)
+
+    def even_form(value: int) -> None:
+        if value % 2:
+            raise InvalidRequest("n must be even")
+
+    # any Option may declare a form: its bounds are checked first, then the form
+    even = Option("n", int, 2, "An even count.", min=0, max=10, form=even_form)
+    assert check(even, 4) == 4
+    with pytest.raises(InvalidRequest, match="^n must be even$"):
+        check(even, 3)
+    with pytest.raises(InvalidRequest, match=r"^n must be in 0..10, got 11$"):
+        check(even, 11)
+
+
 # -- the command line ------------------------------------------------------------------------------------------
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     parser = cli.build_parser()

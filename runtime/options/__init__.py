@@ -14,8 +14,10 @@ maps an Option to an INT/FLOAT/COMBO input), the language-server settings (lsp_s
 `a3b serve`'s request parsing (`check`). A surface that deliberately means something else (the
 language server's own completion length, a widget that cannot hold None) declares its own Option
 instead of writing a second default. The lists of choices here are the only ones in the project.
-A spec is checked by `validate()` before any weights load, so a typo in a KV cache type fails in
-microseconds with a message instead of inside llama.cpp. Environment variables are declared in environment.py.
+A value's form beyond its type and choices (speculative's `draft:MODEL`) is declared on its Option
+too (`form`), so that `check` alone decides it on every surface. A spec is checked by `validate()`
+before any weights load, so a typo in a KV cache type fails in microseconds with a message instead
+of inside llama.cpp. Environment variables are declared in environment.py.
 """
 from __future__ import annotations
 

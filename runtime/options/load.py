@@ -104,7 +104,7 @@ SPECULATIVE = Option("speculative", str, "auto",
                      "Speculative decoding: off; ngram (drafts looked up in the prompt and the answer so far); "
                      "draft:MODEL (a smaller model with the same vocabulary drafts); mtp (the model's own "
                      "multi-token-prediction layers); auto (ngram, except on models with recurrent layers). "
-                     "Greedy output is the same either way.")
+                     "Greedy output is the same either way.", form=parse_speculative)
 DRAFT_MAX = Option("draft_max", int, 8, "Most tokens drafted per request and step (speculative decoding).",
                    min=1, max=64)
 
@@ -158,7 +158,6 @@ class LoadSpec:
 
     def validate(self) -> None:
         check_fields(self, LOAD_OPTIONS)
-        parse_speculative(self.speculative)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,9 +1,10 @@
 """`Option`, one declared setting, and what every surface does with one: `check` a value against
-it (its type, bounds or choices), show it as a CLI flag
+it (its type, bounds or choices, and its `form` where it declares one), show it as a CLI flag
 (`add_argument`), and where the caches live (`cache_root`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,9 @@ class Option:
     label: str | None = None
     #: said after a bad value, where the help alone would not tell what to choose
     hint: str | None = None
+    #: a check of the value's form beyond its type and choices (speculative's draft:MODEL): raises
+    #: InvalidRequest with the message to show; `check` runs it on a value of the right type
+    form: Callable[[Any], object] | None = None
 
     def range_text(self) -> str:
         """The bounds in words: `in 1..64`, `>= 0`, `in (0, 1]`."""
@@ -110,8 +114,21 @@ class Option:
 
 def check(option: Option, value: Any, name: str | None = None, error: type[Exception] = InvalidRequest) -> Any:
     """`value` if `option` takes it, else `error` (InvalidRequest) saying what is taken, under
-    `name` (default: the option's label or name)."""
-    name = name or option.label or option.name
+    `name` (default: the option's label or name). A value of the right type is then held to the
+    option's `form`, whose message is kept."""
+    value = _check_type(option, value, name or option.label or option.name, error)
+    if option.form is not None and value is not None:
+        try:
+            option.form(value)
+        except InvalidRequest as e:
+            if error is InvalidRequest:
+                raise
+            raise error(str(e)) from None
+    return value
+
+
+def _check_type(option: Option, value: Any, name: str, error: type[Exception]) -> Any:
+    """`value` if its type, bounds or choices are the option's, else `error`."""
     if value is None and option.nullable:
         return value
     if option.type is tuple:   # names from `choices`, in an order, each at most once

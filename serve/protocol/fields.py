@@ -183,8 +183,7 @@ def speculative_of(body: dict) -> tuple[str | None, int | None]:
     """The request's speculative decoding fields (runtime/options: speculative, draft_max): (mode, draft_max)."""
     value = body.get(opt.SPECULATIVE.name)
     if value is not None:
-        check(opt.SPECULATIVE, value)
-        opt.parse_speculative(value)
+        check(opt.SPECULATIVE, value)   # its form too: draft needs a model
     return value, F["draft_max"].integer(body)
 
 
