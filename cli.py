@@ -10,7 +10,7 @@ runtime error (`A3BError`), printed as one line `a3b: error: ...`; 1 when a chec
 of an architecture llama.cpp does not know, `doctor`) and for anything else, which is a bug and
 prints its traceback; 130 after Ctrl-C.
 
-Every option the runtime takes is added from its declaration in runtime/options.py (its type or
+Every option the runtime takes is added from its declaration in runtime/options/ (its type or
 choices, default and help), and the pruning tool's defaults come from PruneConfig, so the help
 cannot drift from what a command does.
 """
@@ -57,7 +57,7 @@ SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """The model and its load options, as runtime/options.py declares them."""
+    """The model and its load options, as runtime/options/ declares them."""
     p.add_argument("--model", "-m", default=None,
                    help="GGUF path, a name in ComfyUI's models/LLM or $A3B_MODELS, or an OpenAI-compatible "
                         "server's URL http(s)://HOST:PORT/v1[#MODEL] (API key: $A3B_REMOTE_API_KEY) "

@@ -1,6 +1,6 @@
 """`a3b generate`'s options for thinking models and structured output, and how it prints reasoning.
 
-The options' defaults, bounds and help come from their declarations in runtime/options.py. The
+The options' defaults, bounds and help come from their declarations in runtime/options/. The
 reasoning streams dimmed on stderr (plain when stderr is not a terminal), so stdout carries the
 answer alone and a pipe gets only the answer; `--show-reasoning` prints it on stdout before the
 answer instead.

@@ -69,11 +69,6 @@ def _fim(value: Any) -> Any:
     return ("on" if value else "off") if isinstance(value, bool) else value
 
 
-def _speculative(value: Any) -> Any:
-    opt.parse_speculative(value)   # InvalidRequest unless a mode (or draft:MODEL)
-    return value
-
-
 @dataclass(frozen=True)
 class Setting:
     """One editor setting: its Option, the `Settings` field it sets and the key editors send."""
@@ -131,7 +126,7 @@ SETTINGS: tuple[Setting, ...] = (
     setting(opt.THRESHOLD, "confidence_threshold"),
     setting(THINKING),
     setting(REASONING_BUDGET),
-    setting(SPECULATIVE, parse=_speculative),
+    setting(SPECULATIVE),
 )
 
 Settings = make_dataclass(

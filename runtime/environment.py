@@ -40,7 +40,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("A3B_LORAS", None, "more folders for GGUF LoRA adapters (os.pathsep-separated)",
              ("nodes/comfy.py", "runtime/models/locate.py")),
     Variable("A3B_CACHE", None, "the cache folder (default: $XDG_CACHE_HOME or ~/.cache, /comfyui-a3b)",
-             ("runtime/options.py",)),
+             ("runtime/options/option.py",)),
     Variable("A3B_MEMORY_BUDGET_MB", None, "memory budget of the model store, in MiB", ("runtime/models/store.py",)),
     Variable("A3B_VET", "on", "off: no crash isolation for unseen GGUF files", ("runtime/models/vet.py",)),
     Variable("A3B_VET_DECODE_MAX_GB", "4", "files larger than this many GiB are not decoded while vetted",

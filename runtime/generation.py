@@ -45,7 +45,7 @@ def check_stops(stop) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is drawn. Each field's meaning, default and bounds: its Option in options.py."""
+    """How the next token is drawn. Each field's meaning, default and bounds: its Option in runtime/options/."""
 
     temperature: float = SAMPLING_OPTIONS["temperature"].default
     top_p: float = SAMPLING_OPTIONS["top_p"].default

@@ -27,7 +27,7 @@ from .errors import InvalidRequest
 from .generation import PRIORITY_BATCH, ConfidenceConfig, SamplingParams, check_stops
 from .grammars import check_size
 from .options import (DRAFT_MAX, JSON_SCHEMA, LOGPROBS, MAX_TOKENS, MAX_TOTAL_TOKENS, N_INDENT, REASONING_BUDGET,
-                      POOLING, THINKING, check, parse_speculative)
+                      POOLING, SPECULATIVE, THINKING, check)
 
 Message = dict[str, Any]
 
@@ -253,7 +253,7 @@ class GenerationRequest:
     #: Log-probabilities to report with every token: None = none, N = the sampled token's and the N
     #: most likely alternatives' (what the OpenAI API calls logprobs / top_logprobs).
     logprobs: int | None = LOGPROBS.default
-    #: Thinking models (options.py declares each: default, bounds, help). `max_tokens` counts the
+    #: Thinking models (runtime/options/ declares each: default, bounds, help). `max_tokens` counts the
     #: answer; `max_total_tokens` bounds reasoning and answer together.
     thinking: str = THINKING.default
     reasoning_budget: int | None = REASONING_BUDGET.default
@@ -261,7 +261,7 @@ class GenerationRequest:
     #: Structured output: a JSON schema the answer follows, or a GBNF grammar (not both)
     json_schema: dict[str, Any] | None = JSON_SCHEMA.default
     grammar: str | None = None
-    #: Speculative decoding for this request (options.py: SPECULATIVE, DRAFT_MAX); None = the model's
+    #: Speculative decoding for this request (runtime/options: SPECULATIVE, DRAFT_MAX); None = the model's
     speculative: str | None = None
     draft_max: int | None = None
     #: lines after the first must be indented at least this much, else the answer ends (options.N_INDENT)
@@ -300,8 +300,7 @@ class GenerationRequest:
         if self.sampling.ignore_eos and (self.grammar is not None or self.json_schema is not None):
             raise InvalidRequest("ignore_eos with a json_schema or grammar cannot work: a finished answer ends with "
                                  "the end-of-generation token the grammar allows. Leave one of them out.")
-        if self.speculative is not None:
-            parse_speculative(self.speculative)
+        check(SPECULATIVE.or_none(), self.speculative)
         check(DRAFT_MAX.or_none(), self.draft_max)
 
 

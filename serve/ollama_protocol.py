@@ -2,7 +2,7 @@
 answer objects (NDJSON lines of /api/chat and /api/generate, their timing fields, errors). Plain
 functions, no I/O: serving is ollama_api.py's job.
 
-Every option is checked against its declaration in runtime/options.py. Options that change the
+Every option is checked against its declaration in runtime/options/. Options that change the
 answer are honoured (temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
 num_predict, num_ctx, stop) or taken only at the value that leaves the answer as it is (mirostat 0,
 tfs_z 1, typical_p 1, presence and frequency penalty 0); any other value, and any option this list

@@ -1,4 +1,4 @@
-"""Each option is declared once (runtime/options.py) and every surface reads that declaration.
+"""Each option is declared once (runtime/options/) and every surface reads that declaration.
 
 Walks every surface, the runtime's own types, the CLI's flags, the node widgets, the language
 server's settings and `a3b serve`'s request fields, and fails where a default or a bound differs
@@ -115,14 +115,86 @@ def test_the_seed_wraps_in_one_place():
 
 
 def test_options_does_not_import_serving():
-    """options.py imported serving.py (now llama/reencode.py) for its formats, closing an import cycle
-    through llama/."""
+    """The options (then one module) imported serving.py (now llama/reencode.py) for its formats,
+    closing an import cycle through llama/. Every module of the package imports only the standard
+    library, environment.py, errors.py and its own modules."""
     from comfyui_a3b.runtime.llama import reencode as serving
 
-    tree = ast.parse((ROOT / "runtime" / "options.py").read_text(encoding="utf-8"))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "math", "dataclasses", "pathlib", "typing", "environment", "errors"}, imported
+    package = ROOT / "runtime" / "options"
+    modules = sorted(package.glob("*.py"))
+    assert {p.name for p in modules} >= {"__init__.py", "option.py", "load.py", "request.py"}
+    imported = set()
+    for path in modules:
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom):
+                imported.add(("." * n.level) + (n.module or ""))
+            elif isinstance(n, ast.Import):
+                imported.update(a.name for a in n.names)
+    stdlib = {"__future__", "argparse", "collections.abc", "dataclasses", "math", "os", "pathlib", "typing"}
+    assert imported <= stdlib | {"..environment", "..errors", ".option", ".load", ".request"}, imported
     assert tuple(serving.SERVE_AS) == opt.SERVE_AS
+
+
+
+def test_the_package_holds_every_name_its_modules_declare():
+    """Callers import every option from the package: each module's public names are in its __all__."""
+    import importlib
+
+    for path in sorted((ROOT / "runtime" / "options").glob("[!_]*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        declared |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        module = importlib.import_module(f"comfyui_a3b.runtime.options.{path.stem}")
+        public = {name for name in declared if not name.startswith("_")}
+        assert public == set(module.__all__), (path.name, public ^ set(module.__all__))
+        assert all(getattr(opt, name) is getattr(module, name) for name in public), path.name
+
+
+#: what every surface says to speculative=draft without a model (parse_speculative, the form of SPECULATIVE)
+NO_DRAFT_MODEL = "speculative=draft needs a model: draft:MODEL (a GGUF path or name with the same vocabulary)."
+
+
+def test_a_declared_form_is_checked_by_check_on_every_surface():
+    class Refused(Exception):
+        pass
+
+    assert opt.SPECULATIVE.form is opt.parse_speculative and opt.SPECULATIVE.or_none().form is opt.parse_speculative
+    for bad in ("draft", "draft:", " draft:  "):
+        with pytest.raises(InvalidRequest) as e:
+            check(opt.SPECULATIVE, bad)
+        assert str(e.value) == NO_DRAFT_MODEL
+        with pytest.raises(Refused) as e:   # the error type the caller gives, the form's message
+            check(opt.SPECULATIVE, bad, error=Refused)
+        assert str(e.value) == NO_DRAFT_MODEL
+        for surface in (lambda v: serve_fields.speculative_of({"speculative": v}),
+                        lambda v: LoadSpec("m.gguf", speculative=v).validate(),
+                        lambda v: GenerationRequest("hi", speculative=v).validate()):
+            with pytest.raises(InvalidRequest) as e:
+                surface(bad)
+            assert str(e.value) == NO_DRAFT_MODEL, bad
+        settings, errors = lsp.apply(lsp.Settings(), {"speculative": bad})
+        assert settings == lsp.Settings() and errors == [
+            f"A3B setting 'speculative' must be text, or null; got {bad!r}. Keeping None."]
+    with pytest.raises(InvalidRequest, match="one of off, ngram, draft:MODEL, mtp, auto; got 'ngram:3'"):
+        check(opt.SPECULATIVE, "ngram:3")
+    # the form sees values of the option's type only: the type's own message first, None where taken
+    with pytest.raises(InvalidRequest, match=r"^speculative must be text, got 5$"):
+        check(opt.SPECULATIVE, 5)
+    assert check(opt.SPECULATIVE.or_none(), None) is None
+    assert check(opt.SPECULATIVE, "draft:small.gguf") == "draft:small.gguf"
+    assert serve_fields.speculative_of({"speculative": "draft:small.gguf"}) == ("draft:small.gguf", None)
+
+    def even_form(value: int) -> None:
+        if value % 2:
+            raise InvalidRequest("n must be even")
+
+    # any Option may declare a form: its bounds are checked first, then the form
+    even = Option("n", int, 2, "An even count.", min=0, max=10, form=even_form)
+    assert check(even, 4) == 4
+    with pytest.raises(InvalidRequest, match="^n must be even$"):
+        check(even, 3)
+    with pytest.raises(InvalidRequest, match=r"^n must be in 0..10, got 11$"):
+        check(even, 11)
 
 
 # -- the command line ------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Tensor placement for one load: the options checked against the file, the planner's choice, and
 llama.cpp's `tensor_buft_overrides` built from it; after the load, what llama.cpp reports it did.
 
-* `cpu_moe`, `n_cpu_moe` and `override_tensor` (options.py) are checked before anything loads: a
+* `cpu_moe`, `n_cpu_moe` and `override_tensor` (runtime/options/) are checked before anything loads: a
   pattern that is not a regular expression, a device llama.cpp does not list, expert options on a
   model without experts, more overrides than llama.cpp takes, a placement whose GPU part is larger
   than the free memory: each is an InvalidRequest in one line. A pattern that matches no tensor is

@@ -1,6 +1,6 @@
 """The model store: one copy of the weights per (file, weight options), contexts per load spec.
 
-A `LoadSpec` is everything a caller can choose when loading (options.py). Specs that differ only in
+A `LoadSpec` is everything a caller can choose when loading (runtime/options/). Specs that differ only in
 context options (n_ctx, threads, KV cache type, LoRA, ...) share one weights object: the file is
 loaded once. A file replaced on disk (size or mtime changed) is noticed on the next `get` and loaded
 anew. The store talks to engines through engine.py, never to llama.cpp itself.

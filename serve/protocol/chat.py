@@ -8,7 +8,7 @@ never ignored):
 * `reasoning_effort` (OpenAI): "none" switches thinking off, the others on; it also reaches the
   template as the variable of that name (gpt-oss reads it). `think` (Ollama): true/false, or an
   effort. `chat_template_kwargs`: template variables (enable_thinking for the Qwen templates).
-* `reasoning_budget`, `max_total_tokens`: the runtime's options of the same names (options.py).
+* `reasoning_budget`, `max_total_tokens`: the runtime's options of the same names (runtime/options/).
 * `response_format`: {"type": "text"}, {"type": "json_object"} (optionally with llama-server's
   "schema"), {"type": "json_schema", "json_schema": {"schema": ...}}; llama-server's `json_schema`
   and `grammar` fields too.

@@ -1,5 +1,5 @@
 """The request fields `a3b serve`'s OpenAI and llama-server endpoints read, each declared once: its
-name on the wire, the names it also comes under, and the runtime Option (runtime/options.py) that
+name on the wire, the names it also comes under, and the runtime Option (runtime/options/) that
 gives its bounds and help. The readers below check a field against that declaration; a field that
 does not fit is a 400 naming it, never a value quietly dropped or clamped.
 """
@@ -180,18 +180,17 @@ def logprobs_of(body: dict, chat: bool) -> int | None:
 
 
 def speculative_of(body: dict) -> tuple[str | None, int | None]:
-    """The request's speculative decoding fields (options.py: speculative, draft_max): (mode, draft_max)."""
+    """The request's speculative decoding fields (runtime/options: speculative, draft_max): (mode, draft_max)."""
     value = body.get(opt.SPECULATIVE.name)
     if value is not None:
-        check(opt.SPECULATIVE, value)
-        opt.parse_speculative(value)
+        check(opt.SPECULATIVE, value)   # its form too: draft needs a model
     return value, F["draft_max"].integer(body)
 
 
 def confidence_of(body: dict) -> ConfidenceConfig:
     """The request's confidence spans (a3b's field `confidence`): off unless asked, since OpenAI's
     clients do not read them and they cost every token an entropy on the CPU (and the CPU sampler).
-    True, or an object with `threshold` and `min_run` (options.py), turns them on."""
+    True, or an object with `threshold` and `min_run` (runtime/options/), turns them on."""
     value = body.get("confidence")
     if value is None or value is False:
         return ConfidenceConfig(enabled=False)
