@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import chat as chatmod
-from .engine import Model, engine_for, scheme_of
+from .engine import Embedded, Model, engine_for, scheme_of
 from .errors import InvalidRequest, ModelUnloaded
 from .generation import ConfidenceConfig, GenerationResult, PRIORITY_BATCH, SamplingParams, TokenEvent
 from .stream import GenerationStream
@@ -172,6 +172,13 @@ class Runtime:
               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Pooled embeddings of `texts`, one row each. `cancelled` is polled between small packs of
         texts; once true, the call raises Cancelled."""
+        return self.embed_counted(texts, model=model, pooling=pooling, normalize=normalize, priority=priority,
+                                  cancelled=cancelled).vectors
+
+    def embed_counted(self, texts: Iterable[str], *, model: str | LoadSpec | None = None,
+                      pooling: str = POOLING.default, normalize: bool = NORMALIZE.default,
+                      priority: int = PRIORITY_BATCH, cancelled: Callable[[], bool] | None = None) -> Embedded:
+        """`embed`, with the input tokens the texts took as the engine counted them (an API's usage)."""
         texts = embed_texts(texts, pooling)
         return self._with_model(model, lambda m: m.embed(texts, pooling=pooling, normalize=normalize,
                                                          priority=priority, cancelled=cancelled))

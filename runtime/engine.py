@@ -63,6 +63,15 @@ class ModelInfo:
     placement: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """Pooled embeddings, one row per text, and the input tokens they took (what an API reports as
+    its usage): counted by the engine that embedded them, so no caller tokenizes the texts again."""
+
+    vectors: np.ndarray
+    n_tokens: int
+
+
 class Weights(Protocol):
     """What an engine loaded for a file (or found out about a server), shared between specs."""
 
@@ -108,9 +117,10 @@ class Model(Protocol):
         """Start a generation; InvalidRequest or PromptTooLong now when it cannot run."""
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
-              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        """Pooled embeddings, one row per text. `cancelled` is polled between small packs of texts:
-        once it turns true the call raises Cancelled without embedding the rest."""
+              cancelled: Callable[[], bool] | None = None) -> Embedded:
+        """Pooled embeddings, one row per text, with the tokens they took. `cancelled` is polled
+        between small packs of texts: once it turns true the call raises Cancelled without embedding
+        the rest."""
 
     def count_tokens(self, prompt: Prompt, *, exact: bool = True) -> int:
         """The prompt tokens `prompt` takes, for budgets. With exact=False an engine may estimate

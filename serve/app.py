@@ -161,12 +161,8 @@ class Api:
         gone = threading.Event()
 
         def run():
-            vecs = self.rt.embed(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
-            try:
-                n_tok = sum(len(self.rt.tokenize(t, model=spec)) for t in texts)
-            except A3BError:   # an engine that cannot tokenize (a remote server without /tokenize)
-                n_tok = sum(-(-len(t) // 4) for t in texts)
-            return vecs, n_tok
+            out = self.rt.embed_counted(texts, model=spec, priority=PRIORITY_BATCH, cancelled=gone.is_set)
+            return out.vectors, out.n_tokens
 
         def left() -> None:   # the work ends between two packs, with Cancelled
             self.cfg.stats["disconnects"] += 1

@@ -176,8 +176,8 @@ class OllamaApi(Generating):
 
         def run():
             cut = [self._cut(t, spec) if truncate else t for t in texts]
-            vecs = self.rt.embed(cut, model=spec, normalize=not legacy, cancelled=gone.is_set)
-            return vecs, sum(len(self.rt.tokenize(t, model=spec)) for t in cut)
+            out = self.rt.embed_counted(cut, model=spec, normalize=not legacy, cancelled=gone.is_set)
+            return out.vectors, out.n_tokens
 
         task = loop.run_in_executor(None, run)
         async with on_disconnect(request, gone.set):

@@ -75,11 +75,18 @@ def test_stop_strings_and_seed_are_honoured(oc):
     assert "fox" not in r.response and r.done_reason == "stop"
 
 
-def test_embed_and_the_older_embeddings(oc):
-    e = oc.embed("fakemodel", ["one text", "another text"])
+def test_embed_and_the_older_embeddings(oc, monkeypatch):
+    from comfyui_a3b.runtime import Runtime
+
+    e = oc.embed("fakemodel", ["one text", "another text"], truncate=False)
     assert len(e.embeddings) == 2 and abs(sum(x * x for x in e.embeddings[0]) - 1) < 1e-3
+    # the tokens embedded: a token per byte in the fake vocabulary, and its BOS before each text
+    assert e.prompt_eval_count == len("one text") + len("another text") + 2
     old = oc.embeddings("fakemodel", "one text")
     assert len(old.embedding) == len(e.embeddings[0])
+    # the count is the engine's, made while embedding: without truncation nothing is tokenized again
+    monkeypatch.setattr(Runtime, "tokenize", lambda *a, **k: pytest.fail("tokenized again for the count"))
+    assert oc.embed("fakemodel", ["one text"], truncate=False).prompt_eval_count == 9
 
 
 def test_a_model_not_served_is_ollamas_404(oc, client):

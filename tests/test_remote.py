@@ -151,6 +151,20 @@ def test_bad_embeddings_are_a_clear_error(rt, vectors, match):
             rt.embed(["a", "b"], model=srv.url)
 
 
+def test_embedded_tokens_are_the_servers_usage_or_an_estimate(rt):
+    """What an API reports as the input tokens of an embedding: the server's own count where its
+    answer has one (OpenAI's usage.prompt_tokens), else an estimate; no /tokenize request either way."""
+    rows = lambda b: [{"index": i, "embedding": [0.6, 0.8]} for i in range(len(b["input"]))]  # noqa: E731
+    with _server(embeddings=lambda b: json_reply({"data": rows(b), "usage": {"prompt_tokens": 7}})) as srv:
+        rt.load(rt.spec(srv.url))   # the probe asks which endpoints the server has, /tokenize among them
+        probed = len(srv.requests)
+        got = rt.embed_counted(["a cat", "a kitten"], model=srv.url)
+        assert got.n_tokens == 7 and got.vectors.shape == (2, 2)
+        assert [path for path, _ in srv.requests[probed:]] == ["/v1/embeddings"]
+    with _server(embeddings=lambda b: json_reply({"data": rows(b)})) as srv:
+        assert rt.embed_counted(["a cat", "a kitten"], model=srv.url).n_tokens == 4   # an estimate: 2 + 2
+
+
 def test_an_unknown_pooling_is_refused_by_both_engines_alike(rt, fake_engine):
     """The pooling option's own check (options.POOLING) in the remote and the local engine: the
     same words, before anything is sent or queued."""

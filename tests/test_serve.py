@@ -107,11 +107,16 @@ def test_chat_template_kwargs_reach_the_template(client, fake_engine):
     assert r.status_code == 400 and "chat_template_kwargs" in r.json()["error"]["message"]
 
 
-def test_embeddings(client):
+def test_embeddings(client, monkeypatch):
+    from comfyui_a3b.runtime import Runtime
+
+    # the usage is the count the engine made while embedding: the texts are not tokenized again
+    monkeypatch.setattr(Runtime, "tokenize", lambda *a, **k: pytest.fail("tokenized again for the usage"))
     r = client.post("/v1/embeddings", json={"input": ["alpha", "beta"], "model": "fakemodel"}).json()
     vecs = np.array([d["embedding"] for d in r["data"]])
     assert vecs.shape == (2, 32) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
-    assert r["usage"] == {"prompt_tokens": 9, "total_tokens": 9}   # the fake vocabulary: a token per byte
+    # the tokens embedded: a token per byte in the fake vocabulary, and its BOS before each text
+    assert r["usage"] == {"prompt_tokens": 11, "total_tokens": 11}
     b = client.post("/v1/embeddings", json={"input": "alpha", "encoding_format": "base64"}).json()
     import base64
 

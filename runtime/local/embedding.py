@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..engine import Vocab
+from ..engine import Embedded, Vocab
 from ..errors import InvalidRequest, PromptTooLong
 from .jobs import EmbedRequest
 from .scheduler import EmbedStep, Policy
@@ -38,10 +38,11 @@ class Embedder:
         self.queue = queue
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
-              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+              cancelled: Callable[[], bool] | None = None) -> Embedded:
         v = self.vocab
-        return self.embed_tokens([v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts], pooling=pooling,
-                                 normalize=normalize, priority=priority, cancelled=cancelled)
+        lists = [v.tokenize(t, add_bos=v.add_bos, special=False) for t in texts]
+        return Embedded(self.embed_tokens(lists, pooling=pooling, normalize=normalize, priority=priority,
+                                          cancelled=cancelled), sum(map(len, lists)))
 
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,
                      priority: int = 0, timeout: float | None = None,

@@ -33,7 +33,7 @@ import numpy as np
 from . import imageprompt, prompting
 from .. import fim, reasoning, thinking
 from ..models import memory
-from ..engine import Model
+from ..engine import Embedded, Model
 from .seam import Backend, DecodeAborted, DecodeFailed, LocalWeights
 from ..errors import Cancelled, InvalidRequest, ModelLoadFailed, ModelUnloaded, PromptTooLong
 from ..generation import TokenEvent
@@ -210,7 +210,7 @@ class LoadedModel(Model):
             self._lock.notify()
 
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
-              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+              cancelled: Callable[[], bool] | None = None) -> Embedded:
         return self.embedder.embed(texts, pooling=pooling, normalize=normalize, priority=priority, cancelled=cancelled)
 
     def embed_tokens(self, token_lists: list[list[int]], pooling: str = "mean", normalize: bool = True,

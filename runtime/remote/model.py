@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import httpx
 import numpy as np
 
-from ..engine import Engine, Model
+from ..engine import Embedded, Engine, Model
 from ..errors import A3BError, Cancelled, InvalidRequest, ModelUnloaded, PromptTooLong, RemoteProtocolError, \
     RemoteUnreachable, VisionUnavailable
 from ..generation import TokenEvent
@@ -236,18 +236,18 @@ class RemoteModel(Model):
 
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = True, priority: int = 0,
-              cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+              cancelled: Callable[[], bool] | None = None) -> Embedded:
         base = self.client.ref.base
         rows: list[np.ndarray] = []
-        first = 0
+        first = n_tokens = 0
         while first < len(texts):   # small packs: a cancel is seen between them
             if cancelled is not None and cancelled():
                 raise Cancelled("Embedding cancelled.")
             if self._closing:
                 raise ModelUnloaded(f"{self.name} was unloaded ({self._closing}) before the embedding finished.")
             pack = list(texts[first:first + (1 if self.features.get("embed_one_by_one") else EMBED_PACK)])
-            vecs = wire.embedding_rows(self.client.post("/embeddings", {"input": pack, "model": self.name}),
-                                       len(pack), base)
+            out = self.client.post("/embeddings", {"input": pack, "model": self.name})
+            vecs = wire.embedding_rows(out, len(pack), base)
             if len(vecs) > 1 and any(v.ndim == 2 for v in vecs):
                 # per-token vectors for several texts: llama_cpp.server (0.3.36) slices them wrongly
                 # for all but the first text, so such a server gets one text per request
@@ -255,6 +255,7 @@ class RemoteModel(Model):
                 self.features["embed_one_by_one"] = True
                 continue
             rows.extend(wire.pool(v, pooling) for v in vecs)
+            n_tokens += wire.embedded_tokens(out, pack[:len(vecs)])
             first += len(vecs)
         self.stats["embedded_texts"] += len(texts)
         self.last_used = time.monotonic()
@@ -262,7 +263,7 @@ class RemoteModel(Model):
         if normalize:
             norms = np.linalg.norm(out, axis=1, keepdims=True)
             out = out / np.where(norms > 0, norms, 1.0)
-        return out
+        return Embedded(out, n_tokens)
 
 
 class RemoteEngine(Engine):

@@ -50,6 +50,15 @@ def estimate_tokens(text: str) -> int:
     return sum(1 for _ in _PIECE.finditer(text))
 
 
+def embedded_tokens(out: Any, texts: list[str]) -> int:
+    """The input tokens an /embeddings answer reports (`usage.prompt_tokens`), else an estimate."""
+    usage = out.get("usage") if isinstance(out, dict) else None
+    n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    return sum(estimate_tokens(t) for t in texts)
+
+
 def estimate_prompt(prompt: Prompt) -> int:
     """About the number of tokens `prompt` takes on a server whose tokenizer is not at hand."""
     if isinstance(prompt, TokenPrompt):
