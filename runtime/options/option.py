@@ -25,7 +25,6 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "comfyui-a3b"
 
 
-
 def check_finite(name: str, value: Any) -> float:
     """`value` as a float, or InvalidRequest when it is not a number, NaN or infinite."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -34,7 +33,6 @@ def check_finite(name: str, value: Any) -> float:
     if not math.isfinite(v):
         raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
     return v
-
 
 
 @dataclass(frozen=True)

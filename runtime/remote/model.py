@@ -246,8 +246,8 @@ class RemoteModel(Model):
             if self._closing:
                 raise ModelUnloaded(f"{self.name} was unloaded ({self._closing}) before the embedding finished.")
             pack = list(texts[first:first + (1 if self.features.get("embed_one_by_one") else EMBED_PACK)])
-            out = self.client.post("/embeddings", {"input": pack, "model": self.name})
-            vecs = wire.embedding_rows(out, len(pack), base)
+            answer = self.client.post("/embeddings", {"input": pack, "model": self.name})
+            vecs = wire.embedding_rows(answer, len(pack), base)
             if len(vecs) > 1 and any(v.ndim == 2 for v in vecs):
                 # per-token vectors for several texts: llama_cpp.server (0.3.36) slices them wrongly
                 # for all but the first text, so such a server gets one text per request
@@ -255,7 +255,7 @@ class RemoteModel(Model):
                 self.features["embed_one_by_one"] = True
                 continue
             rows.extend(wire.pool(v, pooling) for v in vecs)
-            n_tokens += wire.embedded_tokens(out, pack[:len(vecs)])
+            n_tokens += wire.embedded_tokens(answer, pack[:len(vecs)])
             first += len(vecs)
         self.stats["embedded_texts"] += len(texts)
         self.last_used = time.monotonic()
