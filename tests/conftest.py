@@ -98,6 +98,17 @@ def _model_folders_restored():
     locate._extra_dirs[:] = before
 
 
+@pytest.fixture()
+def draft_cost_at_prior(monkeypatch):
+    """How many tokens a request drafts follows the step times its model measured (StepCost in
+    runtime/local/speculative.py): on a busy core, as a parallel test run's worker has, a drafted
+    token can cost a whole step and drafting pauses. Tests whose point needs drafts hold the cost
+    at its prior; the cost model itself is tested in tests/test_speculative.py."""
+    from comfyui_a3b.runtime.local.speculative import StepCost
+
+    monkeypatch.setattr(StepCost, "extra_at", lambda self, rows=1: self._prior)
+
+
 @pytest.fixture(scope="session")
 def fake_engine():
     """The fake engine (tests/fakeengine.py), registered for `fake://` model references."""

@@ -12,7 +12,6 @@ import pytest
 
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig, SamplingParams
-from comfyui_a3b.runtime.local.speculative import StepCost
 
 from test_speculative_model import _rewrite_prompt
 
@@ -114,7 +113,7 @@ def test_ngram_drafts_checked_by_backend_draws_give_the_same_tokens(rt):
     assert spec.tokens == plain.tokens and len(plain.tokens) > 100
 
 
-def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt, monkeypatch):
+def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt, draft_cost_at_prior):
     """Run to run while the steps are the same: a step of another shape, or on another number of
     threads, can move the last bits of the logits and so a sampled token (the README's limits say
     so). How many tokens a request drafts follows the step times the model measured
@@ -123,7 +122,6 @@ def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt, monkeypatch):
     runs after the first (which reads the whole prompt) draft alike and give the same text."""
     sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=5)
     spec = rt.spec(None, backend_sampling="on", n_parallel=2, speculative="ngram", n_threads=2)
-    monkeypatch.setattr(rt.load(spec).step_cost, "record", lambda *a, **k: None)
 
     def run():
         return rt.submit(REPEAT, model=spec, sampling=sp, max_tokens=160, confidence=OFF, chat=False).result()
@@ -134,13 +132,9 @@ def test_a_seeded_chain_with_ngram_drafts_is_reproducible(rt, monkeypatch):
     assert a.tokens == b.tokens and len(a.tokens) > 20
 
 
-def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt, monkeypatch):
+def test_a_request_drafting_more_than_the_load_allows_keeps_the_cpu_chain(rt, draft_cost_at_prior):
     """The context has draft_max + 1 output rows per sequence with a backend chain; llama.cpp
     refuses a batch with more (decode -1), so a request asking more drafts samples on the CPU."""
-    # whether a draft pays follows the step times the model measured (speculative.StepCost): on a
-    # busy core a drafted token can cost a whole step, and the drafter then pauses; the path tested
-    # here needs drafts, so the cost is held at its prior
-    monkeypatch.setattr(StepCost, "extra_at", lambda self, rows=1: self._prior)
     plain = _gen(rt, "off", preset("greedy"), max_tokens=160, prompt=REPEAT, chat=False)
     more = _gen(rt, "on", preset("greedy"), max_tokens=160, speculative="ngram", prompt=REPEAT, chat=False,
                 draft_max=16)

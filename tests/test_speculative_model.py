@@ -9,7 +9,7 @@ import pytest
 from comfyui_a3b.runtime import Runtime, preset
 from comfyui_a3b.runtime.generation import ConfidenceConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("draft_cost_at_prior")]   # drafts are the point
 
 
 def _rewrite_prompt() -> str:
